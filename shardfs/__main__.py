@@ -1,0 +1,3 @@
+from shardfs.cli import main
+
+raise SystemExit(main())

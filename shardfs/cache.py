@@ -1,0 +1,47 @@
+"""One byte-bounded LRU shared by every cache of a mount, so one budget bounds them all."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from typing import TypeVar
+
+from cachetools import LRUCache
+
+T = TypeVar("T")
+
+# Bookkeeping per entry (key tuple, dict slot, object headers), so that many tiny entries still count.
+ENTRY_OVERHEAD = 200
+
+
+def _nbytes(value: object) -> int:
+    size = len(value) if isinstance(value, bytes) else getattr(value, "nbytes", 0)
+    return size + ENTRY_OVERHEAD
+
+
+class ByteCache:
+    """Thread-safe LRU bounded in bytes. The lock covers only dict operations, never I/O or decoding."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._lru: LRUCache[Hashable, object] = LRUCache(maxsize=budget, getsizeof=_nbytes)
+        self._lock = threading.Lock()
+
+    def get_or_make(self, key: Hashable, make: Callable[[], T]) -> T:
+        """The cached value for key, or make()'s, cached. Two threads may both make on a miss: cheaper than waiting."""
+        with self._lock:
+            value = self._lru.get(key)
+        if value is None:
+            value = make()
+            if _nbytes(value) <= self.budget:
+                with self._lock:
+                    self._lru[key] = value
+        return value  # type: ignore[return-value]
+
+    @property
+    def used(self) -> int:
+        return int(self._lru.currsize)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._lru.clear()

@@ -1,0 +1,160 @@
+"""Mounting and unmounting: FUSE options, detaching, readiness, stale mounts, logging.
+
+`mount` returns only once the kernel has the mount live: the detached daemon reports back through a
+pipe from libfuse's `init`, which runs after the mount is established. The daemon closes the stdin,
+stdout and stderr it inherited, so `out=$(shardfs mount ...)` never waits on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import mfusepy
+
+from shardfs.formats import Source
+from shardfs.fuse_adapter import ShardFS
+
+log = logging.getLogger("shardfs")
+
+ONE_DAY = 86400
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class MountError(Exception):
+    """The mount could not be made; the message says why in one sentence."""
+
+
+def fuse_options(source: Source, extra: dict[str, str | bool]) -> dict[str, str | bool]:
+    """Defaults for immutable data: the kernel caches pages across opens, and attributes, names and
+    absences for a day. User `-o` options override them."""
+    options: dict[str, str | bool] = {
+        "ro": True,
+        "default_permissions": True,
+        "kernel_cache": True,
+        "attr_timeout": str(ONE_DAY),
+        "entry_timeout": str(ONE_DAY),
+        "negative_timeout": str(ONE_DAY),
+        "fsname": re.sub(r"[,\s]", "_", str(source.path)),
+        "subtype": "shardfs",
+    }
+    options.update(extra)
+    return options
+
+
+def parse_options(text: list[str]) -> dict[str, str | bool]:
+    """`-o a,b=c` (repeatable) to {'a': True, 'b': 'c'}."""
+    options: dict[str, str | bool] = {}
+    for group in text:
+        for item in filter(None, group.split(",")):
+            key, eq, value = item.partition("=")
+            options[key] = value if eq else True
+    return options
+
+
+def is_stale(mountpoint: Path) -> bool:
+    """A mount left by a killed daemon answers every call with ENOTCONN."""
+    try:
+        os.stat(mountpoint)
+    except OSError as e:
+        return e.errno == errno.ENOTCONN
+    return False
+
+
+def fusermount(*args: str) -> subprocess.CompletedProcess[str]:
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    command = [tool, *args] if tool else ["umount", *[a for a in args if a != "-u"]]
+    return subprocess.run(command, capture_output=True, text=True, check=False)
+
+
+def prepare_mountpoint(mountpoint: Path) -> None:
+    if is_stale(mountpoint):
+        log.warning("clearing the stale mount at %s", mountpoint)
+        fusermount("-uz", str(mountpoint))
+    if not mountpoint.is_dir():
+        raise MountError(f"{mountpoint}: mountpoint is not a directory")
+    if os.path.ismount(mountpoint):
+        raise MountError(f"{mountpoint}: something is already mounted here")
+
+
+def unmount(mountpoint: Path) -> None:
+    result = fusermount("-u", str(mountpoint))
+    if result.returncode != 0:
+        raise MountError(result.stderr.strip() or f"{mountpoint}: unmount failed")
+
+
+def default_log_file(mountpoint: Path) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(mountpoint).strip("/")) or "root"
+    return Path(tempfile.gettempdir()) / f"shardfs-{os.getuid()}" / f"{slug}.log"
+
+
+def serve(
+    source: Source, mountpoint: Path, options: dict[str, str | bool], on_ready: Callable[[], None] | None = None
+) -> None:
+    """Run the FUSE loop, multithreaded, until unmounted or signalled (libfuse unmounts on SIGTERM/SIGINT)."""
+    mtime_ns = os.stat(source.path).st_mtime_ns
+    mfusepy.FUSE(ShardFS(source.tree, mtime_ns, on_ready), str(mountpoint), foreground=True, nothreads=False, **options)
+
+
+def mount(
+    source: Source, mountpoint: Path, options: dict[str, str | bool], foreground: bool, log_file: Path | None
+) -> None:
+    """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise."""
+    prepare_mountpoint(mountpoint)
+    if foreground:
+        _log_to(log_file)
+        serve(source, mountpoint, options)
+        return
+    log_file = log_file or default_log_file(mountpoint)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    ready_r, ready_w = os.pipe()
+    if os.fork():
+        os.close(ready_w)
+        with os.fdopen(ready_r, "rb") as ready:
+            answer = ready.read().decode(errors="replace")
+        if answer != "ready":
+            raise MountError(answer or f"{mountpoint}: the daemon exited before mounting; see {log_file}")
+        return
+    # The daemon: a session of its own, stdio off the caller's terminal and pipes, logs to the file.
+    os.close(ready_r)
+    os.setsid()
+    _detach_stdio(log_file)
+    _log_to(log_file)
+
+    def ready() -> None:
+        os.write(ready_w, b"ready")
+        os.close(ready_w)
+
+    try:
+        serve(source, mountpoint, options, on_ready=ready)
+    except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
+        log.exception("mount failed")
+        with contextlib.suppress(OSError):
+            os.write(ready_w, f"{mountpoint}: mount failed ({e or type(e).__name__}); see {log_file}".encode())
+        os._exit(1)
+    os._exit(0)
+
+
+def _detach_stdio(log_file: Path) -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(log_fd, 2)  # libfuse's own messages land in the log too
+    os.close(null)
+    os.close(log_fd)
+
+
+def _log_to(log_file: Path | None) -> None:
+    handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().handlers[:] = [handler]

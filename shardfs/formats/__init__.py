@@ -1,0 +1,36 @@
+"""Source formats: each turns a source directory into a mount plan (rewritten files and providers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardfs.cache import ByteCache
+from shardfs.errors import SourceError
+from shardfs.formats.precomputed import open_precomputed
+from shardfs.store import LocalStore
+from shardfs.tree import Provider, Tree
+
+
+@dataclass
+class Source:
+    """An opened source: its virtual tree, and what was detected, for `shardfs info`."""
+
+    path: Path
+    tree: Tree
+    kinds: list[str]
+    providers: dict[str, Provider]
+    cache: ByteCache
+
+
+def open_source(path: str | Path, cache_bytes: int) -> Source:
+    """Detect the source's format and plan its mount; SourceError, in one sentence, if it makes no sense."""
+    root = Path(path).resolve()
+    if not root.is_dir():
+        raise SourceError(f"{root}: not a directory")
+    store = LocalStore(root)
+    cache = ByteCache(cache_bytes)
+    if not (root / "info").exists():
+        raise SourceError(f"{root}: no 'info' file, so not a Neuroglancer precomputed dataset")
+    plan = open_precomputed(store, cache)
+    return Source(root, Tree(store, plan.files, plan.providers), plan.kinds, plan.providers, cache)

@@ -1,0 +1,334 @@
+"""Neuroglancer precomputed: which directories are sharded, what their chunks are called unsharded,
+and every `info` rewritten without `sharding`, so that readers take the unsharded path."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import posixpath
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from shardfs.cache import ByteCache
+from shardfs.errors import CorruptChunk, SourceError
+from shardfs.shards.morton import MortonCode
+from shardfs.shards.neuroglancer import UINT64_MAX, Chunk, ShardedKV, ShardingSpec
+from shardfs.store import LocalStore
+from shardfs.tree import DecodedFile, File, Provider, RangeFile
+
+log = logging.getLogger("shardfs")
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Names of keys in the unsharded layout
+
+
+class Naming(Protocol):
+    def key(self, name: str) -> int | None:
+        """The key a file name stands for, or None if the name is not one of ours."""
+
+    def name(self, key: int) -> str | None:
+        """The file name of a key, or None if the key names nothing (outside the grid)."""
+
+
+class SegmentIds:
+    """Meshes, skeletons, annotation ids and bare keys: the key in decimal."""
+
+    def key(self, name: str) -> int | None:
+        if not name.isdigit() or (name[0] == "0" and name != "0") or not name.isascii():
+            return None
+        key = int(name)
+        return key if key <= UINT64_MAX else None
+
+    def name(self, key: int) -> str:
+        return str(key)
+
+
+class GridCells:
+    """Annotation spatial levels: `x_y_z`, keyed by the compressed Morton code over the level's grid."""
+
+    def __init__(self, grid_shape: list[int]) -> None:
+        self.morton = MortonCode(grid_shape)
+
+    def key(self, name: str) -> int | None:
+        pos = _decimals(name.split("_"))
+        return self.morton.encode(pos) if pos is not None and self.morton.contains(pos) else None
+
+    def name(self, key: int) -> str | None:
+        pos = self.morton.decode(key)
+        return None if pos is None else "_".join(map(str, pos))
+
+
+_VOLUME_NAME = re.compile(r"(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)")
+
+
+class VolumeChunks:
+    """Volume scales: `x0-x1_y0-y1_z0-z1` in absolute voxels, clipped at the upper bound."""
+
+    def __init__(self, size: list[int], chunk: list[int], offset: list[int]) -> None:
+        self.size, self.chunk, self.offset = size, chunk, offset
+        self.morton = MortonCode([-(-s // c) for s, c in zip(size, chunk, strict=True)])
+
+    def bounds(self, pos: tuple[int, ...]) -> list[tuple[int, int]]:
+        return [
+            (o + p * c, o + min((p + 1) * c, s))
+            for p, c, o, s in zip(pos, self.chunk, self.offset, self.size, strict=True)
+        ]
+
+    def key(self, name: str) -> int | None:
+        m = _VOLUME_NAME.fullmatch(name)
+        numbers = m and _decimals(m.groups())
+        if not numbers:
+            return None
+        pos = []
+        for d, (c, o) in enumerate(zip(self.chunk, self.offset, strict=True)):
+            p, r = divmod(numbers[2 * d] - o, c)
+            if r:
+                return None
+            pos.append(p)
+        if not self.morton.contains(pos) or [v for b in self.bounds(tuple(pos)) for v in b] != numbers:
+            return None
+        return self.morton.encode(pos)
+
+    def name(self, key: int) -> str | None:
+        pos = self.morton.decode(key)
+        return None if pos is None else "_".join(f"{lo}-{hi}" for lo, hi in self.bounds(pos))
+
+
+def _decimals(parts: list[str] | tuple[str, ...]) -> list[int] | None:
+    """Integers written canonically (no '+', no leading zeros), else None: one file, one name."""
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        return None
+    return numbers if all(str(n) == p for n, p in zip(numbers, parts, strict=True)) else None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Sharded directories as one file per key
+
+
+def chunk_file(kv: ShardedKV, chunk: Chunk) -> File:
+    if kv.spec.data_encoding == "raw":
+        return RangeFile(kv.store, chunk.shard, chunk.start, chunk.stop)
+    return DecodedFile(lambda: kv.value(chunk))
+
+
+@dataclass
+class ChunkDir:
+    """A sharded directory shown as one file per stored key; the shard files themselves are hidden."""
+
+    kv: ShardedKV
+    naming: Naming
+    kind: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def hides(self, name: str) -> bool:
+        return name.endswith(".shard")
+
+    def child(self, name: str) -> File | None:
+        key = self.naming.key(name)
+        if key is None:
+            return None
+        chunk = self.kv.locate(key)
+        if chunk is None:
+            raise FileNotFoundError(name)
+        return chunk_file(self.kv, chunk)
+
+    def names(self) -> Iterator[str]:
+        for key in self.kv.keys(on_corrupt=_log_corrupt):
+            name = self.naming.name(key)
+            if name is not None:
+                yield name
+
+
+class MeshDir(ChunkDir):
+    """Multi-resolution meshes: `<id>.index` is the stored manifest and `<id>` the fragment data
+    stored raw just before it, as long as the manifest's fragment sizes add up to."""
+
+    def child(self, name: str) -> File | None:
+        base, dot, ext = name.partition(".")
+        key = self.naming.key(base)
+        if key is None or (dot and ext != "index"):
+            return None
+        chunk = self.kv.locate(key)
+        if chunk is None:
+            raise FileNotFoundError(name)
+        if dot:
+            return chunk_file(self.kv, chunk)
+        length = fragment_bytes(self.kv.value(chunk))
+        if length is None or length > chunk.start - self.kv.spec.shard_index_size:
+            raise CorruptChunk(chunk.shard, key, "manifest's fragment sizes overrun the data before it")
+        return RangeFile(self.kv.store, chunk.shard, chunk.start - length, chunk.start)
+
+    def names(self) -> Iterator[str]:
+        for name in super().names():
+            yield f"{name}.index"
+            yield name
+
+
+def fragment_bytes(manifest: bytes) -> int | None:
+    """Sum of fragment sizes in a multi-LOD manifest, or None if the manifest is malformed.
+    Layout: chunk_shape 3f, grid_origin 3f, num_lods u4, lod_scales, vertex_offsets[lod][3],
+    num_fragments_per_lod, then per LOD fragment_positions[3][n] u4 and fragment_offsets[n] u4."""
+    try:
+        num_lods = int(np.frombuffer(manifest, "<u4", 1, 24)[0])
+        at = 28 + 16 * num_lods
+        counts = np.frombuffer(manifest, "<u4", num_lods, at).tolist()
+        at += 4 * num_lods
+        total = 0
+        for n in counts:
+            total += int(np.frombuffer(manifest, "<u4", n, at + 12 * n).sum(dtype=np.int64))
+            at += 16 * n
+    except ValueError:
+        return None
+    return total if at == len(manifest) else None
+
+
+def _log_corrupt(error: CorruptChunk) -> None:
+    log.error("listing skips part of a shard: %s", error)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading the dataset's info files
+
+
+@dataclass
+class Precomputed:
+    """The mount plan for one precomputed dataset: rewritten info files and sharded directories."""
+
+    store: LocalStore
+    cache: ByteCache
+    files: dict[str, bytes] = field(default_factory=dict)
+    providers: dict[str, Provider] = field(default_factory=dict)
+    kinds: list[str] = field(default_factory=list)
+
+    def add_info(self, directory: str, required: bool) -> None:
+        path = posixpath.join(directory, "info")
+        try:
+            raw = self.store.read(path, 0, self.store.size(path))
+        except (FileNotFoundError, NotADirectoryError):
+            if required:
+                raise SourceError(f"{self.store.root / path}: missing; a precomputed dataset starts with it") from None
+            return
+        where = str(self.store.root / path)
+        try:
+            info = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise SourceError(f"{where}: not valid JSON ({e})") from None
+        if not isinstance(info, dict):
+            raise SourceError(f"{where}: must hold a JSON object")
+        info = copy.deepcopy(info)
+        kind = info.get("@type")
+        handlers = {
+            "neuroglancer_multiscale_volume": self._volume,
+            "neuroglancer_multilod_draco": self._meshes,
+            "neuroglancer_skeletons": self._segments,
+            "neuroglancer_annotations_v1": self._annotations,
+            "neuroglancer_legacy_mesh": lambda info, d, w: None,
+        }
+        if kind is None and "scales" in info:
+            kind = "neuroglancer_multiscale_volume"
+        if kind is None and "sharding" in info:
+            handler = self._segments
+            kind = "sharded key-value directory"
+        elif kind in handlers:
+            handler = handlers[kind]
+        else:
+            raise SourceError(f"{where}: field '@type' is {kind!r}, not a precomputed kind shardfs knows")
+        self.kinds.append(f"{directory or '.'}: {kind}")
+        before = json.dumps(info, sort_keys=True)
+        handler(info, directory, where)
+        if json.dumps(info, sort_keys=True) != before:
+            self.files[path] = json.dumps(info).encode()
+
+    def _sharded(self, obj: dict, directory: str, where: str, field_name: str) -> ShardedKV | None:
+        """Take `sharding` out of obj (so the rewritten info is unsharded) and open its directory."""
+        if "sharding" not in obj:
+            return None
+        spec = ShardingSpec.from_json(obj.pop("sharding"), f"{where}: field '{field_name}.sharding'")
+        return ShardedKV(self.store, directory, spec, self.cache)
+
+    def _subdir(self, directory: str, key: object, where: str, field_name: str) -> str:
+        if not isinstance(key, str) or not key or key.startswith("/") or "://" in key:
+            raise SourceError(f"{where}: field '{field_name}' must be a relative path, not {key!r}")
+        path = posixpath.normpath(posixpath.join(directory, key))
+        if path == ".." or path.startswith("../"):
+            raise SourceError(f"{where}: field '{field_name}' points outside the dataset")
+        return "" if path == "." else path
+
+    def _volume(self, info: dict, directory: str, where: str) -> None:
+        scales = info.get("scales")
+        if not isinstance(scales, list) or not scales:
+            raise SourceError(f"{where}: field 'scales' must be a non-empty list")
+        for i, scale in enumerate(scales):
+            name = f"scales[{i}]"
+            if not isinstance(scale, dict):
+                raise SourceError(f"{where}: field '{name}' must be an object")
+            scale_dir = self._subdir(directory, scale.get("key"), where, f"{name}.key")
+            kv = self._sharded(scale, scale_dir, where, name)
+            if kv is None:
+                continue
+            size = _ints(scale, "size", where, name, positive=True)
+            offset = _ints(scale, "voxel_offset", where, name, default=[0, 0, 0])
+            chunks = scale.get("chunk_sizes")
+            if not (isinstance(chunks, list) and len(chunks) == 1):
+                raise SourceError(f"{where}: field '{name}.chunk_sizes' must hold exactly one size for a sharded scale")
+            chunk = _ints({"chunk_sizes": chunks[0]}, "chunk_sizes", where, name, positive=True)
+            details = {"size": size, "chunk_size": chunk, "voxel_offset": offset, "encoding": scale.get("encoding")}
+            self.providers[scale_dir] = ChunkDir(kv, VolumeChunks(size, chunk, offset), "volume scale", details)
+        for sub in ("mesh", "skeletons"):
+            if sub in info:
+                self.add_info(self._subdir(directory, info[sub], where, sub), required=False)
+
+    def _meshes(self, info: dict, directory: str, where: str) -> None:
+        kv = self._sharded(info, directory, where, "")
+        if kv is not None:
+            self.providers[directory] = MeshDir(kv, SegmentIds(), "multi-resolution meshes")
+
+    def _segments(self, info: dict, directory: str, where: str) -> None:
+        kv = self._sharded(info, directory, where, "")
+        if kv is not None:
+            kind = "skeletons" if info.get("@type") else "sharded key-value directory"
+            self.providers[directory] = ChunkDir(kv, SegmentIds(), kind)
+
+    def _annotations(self, info: dict, directory: str, where: str) -> None:
+        parts: list[tuple[str, dict, Naming]] = []
+        if isinstance(info.get("by_id"), dict):
+            parts.append(("by_id", info["by_id"], SegmentIds()))
+        for i, rel in enumerate(info.get("relationships") or []):
+            parts.append((f"relationships[{i}]", rel, SegmentIds()))
+        for i, level in enumerate(info.get("spatial") or []):
+            name = f"spatial[{i}]"
+            if isinstance(level, dict) and "sharding" in level:
+                parts.append((name, level, GridCells(_ints(level, "grid_shape", where, name, positive=True))))
+        for name, obj, naming in parts:
+            if not isinstance(obj, dict):
+                raise SourceError(f"{where}: field '{name}' must be an object")
+            part_dir = self._subdir(directory, obj.get("key"), where, f"{name}.key")
+            kv = self._sharded(obj, part_dir, where, name)
+            if kv is not None:
+                self.providers[part_dir] = ChunkDir(kv, naming, f"annotations {name}")
+
+
+def _ints(obj: dict, key: str, where: str, prefix: str, *, positive: bool = False, default: Any = None) -> list[int]:
+    value = obj.get(key, default)
+    ok = (
+        isinstance(value, list)
+        and len(value) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) and (v > 0 or not positive) for v in value)
+    )
+    if not ok:
+        what = "positive integers" if positive else "integers"
+        raise SourceError(f"{where}: field '{prefix}.{key}' must be a list of 3 {what}, not {value!r}")
+    return value
+
+
+def open_precomputed(store: LocalStore, cache: ByteCache) -> Precomputed:
+    plan = Precomputed(store, cache)
+    plan.add_info("", required=True)
+    return plan

@@ -1,0 +1,153 @@
+"""The thin layer between libfuse and the tree: tree answers become FUSE replies, exceptions become errno.
+
+It knows nothing of formats. Open files keep their node, so a read costs no lookup; open directories
+keep a cursor, so a listing streams in pieces without being held whole.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import os
+import stat
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import mfusepy
+
+from shardfs.errors import CorruptChunk
+from shardfs.tree import Dir, Node, Tree
+
+log = logging.getLogger("shardfs")
+F = TypeVar("F", bound=Callable[..., Any])
+
+BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
+
+
+def errors_to_errno(op: F) -> F:
+    """Absent → ENOENT; corrupt data → EIO with a log line naming shard and key; a bug → EIO, logged."""
+
+    @functools.wraps(op)
+    def wrapper(*args: Any) -> Any:
+        try:
+            return op(*args)
+        except mfusepy.FuseOSError:
+            raise
+        except CorruptChunk as e:
+            log.error("EIO on %s: %s", args[1], e)
+            raise mfusepy.FuseOSError(errno.EIO) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise mfusepy.FuseOSError(errno.ENOENT) from None
+        except OSError as e:
+            log.error("%s %s: %s", op.__name__, args[1], e)
+            raise mfusepy.FuseOSError(e.errno or errno.EIO) from None
+        except Exception:
+            log.exception("%s %s failed", op.__name__, args[1])
+            raise mfusepy.FuseOSError(errno.EIO) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class DirCursor:
+    """Where a streamed listing stands. libfuse asks again from the offset of the first entry that did
+    not fit; the cursor resumes there, re-offering that one entry, instead of listing from the start."""
+
+    def __init__(self, names: Callable[[], Iterator[str]]) -> None:
+        self._names = names
+        self._restart()
+
+    def _restart(self) -> None:
+        self._iter = itertools.chain([".", ".."], self._names())
+        self._next = 0  # offset of the entry the iterator yields next
+        self._last: tuple[int, str] | None = None
+
+    def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
+        if self._last is not None and self._last[0] == offset:
+            yield self._last[1], 0, offset + 1
+        elif offset != self._next:
+            self._restart()
+            for _ in itertools.islice(self._iter, offset):
+                self._next += 1
+        for name in self._iter:
+            self._last = (self._next, name)
+            self._next += 1
+            yield name, 0, self._next
+
+
+class ShardFS(mfusepy.Operations):
+    """Read-only operations over a Tree. Only the methods defined here are registered with libfuse."""
+
+    use_ns = True
+
+    def __init__(self, tree: Tree, mtime_ns: int, on_ready: Callable[[], None] | None = None) -> None:
+        self.tree = tree
+        self.on_ready = on_ready
+        self._files: dict[int, Any] = {}
+        self._dirs: dict[int, DirCursor] = {}
+        self._handles = itertools.count(1)
+        times = {"st_mtime": mtime_ns, "st_ctime": mtime_ns, "st_atime": mtime_ns}
+        self._dir_attrs = {"st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_blksize": BLOCK_SIZE, **times}
+        self._file_attrs = {"st_mode": stat.S_IFREG | 0o444, "st_nlink": 1, "st_blksize": BLOCK_SIZE, **times}
+
+    def init(self, path: str) -> None:
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def _lookup(self, path: str) -> Node:
+        return self.tree.lookup(path[1:])
+
+    @errors_to_errno
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        node = self._files.get(fh) if fh else None
+        node = node or self._lookup(path)
+        if isinstance(node, Dir):
+            return self._dir_attrs
+        size = node.size()
+        return {**self._file_attrs, "st_size": size, "st_blocks": (size + 511) // 512}
+
+    @errors_to_errno
+    def open(self, path: str, flags: int) -> int:
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise mfusepy.FuseOSError(errno.EROFS)
+        node = self._lookup(path)
+        if isinstance(node, Dir):
+            raise mfusepy.FuseOSError(errno.EISDIR)
+        fh = next(self._handles)
+        self._files[fh] = node
+        return fh
+
+    @errors_to_errno
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        return self._files[fh].read(offset, size)
+
+    def release(self, path: str, fh: int) -> int:
+        self._files.pop(fh, None)
+        return 0
+
+    @errors_to_errno
+    def opendir(self, path: str) -> int:
+        if not isinstance(self._lookup(path), Dir):
+            raise mfusepy.FuseOSError(errno.ENOTDIR)
+        fh = next(self._handles)
+        self._dirs[fh] = DirCursor(lambda: self.tree.listdir(path[1:]))
+        return fh
+
+    @errors_to_errno
+    def readdir_with_offset(self, path: str, offset: int, fh: int) -> Iterator[tuple[str, int, int]]:
+        return self._dirs[fh].entries(offset)
+
+    def releasedir(self, path: str, fh: int) -> int:
+        self._dirs.pop(fh, None)
+        return 0
+
+    def statfs(self, path: str) -> dict[str, int]:
+        return {"f_bsize": BLOCK_SIZE, "f_frsize": BLOCK_SIZE, "f_namemax": 255}
+
+    # Read-only: every change is refused. The mount is also `ro`, so the kernel refuses most before us.
+    def _read_only(self, *args: Any) -> int:
+        raise mfusepy.FuseOSError(errno.EROFS)
+
+    create = write = truncate = unlink = rmdir = mkdir = rename = symlink = link = _read_only
+    chmod = chown = utimens = mknod = setxattr = removexattr = _read_only

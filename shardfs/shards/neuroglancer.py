@@ -1,0 +1,212 @@
+"""`neuroglancer_uint64_sharded_v1`: which shard and minishard hold a key, and where its bytes are.
+
+Everything read from a shard is untrusted: offsets and sizes are checked against the file's real
+size before anything is read or allocated, and a contradiction raises `CorruptChunk` for that key
+alone.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import mmh3
+import numpy as np
+
+from shardfs.cache import ByteCache
+from shardfs.errors import CorruptChunk, SourceError
+from shardfs.store import LocalStore
+
+UINT64_MAX = (1 << 64) - 1
+ENCODINGS = ("raw", "gzip")
+
+
+@dataclass(frozen=True)
+class ShardingSpec:
+    preshift_bits: int
+    hash: str
+    minishard_bits: int
+    shard_bits: int
+    minishard_index_encoding: str = "raw"
+    data_encoding: str = "raw"
+
+    @classmethod
+    def from_json(cls, obj: object, where: str) -> ShardingSpec:
+        """Parse a `sharding` member; `where` names the file and field for the error message."""
+        if not isinstance(obj, dict) or obj.get("@type") != "neuroglancer_uint64_sharded_v1":
+            raise SourceError(f"{where}: '@type' must be 'neuroglancer_uint64_sharded_v1'")
+        values = {}
+        for name in ("preshift_bits", "minishard_bits", "shard_bits"):
+            v = obj.get(name)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 64:
+                raise SourceError(f"{where}: '{name}' must be an integer from 0 to 64, not {v!r}")
+            values[name] = v
+        if values["minishard_bits"] + values["shard_bits"] > 64:
+            raise SourceError(f"{where}: 'minishard_bits' + 'shard_bits' exceeds 64")
+        if obj.get("hash") not in ("identity", "murmurhash3_x86_128"):
+            raise SourceError(f"{where}: 'hash' must be 'identity' or 'murmurhash3_x86_128', not {obj.get('hash')!r}")
+        for name in ("minishard_index_encoding", "data_encoding"):
+            if obj.get(name, "raw") not in ENCODINGS:
+                raise SourceError(f"{where}: '{name}' must be 'raw' or 'gzip', not {obj.get(name)!r}")
+            values[name] = obj.get(name, "raw")
+        return cls(hash=obj["hash"], **values)
+
+    @property
+    def shard_index_size(self) -> int:
+        return 16 << self.minishard_bits
+
+    def hashed(self, key: int) -> int:
+        shifted = key >> self.preshift_bits
+        if self.hash == "identity":
+            return shifted
+        return mmh3.hash64(struct.pack("<Q", shifted), seed=0, x64arch=False, signed=False)[0]
+
+    def shard_and_minishard(self, key: int) -> tuple[int, int]:
+        h = self.hashed(key)
+        return (h >> self.minishard_bits) & ((1 << self.shard_bits) - 1), h & ((1 << self.minishard_bits) - 1)
+
+    def shard_name(self, shard: int) -> str:
+        digits = -(-self.shard_bits // 4)
+        return f"{shard:0{digits}x}.shard"
+
+    def shard_number(self, name: str) -> int | None:
+        """The shard a file name stands for, or None for any other file."""
+        digits = -(-self.shard_bits // 4)
+        if not re.fullmatch(f"[0-9a-f]{{{digits}}}\\.shard", name):
+            return None
+        shard = int(name[:digits] or "0", 16)
+        return shard if shard >> self.shard_bits == 0 else None
+
+
+def decode(data: bytes, encoding: str) -> bytes:
+    """Undo a `raw` or `gzip` encoding; zlib.error on bad gzip."""
+    return zlib.decompress(data, wbits=47) if encoding == "gzip" else data
+
+
+@dataclass(frozen=True)
+class MinishardIndex:
+    """The decoded index of one minishard, sorted by key: absolute [start, stop) byte ranges per key."""
+
+    keys: np.ndarray
+    starts: np.ndarray
+    stops: np.ndarray
+
+    @classmethod
+    def decode(cls, raw: bytes, shard_index_size: int) -> MinishardIndex:
+        """Undo the delta encoding. uint64 arithmetic wraps, exactly as the spec's sums do."""
+        if len(raw) % 24:
+            raise ValueError(f"minishard index is {len(raw)} bytes, not a multiple of 24")
+        table = np.frombuffer(raw, dtype="<u8").reshape(3, -1).astype(np.uint64)
+        keys = np.cumsum(table[0], dtype=np.uint64)
+        sizes = table[2]
+        stops = np.uint64(shard_index_size) + np.cumsum(table[1], dtype=np.uint64) + np.cumsum(sizes, dtype=np.uint64)
+        order = np.argsort(keys, kind="stable")
+        return cls(keys[order], (stops - sizes)[order], stops[order])
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes * 3
+
+    def find(self, key: int) -> tuple[int, int] | None:
+        """The stored [start, stop) of key, or None if it is absent."""
+        i = int(np.searchsorted(self.keys, np.uint64(key)))
+        if i == len(self.keys) or int(self.keys[i]) != key:
+            return None
+        return int(self.starts[i]), int(self.stops[i])
+
+
+EMPTY = MinishardIndex.decode(b"", 0)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Where one key's stored bytes are."""
+
+    shard: str
+    key: int
+    start: int
+    stop: int
+
+
+class ShardedKV:
+    """A sharded key-value directory read through a store, with its minishard indexes in the shared cache."""
+
+    def __init__(self, store: LocalStore, directory: str, spec: ShardingSpec, cache: ByteCache) -> None:
+        self.store = store
+        self.directory = directory
+        self.spec = spec
+        self.cache = cache
+
+    def shard_path(self, shard: int) -> str:
+        name = self.spec.shard_name(shard)
+        return f"{self.directory}/{name}" if self.directory else name
+
+    def locate(self, key: int) -> Chunk | None:
+        """Where key's bytes are, or None if it is absent. CorruptChunk if the index contradicts the file."""
+        shard, minishard = self.spec.shard_and_minishard(key)
+        path = self.shard_path(shard)
+        found = self.minishard(path, minishard, key).find(key)
+        if found is None:
+            return None
+        start, stop = found
+        if not start <= stop <= self.store.size(path):
+            raise CorruptChunk(path, key, f"data range [{start}, {stop}) lies outside the file")
+        return Chunk(path, key, start, stop)
+
+    def minishard(self, path: str, minishard: int, key: object = "?") -> MinishardIndex:
+        make = lambda: self._read_minishard(path, minishard, key)  # noqa: E731
+        return self.cache.get_or_make(("minishard", path, minishard), make)
+
+    def _read_minishard(self, path: str, minishard: int, key: object) -> MinishardIndex:
+        try:
+            size = self.store.size(path)
+        except FileNotFoundError:
+            return EMPTY  # a missing shard holds no keys
+        index_size = self.spec.shard_index_size
+        if size < index_size:
+            raise CorruptChunk(path, key, f"file is {size} bytes, shorter than its {index_size}-byte shard index")
+        start, stop = struct.unpack("<QQ", self.store.read(path, 16 * minishard, 16 * minishard + 16))
+        start, stop = start + index_size, stop + index_size
+        if not start <= stop <= size:
+            raise CorruptChunk(path, key, f"minishard {minishard} index range [{start}, {stop}) lies outside the file")
+        if start == stop:
+            return EMPTY
+        try:
+            raw = decode(self.store.read(path, start, stop), self.spec.minishard_index_encoding)
+            return MinishardIndex.decode(raw, index_size)
+        except (zlib.error, ValueError) as e:
+            raise CorruptChunk(path, key, f"minishard {minishard} index: {e}") from e
+
+    def value(self, chunk: Chunk) -> bytes:
+        """The decoded value. Gzip values are kept in the cache, so a stat and the read after it decode once."""
+        if self.spec.data_encoding == "raw":
+            return self.store.read(chunk.shard, chunk.start, chunk.stop)
+        return self.cache.get_or_make(("value", chunk.shard, chunk.key), lambda: self._decoded(chunk))
+
+    def _decoded(self, chunk: Chunk) -> bytes:
+        try:
+            return decode(self.store.read(chunk.shard, chunk.start, chunk.stop), self.spec.data_encoding)
+        except zlib.error as e:
+            raise CorruptChunk(chunk.shard, chunk.key, f"bad gzip data: {e}") from e
+
+    def shard_files(self) -> Iterator[str]:
+        """Paths of the shard files present, streamed from the directory."""
+        for entry in self.store.scandir(self.directory):
+            shard = self.spec.shard_number(entry.name)
+            if shard is not None:
+                yield self.shard_path(shard)
+
+    def keys(self, on_corrupt: Callable[[CorruptChunk], None] | None = None) -> Iterator[int]:
+        """Every stored key, shard by shard, holding one minishard index at a time."""
+        for path in self.shard_files():
+            for minishard in range(1 << self.spec.minishard_bits):
+                try:
+                    index = self.minishard(path, minishard)
+                except CorruptChunk as e:
+                    if on_corrupt:
+                        on_corrupt(e)
+                    continue
+                yield from index.keys.tolist()

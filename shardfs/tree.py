@@ -1,0 +1,148 @@
+"""The virtual filesystem as plain objects: what exists at a path, what a directory lists, what a file reads.
+
+A mount is the source directory passed through, with an overlay of rewritten files (metadata with
+sharding removed) and of *providers*: directories whose children are computed from shard indexes.
+The FUSE adapter, `shardfs ls`/`cat` and the tests all use this, so FUSE knows nothing of formats.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import stat
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from shardfs.store import LocalStore
+
+
+class File(Protocol):
+    def size(self) -> int: ...
+
+    def read(self, offset: int, length: int) -> bytes: ...
+
+
+class Dir:
+    """A directory node; what it lists comes from `Tree.listdir`."""
+
+
+DIR = Dir()
+Node = File | Dir
+
+
+class Provider(Protocol):
+    """A directory whose entries are computed, such as one file per key of a sharded directory."""
+
+    def child(self, name: str) -> Node | None:
+        """The node called name; None if the name is not the provider's (then the source decides).
+        Raises FileNotFoundError for a name it owns that does not exist."""
+
+    def names(self) -> Iterator[str]:
+        """Its entries, streamed."""
+
+    def hides(self, name: str) -> bool:
+        """Whether a source file of this name is hidden (the shards themselves)."""
+
+
+@dataclass(frozen=True)
+class BytesFile:
+    data: bytes
+
+    def size(self) -> int:
+        return len(self.data)
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.data[offset : offset + length]
+
+
+@dataclass(frozen=True)
+class RangeFile:
+    """A byte range of a source file: a raw chunk read straight from its shard, nothing copied in between."""
+
+    store: LocalStore
+    path: str
+    start: int
+    stop: int
+
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def read(self, offset: int, length: int) -> bytes:
+        start = self.start + offset
+        return self.store.read(self.path, start, min(start + length, self.stop))
+
+
+@dataclass(frozen=True)
+class DecodedFile:
+    """Contents that must be decoded first; `decoded` is cached by its maker, so stat then read decode once."""
+
+    decoded: Callable[[], bytes]
+
+    def size(self) -> int:
+        return len(self.decoded())
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.decoded()[offset : offset + length]
+
+
+def parent_and_name(path: str) -> tuple[str, str]:
+    parent, _, name = path.rpartition("/")
+    return parent, name
+
+
+class Tree:
+    """Paths are relative to the mount root, '' being the root itself, with '/' separators."""
+
+    def __init__(self, store: LocalStore, files: dict[str, bytes], providers: dict[str, Provider]) -> None:
+        self.store = store
+        self.files = {path: BytesFile(data) for path, data in files.items()}
+        self.providers = providers
+        # Overlay entries by parent directory, including the ancestors that the source may lack.
+        self._overlay: dict[str, set[str]] = defaultdict(set)
+        for path in (*files, *providers):
+            while path:
+                parent, name = parent_and_name(path)
+                self._overlay[parent].add(name)
+                path = parent
+
+    def lookup(self, path: str) -> Node:
+        """The node at path; FileNotFoundError if there is none."""
+        found = self.files.get(path)
+        if found is not None:
+            return found
+        if not path or path in self._overlay or path in self.providers:
+            return DIR
+        parent, name = parent_and_name(path)
+        provider = self.providers.get(parent)
+        if provider is not None:
+            node = provider.child(name)
+            if node is not None:
+                return node
+            if provider.hides(name):
+                raise FileNotFoundError(path)
+        return self._source(path)
+
+    def _source(self, path: str) -> Node:
+        if posixpath.normpath(path) != path or path.startswith(".."):
+            raise FileNotFoundError(path)
+        st = self.store.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            return DIR
+        if stat.S_ISREG(st.st_mode):
+            return RangeFile(self.store, path, 0, st.st_size)
+        raise FileNotFoundError(path)  # sockets, devices and links are not part of a dataset
+
+    def listdir(self, path: str) -> Iterator[str]:
+        """Entry names of a directory, streamed: overlay first, then provider entries, then the source's."""
+        overlay = self._overlay.get(path, set())
+        yield from sorted(overlay)
+        provider = self.providers.get(path)
+        if provider is not None:
+            yield from provider.names()
+        for entry in self.store.scandir(path):
+            name = entry.name
+            if name in overlay or (provider is not None and provider.hides(name)):
+                continue
+            if entry.is_dir() or entry.is_file():
+                yield name
