@@ -68,16 +68,18 @@ class ShardingSpec:
         h = self.hashed(key)
         return (h >> self.minishard_bits) & ((1 << self.shard_bits) - 1), h & ((1 << self.minishard_bits) - 1)
 
+    @property
+    def _digits(self) -> int:
+        return max(1, -(-self.shard_bits // 4))  # 0 bits still name one file, "0.shard"
+
     def shard_name(self, shard: int) -> str:
-        digits = -(-self.shard_bits // 4)
-        return f"{shard:0{digits}x}.shard"
+        return f"{shard:0{self._digits}x}.shard"
 
     def shard_number(self, name: str) -> int | None:
         """The shard a file name stands for, or None for any other file."""
-        digits = -(-self.shard_bits // 4)
-        if not re.fullmatch(f"[0-9a-f]{{{digits}}}\\.shard", name):
+        if not re.fullmatch(f"[0-9a-f]{{{self._digits}}}\\.shard", name):
             return None
-        shard = int(name[:digits] or "0", 16)
+        shard = int(name[: self._digits], 16)
         return shard if shard >> self.shard_bits == 0 else None
 
 

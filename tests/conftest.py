@@ -1,0 +1,45 @@
+"""Mounts for the tests: always through the real CLI, the kernel and a detached daemon."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+SHARDFS = [sys.executable, "-m", "shardfs"]
+
+
+def shardfs(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SHARDFS, *map(str, args)], capture_output=True, text=True, timeout=60, check=check)
+
+
+class Mount:
+    def __init__(self, path: Path, log: Path) -> None:
+        self.path, self.log = path, log
+
+    def log_text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+
+@pytest.fixture
+def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mount]]:
+    """mount(source, *options) -> Mount, unmounted at teardown."""
+    made: list[Path] = []
+
+    def make(source: Path, *options: str) -> Mount:
+        where = tmp_path_factory.mktemp("mnt")
+        point, log = where / "m", where / "shardfs.log"
+        point.mkdir()
+        shardfs("mount", source, point, "--log-file", log, *options)
+        assert os.path.ismount(point), "mount returned before the mount was live"
+        made.append(point)
+        return Mount(point, log)
+
+    yield make
+    for point in made:
+        if os.path.ismount(point):
+            shardfs("unmount", point)
