@@ -46,6 +46,7 @@ def fuse_options(source: Source, extra: dict[str, str | bool]) -> dict[str, str 
         "negative_timeout": str(ONE_DAY),
         "fsname": re.sub(r"[,\s]", "_", str(source.path)),
         "subtype": "shardfs",
+        "max_idle_threads": "10",  # libfuse 3.14.0 warns of an invalid value when it is left unset
     }
     options.update(extra)
     return options
@@ -62,9 +63,10 @@ def parse_options(text: list[str]) -> dict[str, str | bool]:
 
 
 def is_stale(mountpoint: Path) -> bool:
-    """A mount left by a killed daemon answers every call with ENOTCONN."""
+    """A mount left by a killed daemon answers ENOTCONN. statfs always reaches the daemon, where stat
+    may be answered from the kernel's attribute cache."""
     try:
-        os.stat(mountpoint)
+        os.statvfs(mountpoint)
     except OSError as e:
         return e.errno == errno.ENOTCONN
     return False
@@ -100,9 +102,28 @@ def default_log_file(mountpoint: Path) -> Path:
 def serve(
     source: Source, mountpoint: Path, options: dict[str, str | bool], on_ready: Callable[[], None] | None = None
 ) -> None:
-    """Run the FUSE loop, multithreaded, until unmounted or signalled (libfuse unmounts on SIGTERM/SIGINT)."""
+    """Run the multithreaded FUSE loop until unmounted or signalled; libfuse unmounts on SIGTERM/SIGINT.
+
+    libfuse reports a loop ended by a signal as an error; once the mount was live, that is a clean stop.
+    """
+    live = False
+
+    def ready() -> None:
+        nonlocal live
+        live = True
+        log.info("mounted %s at %s", source.path, mountpoint)
+        if on_ready is not None:
+            on_ready()
+
     mtime_ns = os.stat(source.path).st_mtime_ns
-    mfusepy.FUSE(ShardFS(source.tree, mtime_ns, on_ready), str(mountpoint), foreground=True, nothreads=False, **options)
+    try:
+        mfusepy.FUSE(
+            ShardFS(source.tree, mtime_ns, ready), str(mountpoint), foreground=True, nothreads=False, **options
+        )
+    except RuntimeError:
+        if not live:
+            raise
+    log.info("unmounted %s", mountpoint)
 
 
 def mount(

@@ -1,0 +1,106 @@
+"""The daemon's lifecycle, through the real CLI: readiness, detaching, signals, stale mounts, options."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from shardfs.daemon import is_stale
+from tests import peers
+from tests.conftest import SHARDFS, shardfs
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("daemon") / "vol"
+    peers.write_tensorstore_volume(root, extra_unsharded_scale=False)
+    return root
+
+
+def daemon_of(mountpoint: Path) -> psutil.Process:
+    for proc in psutil.process_iter(["cmdline"]):
+        if str(mountpoint) in (proc.info["cmdline"] or []) and "mount" in proc.info["cmdline"]:
+            return proc
+    raise AssertionError(f"no daemon serves {mountpoint}")
+
+
+def wait_until(condition: Callable[[], bool], seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_mount_in_command_substitution_returns_once_live(source, tmp_path) -> None:
+    point = tmp_path / "m"
+    point.mkdir()
+    script = f"out=$({' '.join(SHARDFS)} mount {source} {point} --log-file {tmp_path}/log); ls {point}/4_4_40 | wc -l"
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30, check=True)
+    assert int(done.stdout) == 5 * 4 * 5  # listed straight after mount returned
+    shardfs("unmount", point)
+    assert not os.path.ismount(point)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signals_unmount_cleanly(source, mount, sig) -> None:
+    m = mount(source)
+    daemon = daemon_of(m.path)
+    daemon.send_signal(sig)
+    daemon.wait(timeout=10)  # not our child, so no exit status here: the foreground test checks that it is 0
+    assert not daemon.is_running()
+    assert not os.path.ismount(m.path)
+    assert "Traceback" not in m.log_text()
+
+
+def test_stale_mount_is_cleared(source, mount) -> None:
+    m = mount(source)
+    daemon_of(m.path).kill()  # kill -9: the kernel keeps a mount that answers ENOTCONN
+    wait_until(lambda: is_stale(m.path))
+    shardfs("mount", source, m.path, "--log-file", m.log)
+    assert os.path.ismount(m.path) and len(os.listdir(m.path / "4_4_40")) == 100
+
+
+def test_second_mount_on_a_live_mountpoint_refuses(source, mount) -> None:
+    m = mount(source)
+    again = shardfs("mount", source, m.path, check=False)
+    assert again.returncode == 1 and "already mounted" in again.stderr
+    assert len(os.listdir(m.path / "4_4_40")) == 100
+
+
+def test_mount_options_and_fsname(source, mount) -> None:
+    m = mount(source, "-o", "allow_other", "--cache-size", "8M")
+    line = next(ln for ln in Path("/proc/mounts").read_text().splitlines() if f" {m.path} " in ln)
+    device, _, fstype, options, *_ = line.split()
+    assert device == str(source) and fstype == "fuse.shardfs"
+    assert "ro" in options.split(",") and "allow_other" in options
+
+
+def test_foreground_stays_attached_and_exits_on_sigterm(source, tmp_path) -> None:
+    point = tmp_path / "m"
+    point.mkdir()
+    proc = subprocess.Popen([*SHARDFS, "mount", "-f", str(source), str(point)], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: os.path.ismount(point))
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert not os.path.ismount(point)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_source_that_is_not_a_dataset_refuses(tmp_path) -> None:
+    (tmp_path / "m").mkdir()
+    result = shardfs("mount", tmp_path / "nothing", tmp_path / "m", check=False)
+    assert result.returncode == 2 and "not a directory" in result.stderr
+    (tmp_path / "empty").mkdir()
+    result = shardfs("mount", tmp_path / "empty", tmp_path / "m", check=False)
+    assert result.returncode == 2 and "no 'info' file" in result.stderr
