@@ -20,23 +20,34 @@ def _nbytes(value: object) -> int:
 
 
 class ByteCache:
-    """Thread-safe LRU bounded in bytes. The lock covers only dict operations, never I/O or decoding."""
+    """Thread-safe LRU bounded in bytes. The lock covers only dict operations, never I/O or decoding.
+
+    A value larger than the whole budget is kept alone in one overflow slot instead, so reading a
+    huge chunk in 128 KiB pieces decodes it once, and memory stays within budget plus one value.
+    """
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self._lru: LRUCache[Hashable, object] = LRUCache(maxsize=budget, getsizeof=_nbytes)
+        self._overflow: tuple[Hashable, object] | None = None
         self._lock = threading.Lock()
 
     def get_or_make(self, key: Hashable, make: Callable[[], T]) -> T:
         """The cached value for key, or make()'s, cached. Two threads may both make on a miss: cheaper than waiting."""
         with self._lock:
-            value = self._lru.get(key)
-        if value is None:
-            value = make()
+            value = self._lru.get(key, _MISSING)
+            overflow = self._overflow
+        if value is not _MISSING:
+            return value  # type: ignore[return-value]
+        if overflow is not None and overflow[0] == key:
+            return overflow[1]  # type: ignore[return-value]
+        value = make()
+        with self._lock:
             if _nbytes(value) <= self.budget:
-                with self._lock:
-                    self._lru[key] = value
-        return value  # type: ignore[return-value]
+                self._lru[key] = value
+            else:
+                self._overflow = (key, value)
+        return value
 
     @property
     def used(self) -> int:
@@ -45,3 +56,7 @@ class ByteCache:
     def clear(self) -> None:
         with self._lock:
             self._lru.clear()
+            self._overflow = None
+
+
+_MISSING = object()

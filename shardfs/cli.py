@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         source = open_source(args.source, args.cache_size)
         if args.command == "mount":
-            options = fuse_options(source, parse_options(args.options))
+            options = fuse_options(str(source.path), parse_options(args.options))
             log_file = args.log_file.absolute() if args.log_file else None
             mount(source, args.mountpoint.absolute(), options, args.foreground, log_file)
         elif args.command == "ls":

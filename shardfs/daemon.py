@@ -23,6 +23,7 @@ import mfusepy
 
 from shardfs.formats import Source
 from shardfs.fuse_adapter import ShardFS
+from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
 
@@ -34,7 +35,7 @@ class MountError(Exception):
     """The mount could not be made; the message says why in one sentence."""
 
 
-def fuse_options(source: Source, extra: dict[str, str | bool]) -> dict[str, str | bool]:
+def fuse_options(fsname: str, extra: dict[str, str | bool]) -> dict[str, str | bool]:
     """Defaults for immutable data: the kernel caches pages across opens, and attributes, names and
     absences for a day. User `-o` options override them."""
     options: dict[str, str | bool] = {
@@ -44,7 +45,7 @@ def fuse_options(source: Source, extra: dict[str, str | bool]) -> dict[str, str 
         "attr_timeout": str(ONE_DAY),
         "entry_timeout": str(ONE_DAY),
         "negative_timeout": str(ONE_DAY),
-        "fsname": re.sub(r"[,\s]", "_", str(source.path)),
+        "fsname": re.sub(r"[,\s]", "_", fsname),
         "subtype": "shardfs",
         "max_idle_threads": "10",  # libfuse 3.14.0 warns of an invalid value when it is left unset
     }
@@ -100,7 +101,11 @@ def default_log_file(mountpoint: Path) -> Path:
 
 
 def serve(
-    source: Source, mountpoint: Path, options: dict[str, str | bool], on_ready: Callable[[], None] | None = None
+    tree: Tree,
+    mtime_ns: int,
+    mountpoint: Path,
+    options: dict[str, str | bool],
+    on_ready: Callable[[], None] | None = None,
 ) -> None:
     """Run the multithreaded FUSE loop until unmounted or signalled; libfuse unmounts on SIGTERM/SIGINT.
 
@@ -111,15 +116,12 @@ def serve(
     def ready() -> None:
         nonlocal live
         live = True
-        log.info("mounted %s at %s", source.path, mountpoint)
+        log.info("mounted %s at %s", options.get("fsname"), mountpoint)
         if on_ready is not None:
             on_ready()
 
-    mtime_ns = os.stat(source.path).st_mtime_ns
     try:
-        mfusepy.FUSE(
-            ShardFS(source.tree, mtime_ns, ready), str(mountpoint), foreground=True, nothreads=False, **options
-        )
+        mfusepy.FUSE(ShardFS(tree, mtime_ns, ready), str(mountpoint), foreground=True, nothreads=False, **options)
     except RuntimeError:
         if not live:
             raise
@@ -131,9 +133,10 @@ def mount(
 ) -> None:
     """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise."""
     prepare_mountpoint(mountpoint)
+    mtime_ns = os.stat(source.path).st_mtime_ns
     if foreground:
         _log_to(log_file)
-        serve(source, mountpoint, options)
+        serve(source.tree, mtime_ns, mountpoint, options)
         return
     log_file = log_file or default_log_file(mountpoint)
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -156,7 +159,7 @@ def mount(
         os.close(ready_w)
 
     try:
-        serve(source, mountpoint, options, on_ready=ready)
+        serve(source.tree, mtime_ns, mountpoint, options, on_ready=ready)
     except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
         log.exception("mount failed")
         with contextlib.suppress(OSError):

@@ -1,7 +1,7 @@
 """The thin layer between libfuse and the tree: tree answers become FUSE replies, exceptions become errno.
 
-It knows nothing of formats. Open files keep their node, so a read costs no lookup; open directories
-keep a cursor, so a listing streams in pieces without being held whole.
+It knows nothing of formats. Open directories keep a cursor, so a listing streams in pieces without
+being held whole; files are found by path through the tree's node cache.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import errno
 import functools
 import itertools
 import logging
-import os
 import stat
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -84,7 +83,6 @@ class ShardFS(mfusepy.Operations):
     def __init__(self, tree: Tree, mtime_ns: int, on_ready: Callable[[], None] | None = None) -> None:
         self.tree = tree
         self.on_ready = on_ready
-        self._files: dict[int, Any] = {}
         self._dirs: dict[int, DirCursor] = {}
         self._handles = itertools.count(1)
         times = {"st_mtime": mtime_ns, "st_ctime": mtime_ns, "st_atime": mtime_ns}
@@ -100,31 +98,20 @@ class ShardFS(mfusepy.Operations):
 
     @errors_to_errno
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
-        node = self._files.get(fh) if fh else None
-        node = node or self._lookup(path)
+        node = self._lookup(path)
         if isinstance(node, Dir):
             return self._dir_attrs
         size = node.size()
         return {**self._file_attrs, "st_size": size, "st_blocks": (size + 511) // 512}
 
+    # No open/release: libfuse then answers OPEN itself, in C, still with keep_cache from `kernel_cache`,
+    # so a warm open never enters Python. Writes are refused by the `ro` mount before they reach us.
     @errors_to_errno
-    def open(self, path: str, flags: int) -> int:
-        if flags & os.O_ACCMODE != os.O_RDONLY:
-            raise mfusepy.FuseOSError(errno.EROFS)
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         node = self._lookup(path)
         if isinstance(node, Dir):
             raise mfusepy.FuseOSError(errno.EISDIR)
-        fh = next(self._handles)
-        self._files[fh] = node
-        return fh
-
-    @errors_to_errno
-    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        return self._files[fh].read(offset, size)
-
-    def release(self, path: str, fh: int) -> int:
-        self._files.pop(fh, None)
-        return 0
+        return node.read(offset, size)
 
     @errors_to_errno
     def opendir(self, path: str) -> int:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import posixpath
 import stat
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from shardfs.cache import ByteCache
 from shardfs.store import LocalStore
 
 
@@ -45,9 +46,13 @@ class Provider(Protocol):
         """Whether a source file of this name is hidden (the shards themselves)."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class BytesFile:
     data: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
 
     def size(self) -> int:
         return len(self.data)
@@ -56,7 +61,7 @@ class BytesFile:
         return self.data[offset : offset + length]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class RangeFile:
     """A byte range of a source file: a raw chunk read straight from its shard, nothing copied in between."""
 
@@ -73,19 +78,6 @@ class RangeFile:
         return self.store.read(self.path, start, min(start + length, self.stop))
 
 
-@dataclass(frozen=True)
-class DecodedFile:
-    """Contents that must be decoded first; `decoded` is cached by its maker, so stat then read decode once."""
-
-    decoded: Callable[[], bytes]
-
-    def size(self) -> int:
-        return len(self.decoded())
-
-    def read(self, offset: int, length: int) -> bytes:
-        return self.decoded()[offset : offset + length]
-
-
 def parent_and_name(path: str) -> tuple[str, str]:
     parent, _, name = path.rpartition("/")
     return parent, name
@@ -94,8 +86,11 @@ def parent_and_name(path: str) -> tuple[str, str]:
 class Tree:
     """Paths are relative to the mount root, '' being the root itself, with '/' separators."""
 
-    def __init__(self, store: LocalStore, files: dict[str, bytes], providers: dict[str, Provider]) -> None:
+    def __init__(
+        self, store: LocalStore, cache: ByteCache, files: dict[str, bytes], providers: dict[str, Provider]
+    ) -> None:
         self.store = store
+        self.cache = cache
         self.files = {path: BytesFile(data) for path, data in files.items()}
         self.providers = providers
         # Overlay entries by parent directory, including the ancestors that the source may lack.
@@ -107,7 +102,10 @@ class Tree:
                 path = parent
 
     def lookup(self, path: str) -> Node:
-        """The node at path; FileNotFoundError if there is none."""
+        """The node at path; FileNotFoundError if there is none. Nodes are cached: every read looks up again."""
+        return self.cache.get_or_make(("node", path), lambda: self._lookup(path))
+
+    def _lookup(self, path: str) -> Node:
         found = self.files.get(path)
         if found is not None:
             return found

@@ -33,4 +33,4 @@ def open_source(path: str | Path, cache_bytes: int) -> Source:
     if not (root / "info").exists():
         raise SourceError(f"{root}: no 'info' file, so not a Neuroglancer precomputed dataset")
     plan = open_precomputed(store, cache)
-    return Source(root, Tree(store, plan.files, plan.providers), plan.kinds, plan.providers, cache)
+    return Source(root, Tree(store, cache, plan.files, plan.providers), plan.kinds, plan.providers, cache)

@@ -19,7 +19,7 @@ from shardfs.errors import CorruptChunk, SourceError
 from shardfs.shards.morton import MortonCode
 from shardfs.shards.neuroglancer import UINT64_MAX, Chunk, ShardedKV, ShardingSpec
 from shardfs.store import LocalStore
-from shardfs.tree import DecodedFile, File, Provider, RangeFile
+from shardfs.tree import BytesFile, File, Provider, RangeFile
 
 log = logging.getLogger("shardfs")
 
@@ -39,10 +39,10 @@ class SegmentIds:
     """Meshes, skeletons, annotation ids and bare keys: the key in decimal."""
 
     def key(self, name: str) -> int | None:
-        if not name.isdigit() or (name[0] == "0" and name != "0") or not name.isascii():
+        if not (name.isascii() and name.isdigit()):
             return None
         key = int(name)
-        return key if key <= UINT64_MAX else None
+        return key if key <= UINT64_MAX and str(key) == name else None
 
     def name(self, key: int) -> str:
         return str(key)
@@ -55,15 +55,21 @@ class GridCells:
         self.morton = MortonCode(grid_shape)
 
     def key(self, name: str) -> int | None:
-        pos = _decimals(name.split("_"))
-        return self.morton.encode(pos) if pos is not None and self.morton.contains(pos) else None
+        try:
+            pos = [int(p) for p in name.split("_")]
+        except ValueError:
+            return None
+        if not self.morton.contains(pos) or "_".join(map(str, pos)) != name:
+            return None
+        return self.morton.encode(pos)
 
     def name(self, key: int) -> str | None:
         pos = self.morton.decode(key)
         return None if pos is None else "_".join(map(str, pos))
 
 
-_VOLUME_NAME = re.compile(r"(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)_(-?\d+)-(-?\d+)")
+_INT = r"(0|-?[1-9][0-9]*)"  # canonical decimals only: one chunk, one name
+_VOLUME_NAME = re.compile(f"{_INT}-{_INT}_{_INT}-{_INT}_{_INT}-{_INT}")
 
 
 class VolumeChunks:
@@ -73,39 +79,29 @@ class VolumeChunks:
         self.size, self.chunk, self.offset = size, chunk, offset
         self.morton = MortonCode([-(-s // c) for s, c in zip(size, chunk, strict=True)])
 
-    def bounds(self, pos: tuple[int, ...]) -> list[tuple[int, int]]:
-        return [
-            (o + p * c, o + min((p + 1) * c, s))
+    def _name(self, pos: tuple[int, ...]) -> str:
+        return "_".join(
+            f"{o + p * c}-{o + min((p + 1) * c, s)}"
             for p, c, o, s in zip(pos, self.chunk, self.offset, self.size, strict=True)
-        ]
+        )
 
     def key(self, name: str) -> int | None:
         m = _VOLUME_NAME.fullmatch(name)
-        numbers = m and _decimals(m.groups())
-        if not numbers:
+        if m is None:
             return None
+        numbers = list(map(int, m.groups()))
         pos = []
-        for d, (c, o) in enumerate(zip(self.chunk, self.offset, strict=True)):
-            p, r = divmod(numbers[2 * d] - o, c)
-            if r:
+        for d in range(3):
+            lo, hi, c, o, s = numbers[2 * d], numbers[2 * d + 1], self.chunk[d], self.offset[d], self.size[d]
+            p, misaligned = divmod(lo - o, c)
+            if misaligned or not 0 <= p * c < s or hi != o + min(p * c + c, s):  # aligned, inside, clipped
                 return None
             pos.append(p)
-        if not self.morton.contains(pos) or [v for b in self.bounds(tuple(pos)) for v in b] != numbers:
-            return None
         return self.morton.encode(pos)
 
     def name(self, key: int) -> str | None:
         pos = self.morton.decode(key)
-        return None if pos is None else "_".join(f"{lo}-{hi}" for lo, hi in self.bounds(pos))
-
-
-def _decimals(parts: list[str] | tuple[str, ...]) -> list[int] | None:
-    """Integers written canonically (no '+', no leading zeros), else None: one file, one name."""
-    try:
-        numbers = [int(p) for p in parts]
-    except ValueError:
-        return None
-    return numbers if all(str(n) == p for n, p in zip(numbers, parts, strict=True)) else None
+        return None if pos is None else self._name(pos)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -113,9 +109,11 @@ def _decimals(parts: list[str] | tuple[str, ...]) -> list[int] | None:
 
 
 def chunk_file(kv: ShardedKV, chunk: Chunk) -> File:
+    """A raw chunk is read straight from its shard; a gzip one is decoded now, because its size is
+    needed for stat anyway, and the node cache then serves every read of it."""
     if kv.spec.data_encoding == "raw":
         return RangeFile(kv.store, chunk.shard, chunk.start, chunk.stop)
-    return DecodedFile(lambda: kv.value(chunk))
+    return BytesFile(kv.value(chunk))
 
 
 @dataclass

@@ -45,7 +45,7 @@ class MortonCode:
         return key
 
     def contains(self, pos: Sequence[int]) -> bool:
-        return len(pos) == self._ndim and all(0 <= p < g for p, g in zip(pos, self.grid_shape, strict=True))
+        return len(pos) == self._ndim and min(pos) >= 0 and all(map(int.__lt__, pos, self.grid_shape))
 
     def decode(self, key: int) -> tuple[int, ...] | None:
         """The grid position of a key, or None if the key names no cell of the grid."""
