@@ -43,9 +43,9 @@ class ByteCache:
             return overflow[1]  # type: ignore[return-value]
         value = make()
         with self._lock:
-            if _nbytes(value) <= self.budget:
+            try:
                 self._lru[key] = value
-            else:
+            except ValueError:  # cachetools: larger than the whole budget
                 self._overflow = (key, value)
         return value
 

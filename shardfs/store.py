@@ -2,37 +2,28 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-
-from cachetools import LRUCache
 
 
 class LocalStore:
     """Byte ranges from files under one root directory, read with `os.pread`.
 
-    Shard files are reopened on every read otherwise; a small LRU of open files keeps the hot ones.
-    An evicted file is closed by refcounting once no reader still holds it, so eviction never
+    Open shard files are kept in a small LRU (functools', which is thread-safe and costs no Python
+    frames). An evicted file closes by refcounting once no reader still holds it, so eviction never
     races a concurrent `pread`.
     """
 
     def __init__(self, root: str | Path, max_open: int = 256) -> None:
         self.root = Path(root)
-        self._open: LRUCache[str, tuple[io.FileIO, int]] = LRUCache(maxsize=max_open)
-        self._lock = threading.Lock()
+        self._file = functools.lru_cache(maxsize=max_open)(self._open)
 
-    def _file(self, path: str) -> tuple[io.FileIO, int]:
-        with self._lock:
-            hit = self._open.get(path)
-        if hit is None:
-            f = io.FileIO(self.root / path, "r")
-            hit = (f, os.fstat(f.fileno()).st_size)
-            with self._lock:
-                self._open[path] = hit
-        return hit
+    def _open(self, path: str) -> tuple[io.FileIO, int]:
+        f = io.FileIO(self.root / path, "r")
+        return f, os.fstat(f.fileno()).st_size
 
     def size(self, path: str) -> int:
         """Size of a file; FileNotFoundError when it is absent."""
@@ -56,5 +47,4 @@ class LocalStore:
 
     def forget(self) -> None:
         """Close cached files, for when the source was rewritten in place."""
-        with self._lock:
-            self._open.clear()
+        self._file.cache_clear()

@@ -77,6 +77,7 @@ class VolumeChunks:
 
     def __init__(self, size: list[int], chunk: list[int], offset: list[int]) -> None:
         self.size, self.chunk, self.offset = size, chunk, offset
+        self._dims = list(zip(chunk, offset, size, strict=True))
         self.morton = MortonCode([-(-s // c) for s, c in zip(size, chunk, strict=True)])
 
     def _name(self, pos: tuple[int, ...]) -> str:
@@ -89,10 +90,9 @@ class VolumeChunks:
         m = _VOLUME_NAME.fullmatch(name)
         if m is None:
             return None
-        numbers = list(map(int, m.groups()))
+        bounds = list(map(int, m.groups()))
         pos = []
-        for d in range(3):
-            lo, hi, c, o, s = numbers[2 * d], numbers[2 * d + 1], self.chunk[d], self.offset[d], self.size[d]
+        for lo, hi, (c, o, s) in zip(bounds[0::2], bounds[1::2], self._dims, strict=True):
             p, misaligned = divmod(lo - o, c)
             if misaligned or not 0 <= p * c < s or hi != o + min(p * c + c, s):  # aligned, inside, clipped
                 return None

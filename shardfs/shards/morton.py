@@ -30,7 +30,8 @@ class MortonCode:
                     dest[d].append(out)
                     out += 1
         self.key_bits = out
-        self._encode = [[_byte_table(dest[d][k : k + 8]) for k in range(0, bits[d], 8)] for d in range(ndim)]
+        # (dimension, shift, table): key |= table[(pos[dimension] >> shift) & 0xFF]
+        self._encode = [(d, k, _byte_table(dest[d][k : k + 8])) for d in range(ndim) for k in range(0, bits[d], 8)]
         # Decoding packs dimension d into bits [64 d, 64 d + 64) of one int, so table entries just add.
         source = [(d, i) for d in range(ndim) for i in range(bits[d])]
         by_key_bit = sorted(source, key=lambda di: dest[di[0]][di[1]])
@@ -39,9 +40,8 @@ class MortonCode:
 
     def encode(self, pos: Sequence[int]) -> int:
         key = 0
-        for tables, p in zip(self._encode, pos, strict=True):
-            for k, table in enumerate(tables):
-                key |= table[(p >> (8 * k)) & 0xFF]
+        for d, shift, table in self._encode:
+            key |= table[(pos[d] >> shift) & 0xFF]
         return key
 
     def contains(self, pos: Sequence[int]) -> bool:

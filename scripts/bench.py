@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""shardfs against the ceiling of its stack and against plain files, as ratios from one run.
+
+Three ways to serve the same chunk files, each read the same way (random open+read+close):
+- shardfs, mounted on a sharded precomputed volume written by tensorstore;
+- a no-op FUSE filesystem: the same adapter, options and libfuse loop over an in-memory tree of the
+  same names and sizes, serving zeros. It is what shardfs would be if finding a chunk cost nothing;
+- the same chunks as plain files on disk (copied out of the mount with cp -r).
+
+Cold is a fresh mount (empty kernel and shardfs caches; the shard files themselves are in the page
+cache, as they are for the plain files). Warm is a second pass over the same files on the same mount.
+Each figure is the median of --repeats runs. Peak RSS is the daemon's VmHWM after reading every chunk.
+
+    .venv/bin/python scripts/bench.py [--chunks 102400] [--sample 10000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+SHARDFS = [sys.executable, "-m", "shardfs"]
+READER = """
+import os, sys, time
+paths = open(sys.argv[1]).read().split("\\n")
+sys.stdin.readline()  # wait for go, so interpreter start-up is not timed
+start = time.time()
+for p in paths:
+    fd = os.open(p, os.O_RDONLY)
+    while os.read(fd, 1 << 20):
+        pass
+    os.close(fd)
+print(start, time.time(), flush=True)
+"""
+
+
+def write_dataset(root: Path, chunks: int) -> None:
+    """A uint8 volume of 8^3 chunks (512 bytes each), gzip in the shards, sharded with the parameters
+    cloud-volume's own chooser (the one igneous uses) picks for 4 MiB shards."""
+    import numpy as np
+    import tensorstore as ts
+    from cloudvolume.datasource.precomputed.sharding import compute_shard_params_for_image
+
+    side = round((chunks / 25) ** 0.5)
+    size, chunk = [8 * side, 8 * side, 8 * 25], [8, 8, 8]
+    spec = compute_shard_params_for_image(size, chunk, "raw", "uint8", uncompressed_shard_bytesize=4 << 20)
+    sharding = {k: v if isinstance(v, str) else int(v) for k, v in spec.to_dict().items()}
+    store = ts.open(
+        {
+            "driver": "neuroglancer_precomputed",
+            "kvstore": f"file://{root}",
+            "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
+            "scale_metadata": {
+                "size": size,
+                "chunk_size": chunk,
+                "resolution": [4, 4, 40],
+                "encoding": "raw",
+                "sharding": sharding,
+            },
+            "create": True,
+        }
+    ).result()
+    rng = np.random.default_rng(0)
+    for z in range(0, store.shape[2], 40):
+        slab = store[:, :, z : z + 40]
+        slab[...] = rng.integers(0, 32, slab.shape, dtype=np.uint8)  # compressible, like real data
+    print(f"sharding: {json.dumps(sharding)}")
+
+
+def serve_noop(listing: Path, mountpoint: Path) -> None:
+    """Serve the names and sizes in listing (one 'relpath size' per line) with the real adapter."""
+    from shardfs.daemon import fuse_options, serve
+    from shardfs.tree import DIR, BytesFile
+
+    zeros = bytes(1 << 20)
+    files, dirs = {}, {"": set()}
+    for line in listing.read_text().splitlines():
+        path, size = line.rsplit(" ", 1)
+        files[path] = BytesFile(zeros[: int(size)])
+        parent = ""
+        for part in path.split("/")[:-1]:
+            dirs.setdefault(parent, set()).add(part)
+            parent = f"{parent}/{part}".lstrip("/")
+        dirs.setdefault(parent, set()).add(path.rsplit("/", 1)[-1])
+
+    class NoopTree:
+        def lookup(self, path: str) -> object:
+            if path in dirs:
+                return DIR
+            try:
+                return files[path]
+            except KeyError:
+                raise FileNotFoundError(path) from None
+
+        def listdir(self, path: str) -> Iterator[str]:
+            return iter(sorted(dirs[path]))
+
+    serve(NoopTree(), 0, mountpoint, fuse_options("noop", {}))  # type: ignore[arg-type]
+
+
+class Mounted:
+    """A mount of one of the three kinds; plain files need no mount."""
+
+    def __init__(self, kind: str, source: Path, listing: Path, where: Path) -> None:
+        self.kind, self.path, self.proc = kind, where, None
+        if kind == "plain":
+            self.path = source
+            return
+        where.mkdir(parents=True, exist_ok=True)
+        if kind == "shardfs":
+            subprocess.run([*SHARDFS, "mount", str(source), str(where)], check=True)
+        else:
+            self.proc = subprocess.Popen([sys.executable, __file__, "--serve-noop", str(listing), str(where)])
+            deadline = time.monotonic() + 30
+            while not os.path.ismount(where):
+                assert time.monotonic() < deadline and self.proc.poll() is None, "no-op mount failed"
+                time.sleep(0.02)
+
+    def daemon_peak_rss(self) -> int:
+        out = subprocess.run(["pgrep", "-f", f"shardfs mount .* {self.path}$"], capture_output=True, text=True)
+        pid = out.stdout.split()[0]
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmHWM")
+
+    def close(self) -> None:
+        if self.kind != "plain":
+            subprocess.run(["fusermount3", "-u", str(self.path)], check=True)
+        if self.proc:
+            self.proc.wait(timeout=30)
+
+
+def read_files(root: Path, names: list[str], readers: int, scratch: Path) -> float:
+    """Files per second for `readers` processes sharing the names, timed from first start to last end."""
+    parts = [names[i::readers] for i in range(readers)]
+    lists = []
+    for i, part in enumerate(parts):
+        lists.append(scratch / f"list{i}")
+        lists[-1].write_text("\n".join(str(root / n) for n in part))
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", READER, str(f)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for f in lists
+    ]
+    time.sleep(0.3)
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    spans = [tuple(map(float, p.communicate()[0].split())) for p in procs]
+    return len(names) / (max(e for _, e in spans) - min(s for s, _ in spans))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=102400, help="chunks in the volume (>= 100k for the RSS figure)")
+    ap.add_argument("--sample", type=int, default=10000, help="random chunks read per pass")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--serve-noop", nargs=2, type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_noop:
+        serve_noop(*args.serve_noop)
+        return
+
+    work = Path(tempfile.mkdtemp(prefix="shardfs-bench-"))
+    try:
+        run(work, args)
+    finally:
+        for m in work.glob("mnt-*"):
+            subprocess.run(["fusermount3", "-uz", str(m)], capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(work: Path, args: argparse.Namespace) -> None:
+    source, plain = work / "sharded", work / "plain"
+    t = time.monotonic()
+    write_dataset(source, args.chunks)
+    print(f"wrote {source} in {time.monotonic() - t:.1f}s")
+    scale = "4_4_40"
+
+    # Full scan through a fresh mount: every chunk listed, stat'ed and read; then the daemon's peak RSS.
+    m = Mounted("shardfs", source, work / "unused", work / "mnt-scan")
+    t = time.monotonic()
+    subprocess.run(["cp", "-r", str(m.path), str(plain)], check=True)
+    scan = time.monotonic() - t
+    peak = m.daemon_peak_rss()
+    m.close()
+    names = sorted(os.listdir(plain / scale))
+    sizes = {n: (plain / scale / n).stat().st_size for n in names}
+    listing = work / "listing"
+    listing.write_text("\n".join(f"{scale}/{n} {s}" for n, s in sizes.items()))
+    print(f"full scan (cp -r) of {len(names)} chunks: {scale}: {scan:.1f}s, {len(names) / scan:.0f} files/s")
+    print(f"daemon peak RSS over the full scan, default cache budget: {peak / 2**20:.0f} MiB")
+
+    sample = random.Random(0).sample([f"{scale}/{n}" for n in names], min(args.sample, len(names)))
+    results: dict[tuple[str, int, str], list[float]] = {}
+    for rep in range(args.repeats):
+        for readers in (1, 4):
+            for kind in ("noop", "shardfs", "plain"):
+                m = Mounted(kind, plain if kind == "plain" else source, listing, work / f"mnt-{kind}")
+                try:
+                    for phase in ("cold", "warm"):
+                        rate = read_files(m.path, sample, readers, work)
+                        results.setdefault((kind, readers, phase), []).append(rate)
+                finally:
+                    m.close()
+        print(f"repeat {rep + 1}/{args.repeats} done", flush=True)
+
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(f"\nrandom open+read+close of {len(sample)} chunks, files/s (median of {args.repeats})")
+    print(f"{'readers':>7} {'pass':>5} {'no-op FUSE':>11} {'shardfs':>9} {'plain':>9} {'vs no-op':>9} {'vs plain':>9}")
+    summary = {}
+    for readers in (1, 4):
+        for phase in ("cold", "warm"):
+            noop, ours, disk = (med[(k, readers, phase)] for k in ("noop", "shardfs", "plain"))
+            summary[f"{readers}r_{phase}"] = round(ours / noop, 2)
+            rates = f"{noop:>11.0f} {ours:>9.0f} {disk:>9.0f}"
+            print(f"{readers:>7} {phase:>5} {rates} {ours / noop:>8.2f}x {ours / disk:>8.2f}x")
+    print(json.dumps({"shardfs_vs_noop": summary, "peak_rss_mib": round(peak / 2**20)}))
+
+
+if __name__ == "__main__":
+    main()
