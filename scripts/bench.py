@@ -11,7 +11,7 @@ Cold is a fresh mount (empty kernel and shardfs caches; the shard files themselv
 cache, as they are for the plain files). Warm is a second pass over the same files on the same mount.
 Each figure is the median of --repeats runs. Peak RSS is the daemon's VmHWM after reading every chunk.
 
-    .venv/bin/python scripts/bench.py [--chunks 102400] [--sample 10000] [--repeats 3]
+    .venv/bin/python scripts/bench.py [--chunks 102400] [--sample 10000] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=int, default=102400, help="chunks in the volume (>= 100k for the RSS figure)")
     ap.add_argument("--sample", type=int, default=10000, help="random chunks read per pass")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--serve-noop", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_noop:
@@ -207,7 +207,8 @@ def run(work: Path, args: argparse.Namespace) -> None:
     results: dict[tuple[str, int, str], list[float]] = {}
     for rep in range(args.repeats):
         for readers in (1, 4):
-            for kind in ("noop", "shardfs", "plain"):
+            kinds = ("noop", "shardfs", "plain")
+            for kind in kinds if rep % 2 == 0 else kinds[::-1]:  # alternate, so order biases cancel
                 m = Mounted(kind, plain if kind == "plain" else source, listing, work / f"mnt-{kind}")
                 try:
                     for phase in ("cold", "warm"):

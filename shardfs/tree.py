@@ -93,6 +93,7 @@ class Tree:
         self.cache = cache
         self.files = {path: BytesFile(data) for path, data in files.items()}
         self.providers = providers
+        self._last: tuple[str | None, Node] = (None, DIR)
         # Overlay entries by parent directory, including the ancestors that the source may lack.
         self._overlay: dict[str, set[str]] = defaultdict(set)
         for path in (*files, *providers):
@@ -102,8 +103,14 @@ class Tree:
                 path = parent
 
     def lookup(self, path: str) -> Node:
-        """The node at path; FileNotFoundError if there is none. Nodes are cached: every read looks up again."""
-        return self.cache.get_or_make(("node", path), lambda: self._lookup(path))
+        """The node at path; FileNotFoundError if there is none. Nodes are cached, since every read looks
+        up again; the last one is also kept apart, since a read mostly follows the lookup of its file."""
+        last = self._last
+        if last[0] == path:
+            return last[1]
+        node = self.cache.get_or_make(("node", path), lambda: self._lookup(path))
+        self._last = (path, node)
+        return node
 
     def _lookup(self, path: str) -> Node:
         found = self.files.get(path)
