@@ -102,8 +102,8 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
             except KeyError:
                 raise FileNotFoundError(path) from None
 
-        def listdir(self, path: str) -> Iterator[str]:
-            return iter(sorted(dirs[path]))
+        def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
+            return ((name, f"{path}/{name}".lstrip("/") in dirs) for name in sorted(dirs[path]))
 
     serve(NoopTree(), 0, mountpoint, fuse_options("noop", {}))  # type: ignore[arg-type]
 

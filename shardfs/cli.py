@@ -84,8 +84,8 @@ def ls(source: Source, path: str) -> None:
     if not isinstance(source.tree.lookup(path), Dir):
         print(path)
         return
-    for name in source.tree.listdir(path):
-        sys.stdout.write(name + "\n")
+    for name, is_dir in source.tree.listdir(path):
+        sys.stdout.write(f"{name}/\n" if is_dir else f"{name}\n")
 
 
 def cat(source: Source, path: str) -> None:

@@ -53,26 +53,28 @@ class DirCursor:
     """Where a streamed listing stands. libfuse asks again from the offset of the first entry that did
     not fit; the cursor resumes there, re-offering that one entry, instead of listing from the start."""
 
-    def __init__(self, names: Callable[[], Iterator[str]]) -> None:
-        self._names = names
+    def __init__(self, entries: Callable[[], Iterator[tuple[str, bool]]]) -> None:
+        self._entries = entries
         self._restart()
 
     def _restart(self) -> None:
-        self._iter = itertools.chain([".", ".."], self._names())
+        self._iter = itertools.chain([(".", True), ("..", True)], self._entries())
         self._next = 0  # offset of the entry the iterator yields next
-        self._last: tuple[int, str] | None = None
+        self._last: tuple[int, str, int] | None = None
 
     def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
+        """(name, st_mode, offset of the next entry), from offset on."""
         if self._last is not None and self._last[0] == offset:
-            yield self._last[1], 0, offset + 1
+            yield self._last[1], self._last[2], offset + 1
         elif offset != self._next:
             self._restart()
             for _ in itertools.islice(self._iter, offset):
                 self._next += 1
-        for name in self._iter:
-            self._last = (self._next, name)
+        for name, is_dir in self._iter:
+            mode = stat.S_IFDIR if is_dir else stat.S_IFREG
+            self._last = (self._next, name, mode)
             self._next += 1
-            yield name, 0, self._next
+            yield name, mode, self._next
 
 
 class ShardFS(mfusepy.Operations):

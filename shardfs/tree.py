@@ -138,16 +138,22 @@ class Tree:
             return RangeFile(self.store, path, 0, st.st_size)
         raise FileNotFoundError(path)  # sockets, devices and links are not part of a dataset
 
-    def listdir(self, path: str) -> Iterator[str]:
-        """Entry names of a directory, streamed: overlay first, then provider entries, then the source's."""
+    def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
+        """(name, is_dir) of a directory's entries, streamed: overlay, then provider entries (all files),
+        then the source's. Knowing the type spares `find` and `os.walk` a stat of every chunk."""
         overlay = self._overlay.get(path, set())
-        yield from sorted(overlay)
+        for name in sorted(overlay):
+            child = f"{path}/{name}" if path else name
+            yield name, child not in self.files
         provider = self.providers.get(path)
         if provider is not None:
-            yield from provider.names()
+            for name in provider.names():
+                yield name, False
         for entry in self.store.scandir(path):
             name = entry.name
             if name in overlay or (provider is not None and provider.hides(name)):
                 continue
-            if entry.is_dir() or entry.is_file():
-                yield name
+            if entry.is_dir():
+                yield name, True
+            elif entry.is_file():
+                yield name, False

@@ -199,7 +199,7 @@ def test_multires_meshes(tmp_path, mount, data_encoding) -> None:
 def test_cli_reads_the_tree_without_mounting(tmp_path) -> None:
     source, twin = tmp_path / "src", tmp_path / "twin"
     peers.write_tensorstore_volume(source, unsharded_twin=twin)
-    assert sorted(shardfs("ls", source).stdout.split()) == ["4_4_40", "8_8_40", "info"]
+    assert sorted(shardfs("ls", source).stdout.split()) == ["4_4_40/", "8_8_40/", "info"]
     assert sorted(shardfs("ls", source, "4_4_40").stdout.split()) == sorted(os.listdir(twin / "4_4_40"))
     name = sorted(os.listdir(twin / "4_4_40"))[7]
     cat = subprocess.run([*SHARDFS, "cat", source, f"4_4_40/{name}"], capture_output=True, check=True)
