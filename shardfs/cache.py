@@ -49,14 +49,5 @@ class ByteCache:
                 self._overflow = (key, value)
         return value
 
-    @property
-    def used(self) -> int:
-        return int(self._lru.currsize)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._lru.clear()
-            self._overflow = None
-
 
 _MISSING = object()

@@ -44,7 +44,3 @@ class LocalStore:
                 yield from entries
         except (FileNotFoundError, NotADirectoryError):
             return
-
-    def forget(self) -> None:
-        """Close cached files, for when the source was rewritten in place."""
-        self._file.cache_clear()

@@ -68,22 +68,6 @@ def _ts_sharded_put(directory: pathlib.Path, spec: dict, items: dict[int, bytes]
     txn.commit_async().result()
 
 
-def ts_sharded_kvstore(directory: pathlib.Path, spec: dict) -> ts.KvStore:
-    """Open a sharded directory with tensorstore for reading (8-byte BE keys; 16-byte keys
-    `id + n` read the n raw bytes stored just before the value, e.g. multires mesh fragments)."""
-    return ts.KvStore.open(
-        {
-            "driver": "neuroglancer_uint64_sharded",
-            "base": {"driver": "file", "path": f"{directory}/"},
-            "metadata": spec,
-        }
-    ).result()
-
-
-# ---------------------------------------------------------------------------------------------
-# 1. Volumes (tensorstore neuroglancer_precomputed driver)
-
-
 def _random_volume(shape: tuple[int, ...], dtype: str, encoding: str, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     dt = np.dtype(dtype)
@@ -178,34 +162,6 @@ def write_tensorstore_volume(
             low.write(down).result()
     src = {"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(root)}}
     return ts.open(dict(src, scale_index=0)).result().read().result()
-
-
-def volume_chunk_files(root: pathlib.Path, scale_index: int = 0) -> dict[str, bytes]:
-    """Unsharded name (`x0-x1_y0-y1_z0-z1`, absolute, clipped) -> chunk bytes (data_encoding
-    removed), for every chunk present in a sharded scale, fetched through tensorstore's kvstore
-    by compressed Morton code. This is what `<scale key>/<name>` must read as."""
-    info = json.loads((root / "info").read_text())
-    sc = info["scales"][scale_index]
-    size, off, cs = sc["size"], sc["voxel_offset"], sc["chunk_sizes"][0]
-    grid = [math.ceil(s / c) for s, c in zip(size, cs, strict=True)]
-    kv = ts_sharded_kvstore(root / sc["key"], sc["sharding"])
-    out = {}
-    for gx in range(grid[0]):
-        for gy in range(grid[1]):
-            for gz in range(grid[2]):
-                pos = (gx, gy, gz)
-                value = kv.read(compressed_morton_code(pos, grid).to_bytes(8, "big")).result()
-                if value.state != "value":
-                    continue
-                name = "_".join(
-                    f"{o + p * c}-{o + min((p + 1) * c, s)}" for o, p, c, s in zip(off, pos, cs, size, strict=True)
-                )
-                out[name] = bytes(value.value)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# 2. Bare sharded key-value directory
 
 
 def write_tensorstore_kv(
