@@ -33,17 +33,18 @@ Node = File | Dir
 
 
 class Provider(Protocol):
-    """A directory whose entries are computed, such as one file per key of a sharded directory."""
+    """A directory whose contents are computed, such as one file per key of a sharded directory.
+    Paths given to it are relative to its own directory ('' is the directory itself)."""
 
-    def child(self, name: str) -> Node | None:
-        """The node called name; None if the name is not the provider's (then the source decides).
-        Raises FileNotFoundError for a name it owns that does not exist."""
+    def child(self, rel: str) -> Node | None:
+        """The node at rel; None if rel is not the provider's (then the source decides).
+        Raises FileNotFoundError for a path it owns that does not exist."""
 
-    def names(self) -> Iterator[str]:
-        """Its entries, streamed."""
+    def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
+        """(name, is_dir) of its entries in directory rel, streamed."""
 
-    def hides(self, name: str) -> bool:
-        """Whether a source file of this name is hidden (the shards themselves)."""
+    def hides(self, rel: str) -> bool:
+        """Whether a source path is hidden (the shards themselves)."""
 
 
 @dataclass(slots=True)
@@ -78,11 +79,6 @@ class RangeFile:
         return self.store.read(self.path, start, min(start + length, self.stop))
 
 
-def parent_and_name(path: str) -> tuple[str, str]:
-    parent, _, name = path.rpartition("/")
-    return parent, name
-
-
 class Tree:
     """Paths are relative to the mount root, '' being the root itself, with '/' separators."""
 
@@ -98,7 +94,7 @@ class Tree:
         self._overlay: dict[str, set[str]] = defaultdict(set)
         for path in (*files, *providers):
             while path:
-                parent, name = parent_and_name(path)
+                parent, _, name = path.rpartition("/")
                 self._overlay[parent].add(name)
                 path = parent
 
@@ -118,15 +114,24 @@ class Tree:
             return found
         if not path or path in self._overlay or path in self.providers:
             return DIR
-        parent, name = parent_and_name(path)
-        provider = self.providers.get(parent)
+        provider, rel = self._provider_of(path)
         if provider is not None:
-            node = provider.child(name)
+            node = provider.child(rel)
             if node is not None:
                 return node
-            if provider.hides(name):
+            if provider.hides(rel):
                 raise FileNotFoundError(path)
         return self._source(path)
+
+    def _provider_of(self, path: str) -> tuple[Provider | None, str]:
+        """The provider whose directory holds path, nearest first, and path relative to it."""
+        parent = path
+        while parent:
+            parent, _, _ = parent.rpartition("/")
+            provider = self.providers.get(parent)
+            if provider is not None:
+                return provider, path[len(parent) + 1 :] if parent else path
+        return None, path
 
     def _source(self, path: str) -> Node:
         if posixpath.normpath(path) != path or path.startswith(".."):
@@ -139,19 +144,19 @@ class Tree:
         raise FileNotFoundError(path)  # sockets, devices and links are not part of a dataset
 
     def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
-        """(name, is_dir) of a directory's entries, streamed: overlay, then provider entries (all files),
-        then the source's. Knowing the type spares `find` and `os.walk` a stat of every chunk."""
+        """(name, is_dir) of a directory's entries, streamed: overlay, then the provider's, then the
+        source's. Knowing the type spares `find` and `os.walk` a stat of every chunk."""
         overlay = self._overlay.get(path, set())
         for name in sorted(overlay):
             child = f"{path}/{name}" if path else name
             yield name, child not in self.files
-        provider = self.providers.get(path)
+        provider, rel = (self.providers[path], "") if path in self.providers else self._provider_of(path)
         if provider is not None:
-            for name in provider.names():
-                yield name, False
+            yield from provider.entries(rel)
+        prefix = f"{rel}/" if rel else ""
         for entry in self.store.scandir(path):
             name = entry.name
-            if name in overlay or (provider is not None and provider.hides(name)):
+            if name in overlay or (provider is not None and provider.hides(prefix + name)):
                 continue
             if entry.is_dir():
                 yield name, True

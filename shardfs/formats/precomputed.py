@@ -125,8 +125,11 @@ class ChunkDir:
     kind: str
     details: dict[str, Any] = field(default_factory=dict)
 
-    def hides(self, name: str) -> bool:
-        return name.endswith(".shard")
+    def hides(self, rel: str) -> bool:
+        return rel.endswith(".shard")
+
+    def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
+        return ((name, False) for name in self.names())
 
     def child(self, name: str) -> File | None:
         key = self.naming.key(name)
