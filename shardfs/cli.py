@@ -103,14 +103,6 @@ def info(source: Source) -> None:
     for kind in source.kinds:
         print(f"  {kind}")
     for directory, provider in sorted(source.providers.items()):
-        kv = provider.kv  # type: ignore[attr-defined]
-        spec = kv.spec
-        shards = sum(1 for _ in kv.shard_files())
         print(f"{directory or '.'}/: {provider.kind}")  # type: ignore[attr-defined]
-        for key, value in getattr(provider, "details", {}).items():
+        for key, value in provider.describe().items():  # type: ignore[attr-defined]
             print(f"  {key}: {value}")
-        print(
-            f"  sharding: hash={spec.hash} preshift_bits={spec.preshift_bits} minishard_bits={spec.minishard_bits}"
-            f" shard_bits={spec.shard_bits} minishard_index={spec.minishard_index_encoding} data={spec.data_encoding}"
-        )
-        print(f"  shard files: {shards} present of {1 << spec.shard_bits}")

@@ -103,4 +103,4 @@ def test_source_that_is_not_a_dataset_refuses(tmp_path) -> None:
     assert result.returncode == 2 and "not a directory" in result.stderr
     (tmp_path / "empty").mkdir()
     result = shardfs("mount", tmp_path / "empty", tmp_path / "m", check=False)
-    assert result.returncode == 2 and "no 'info' file" in result.stderr
+    assert result.returncode == 2 and "neither 'zarr.json' (zarr v3) nor 'info'" in result.stderr

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
-from shardfs.formats.precomputed import open_precomputed
+from shardfs.formats.precomputed import Precomputed, open_precomputed
+from shardfs.formats.zarr import ZarrPlan, open_zarr
 from shardfs.store import LocalStore
 from shardfs.tree import Provider, Tree
 
@@ -30,7 +31,10 @@ def open_source(path: str | Path, cache_bytes: int) -> Source:
         raise SourceError(f"{root}: not a directory")
     store = LocalStore(root)
     cache = ByteCache(cache_bytes)
-    if not (root / "info").exists():
-        raise SourceError(f"{root}: no 'info' file, so not a Neuroglancer precomputed dataset")
-    plan = open_precomputed(store, cache)
+    if (root / "zarr.json").exists():
+        plan: Precomputed | ZarrPlan = open_zarr(store, cache)
+    elif (root / "info").exists():
+        plan = open_precomputed(store, cache)
+    else:
+        raise SourceError(f"{root}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")
     return Source(root, Tree(store, cache, plan.files, plan.providers), plan.kinds, plan.providers, cache)

@@ -128,6 +128,15 @@ class ChunkDir:
     def hides(self, rel: str) -> bool:
         return rel.endswith(".shard")
 
+    def describe(self) -> dict[str, Any]:
+        spec = self.kv.spec
+        return {
+            **self.details,
+            "sharding": f"hash={spec.hash} preshift_bits={spec.preshift_bits} minishard_bits={spec.minishard_bits}"
+            f" shard_bits={spec.shard_bits} minishard_index={spec.minishard_index_encoding} data={spec.data_encoding}",
+            "shard files": f"{sum(1 for _ in self.kv.shard_files())} present of {1 << spec.shard_bits}",
+        }
+
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         return ((name, False) for name in self.names())
 

@@ -1,0 +1,443 @@
+"""Zarr v3: every array whose array→bytes codec is `sharding_indexed` shown as the unsharded array with
+the innermost chunks, whose `zarr.json` says so; groups and unsharded arrays pass through unchanged.
+
+Inner chunk files hold the chunk's bytes exactly as stored. Where bytes→bytes codecs follow a sharding
+codec (zarr-python adds zstd there by default), the whole shard blob at that level is decoded once into
+the cache and the inner chunks are sliced out of it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import posixpath
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import crc32c
+import numcodecs
+import numpy as np
+
+from shardfs.cache import ByteCache
+from shardfs.errors import CorruptChunk, SourceError
+from shardfs.shards.zarr import IndexLayout, entry
+from shardfs.store import LocalStore
+from shardfs.tree import DIR, BytesFile, File, Node, Provider, RangeFile
+
+log = logging.getLogger("shardfs")
+
+BYTES_TO_BYTES = {"gzip": numcodecs.GZip, "zstd": numcodecs.Zstd, "blosc": numcodecs.Blosc}
+
+
+class Unsupported(Exception):
+    """An array whose codec chain shardfs cannot present faithfully; it passes through as it is."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Codec chains
+
+
+@dataclass(frozen=True)
+class Level:
+    """One `sharding_indexed` level: shards of `shape` hold chunks of `inner`; `post` are the bytes→bytes
+    codecs that encode each whole shard blob of this level."""
+
+    shape: tuple[int, ...]
+    inner: tuple[int, ...]
+    layout: IndexLayout
+    post: tuple[str, ...]
+
+
+def _name(codec: Any) -> str:
+    return codec.get("name") if isinstance(codec, dict) else codec
+
+
+def unshard(codecs: list, chunk_shape: tuple[int, ...]) -> tuple[list[Level], list] | None:
+    """The sharding levels and the innermost codecs, or None if the array is not sharded."""
+    levels: list[Level] = []
+    shape = chunk_shape
+    while True:
+        names = [_name(c) for c in codecs]
+        at = next((i for i, n in enumerate(names) if n in ("bytes", "sharding_indexed")), None)
+        if at is None:
+            raise Unsupported(f"no array→bytes codec among {names}")
+        if names[at] != "sharding_indexed":
+            return (levels, codecs) if levels else None
+        if at:
+            raise Unsupported(f"array→array codecs {names[:at]} before sharding change the chunk layout")
+        post = tuple(names[at + 1 :])
+        if unknown := [n for n in post if n not in BYTES_TO_BYTES and n != "crc32c"]:
+            raise Unsupported(f"bytes→bytes codecs {unknown} after sharding are not supported")
+        config = codecs[at].get("configuration", {})
+        inner = tuple(config.get("chunk_shape", ()))
+        if len(inner) != len(shape) or any(i <= 0 or s % i for s, i in zip(shape, inner, strict=True)):
+            raise Unsupported(f"inner chunk shape {list(inner)} does not divide the shard shape {list(shape)}")
+        cps = tuple(s // i for s, i in zip(shape, inner, strict=True))
+        levels.append(Level(shape, inner, _index_layout(config, cps), post))
+        codecs, shape = config.get("codecs", []), inner
+
+
+def _index_layout(config: dict, chunks_per_shard: tuple[int, ...]) -> IndexLayout:
+    index_codecs = config.get("index_codecs", [{"name": "bytes"}, {"name": "crc32c"}])
+    names = [_name(c) for c in index_codecs]
+    if names not in (["bytes"], ["bytes", "crc32c"]):
+        raise Unsupported(f"index_codecs {names} are not supported (bytes, optionally crc32c)")
+    endian = (index_codecs[0].get("configuration") or {}).get("endian", "little")
+    location = config.get("index_location", "end")
+    if location not in ("start", "end"):
+        raise Unsupported(f"index_location {location!r} is neither 'start' nor 'end'")
+    return IndexLayout(chunks_per_shard, location == "start", names[-1] == "crc32c", endian == "big")
+
+
+def decode_blob(data: bytes, post: tuple[str, ...]) -> bytes:
+    """Undo the bytes→bytes codecs that follow a sharding codec, last first."""
+    for name in reversed(post):
+        if name == "crc32c":
+            if crc32c.crc32c(data[:-4]) != int.from_bytes(data[-4:], "little"):
+                raise ValueError("crc32c of the shard does not match")
+            data = data[:-4]
+        else:
+            data = bytes(BYTES_TO_BYTES[name]().decode(data))
+    return data
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Chunk keys
+
+
+@dataclass(frozen=True)
+class ChunkKeys:
+    """A chunk key encoding: `default` is `c/1/2` (or `c.1.2`), `v2` is `1.2` (or `1/2`)."""
+
+    prefix: tuple[str, ...]
+    separator: str
+    ndim: int
+
+    @classmethod
+    def from_json(cls, encoding: Any, ndim: int) -> ChunkKeys:
+        encoding = encoding or {"name": "default"}
+        name = _name(encoding)
+        separator = ((encoding.get("configuration") if isinstance(encoding, dict) else None) or {}).get(
+            "separator", "/" if name == "default" else "."
+        )
+        if name not in ("default", "v2") or separator not in ("/", "."):
+            raise Unsupported(f"chunk_key_encoding {encoding!r} is not supported")
+        return cls(("c",) if name == "default" else (), separator, ndim)
+
+    def key(self, pos: tuple[int, ...]) -> str:
+        if self.separator == "/":
+            return "/".join([*self.prefix, *map(str, pos)]) or "0"
+        return ".".join([*self.prefix, *map(str, pos)]) or "0"
+
+    def parse(self, rel: str) -> tuple[tuple[int, ...], bool] | None:
+        """(position or position prefix, is a whole key) of a path under the array, or None if not a key."""
+        parts = rel.split("/") if self.separator == "/" else rel.split(".")
+        if self.separator == "." and "/" in rel:
+            return None
+        if self.ndim == 0 and not self.prefix:
+            return ((), True) if rel == "0" else None
+        if tuple(parts[: len(self.prefix)]) != self.prefix:
+            return None
+        numbers = parts[len(self.prefix) :]
+        if not all(p.isascii() and p.isdigit() and str(int(p)) == p for p in numbers) or len(numbers) > self.ndim:
+            return None
+        whole = len(numbers) == self.ndim
+        if not whole and self.separator == ".":
+            return None  # flat keys have no directories
+        return tuple(map(int, numbers)), whole
+
+    def owns(self, rel: str) -> bool:
+        """Whether a path belongs to the chunk namespace (where the shard files are)."""
+        first = rel.split("/", 1)[0]
+        if self.prefix:
+            return first == "c" or first.startswith("c.")
+        return all(p.isdigit() for p in first.split("."))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The array
+
+
+@dataclass(frozen=True)
+class Blob:
+    """One shard's bytes at some nesting level: a range of its file, or decoded bytes in the cache."""
+
+    shard: str
+    start: int
+    stop: int
+    data: bytes | None = None
+
+
+class ZarrArray:
+    """A sharded zarr v3 array presented with its innermost chunks (a tree Provider)."""
+
+    def __init__(
+        self, store: LocalStore, cache: ByteCache, directory: str, shape: tuple[int, ...], levels: list[Level],
+        keys: ChunkKeys,
+    ) -> None:  # fmt: skip
+        self.store, self.cache, self.directory = store, cache, directory
+        self.levels, self.keys, self.shape = levels, keys, shape
+        self.inner = levels[-1].inner
+        self.grid = tuple(-(-s // c) for s, c in zip(shape, self.inner, strict=True))
+        self.per_shard = tuple(s // c for s, c in zip(levels[0].shape, self.inner, strict=True))
+        self.kind = "zarr v3 sharded array"
+        self.details = {
+            "shape": list(shape),
+            "shard shape": list(levels[0].shape),
+            "inner chunk shape": list(self.inner),
+            "nesting levels": len(levels),
+            "index": ", ".join(
+                f"{'start' if lv.layout.at_start else 'end'}{'+crc32c' if lv.layout.checksum else ''}" for lv in levels
+            ),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        shards = sum(1 for _ in self._shard_files(()))
+        grid = math.prod(-(-g // n) for g, n in zip(self.grid, self.per_shard, strict=True))
+        return {**self.details, "shard files": f"{shards} present of {grid}"}
+
+    def _shard_path(self, shard: tuple[int, ...]) -> str:
+        return posixpath.join(self.directory, self.keys.key(shard))
+
+    def hides(self, rel: str) -> bool:
+        return self.keys.owns(rel)
+
+    def child(self, rel: str) -> Node | None:
+        parsed = self.keys.parse(rel)
+        if parsed is None:
+            return None
+        pos, whole = parsed
+        if not all(p < g for p, g in zip(pos, self.grid, strict=False)):
+            raise FileNotFoundError(rel)
+        if not whole:
+            if next(self._present_under(pos), None) is None:
+                raise FileNotFoundError(rel)
+            return DIR
+        found = self.locate(pos)
+        if found is None:
+            raise FileNotFoundError(rel)
+        return found
+
+    # -- locating one inner chunk ------------------------------------------------------------------------------------
+
+    def locate(self, pos: tuple[int, ...]) -> File | None:
+        """The inner chunk at global grid position pos, or None if it is absent."""
+        shard = tuple(p // n for p, n in zip(pos, self.per_shard, strict=True))
+        path = self._shard_path(shard)
+        try:
+            blob = Blob(path, 0, self.store.size(path))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None  # a missing shard holds no chunks
+        origin = tuple(p * c % s for p, c, s in zip(pos, self.inner, self.levels[0].shape, strict=True))
+        for depth, level in enumerate(self.levels):
+            blob = self._decoded(blob, level, depth)
+            table = self._index(blob, level, depth)
+            within = tuple(o // i for o, i in zip(origin, level.inner, strict=True))
+            found = entry(table, level.layout.ravel(within))
+            if found is None:
+                return None
+            blob = self._sub(blob, *found, pos)
+            origin = tuple(o % i for o, i in zip(origin, level.inner, strict=True))
+        if blob.data is None:
+            return RangeFile(self.store, blob.shard, blob.start, blob.stop)
+        return BytesFile(blob.data[blob.start : blob.stop])
+
+    def _sub(self, blob: Blob, offset: int, nbytes: int, key: object) -> Blob:
+        if offset + nbytes > blob.stop - blob.start:
+            raise CorruptChunk(blob.shard, key, f"index entry [{offset}, +{nbytes}) lies outside the shard")
+        return Blob(blob.shard, blob.start + offset, blob.start + offset + nbytes, blob.data)
+
+    def _read(self, blob: Blob, start: int, stop: int) -> bytes:
+        if blob.data is not None:
+            return blob.data[blob.start + start : blob.start + stop]
+        return self.store.read(blob.shard, blob.start + start, blob.start + stop)
+
+    def _decoded(self, blob: Blob, level: Level, depth: int) -> Blob:
+        if not level.post:
+            return blob
+
+        def make() -> bytes:
+            try:
+                return decode_blob(self._read(blob, 0, blob.stop - blob.start), level.post)
+            except Exception as e:  # codec libraries raise their own types on corrupt input
+                raise CorruptChunk(blob.shard, f"level {depth} shard blob", f"cannot decode {level.post}: {e}") from e
+
+        data = self.cache.get_or_make(("zarr-blob", blob.shard, depth, blob.start, blob.stop), make)
+        return Blob(blob.shard, 0, len(data), data)
+
+    def _index(self, blob: Blob, level: Level, depth: int) -> np.ndarray:
+        def make() -> np.ndarray:
+            try:
+                start, stop = level.layout.where(blob.stop - blob.start)
+                return level.layout.decode(self._read(blob, start, stop))
+            except ValueError as e:
+                raise CorruptChunk(blob.shard, f"level {depth} index", str(e)) from e
+
+        key = ("zarr-index", blob.shard, depth, blob.start, blob.stop, blob.data is not None)
+        return self.cache.get_or_make(key, make)
+
+    # -- listing ------------------------------------------------------------------------------------------------------
+
+    def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
+        """Exactly the keys of stored chunks, and the directories above them that hold any."""
+        if not rel and self.keys.separator == "/" and self.keys.prefix:
+            if next(self._present_under(()), None) is not None:
+                yield self.keys.prefix[0], True
+            return
+        parsed = self.keys.parse(rel) if rel else ((), False)
+        if parsed is None or parsed[1]:
+            return
+        prefix = parsed[0]
+        if self.keys.separator == "." or len(prefix) == self.keys.ndim - 1:
+            for pos in self._present_under(prefix):
+                yield (str(pos[-1]) if self.keys.separator == "/" else self.keys.key(pos)), False
+            return
+        below = {pos[len(prefix)] for pos in self._present_under(prefix)}  # at most one int per grid row
+        for i in sorted(below):
+            yield str(i), True
+
+    def _present_under(self, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        """Global positions of the stored chunks whose position starts with prefix, shard by shard."""
+        shard_prefix = tuple(p // n for p, n in zip(prefix, self.per_shard, strict=False))
+        for path in self._shard_files(shard_prefix):
+            for pos in self._present(path):
+                if pos[: len(prefix)] == prefix:
+                    yield pos
+
+    def _shard_files(self, shard_prefix: tuple[int, ...]) -> Iterator[str]:
+        """Paths of the shard files present whose shard position starts with shard_prefix."""
+        if self.keys.separator == "/":
+            yield from self._files_below(posixpath.join(self.directory, *self.keys.prefix, *map(str, shard_prefix)))
+            return
+        for e in self.store.scandir(self.directory):
+            parsed = self.keys.parse(e.name)
+            if parsed is not None and parsed[1] and parsed[0][: len(shard_prefix)] == shard_prefix and e.is_file():
+                yield posixpath.join(self.directory, e.name)
+
+    def _files_below(self, path: str) -> Iterator[str]:
+        for e in self.store.scandir(path):
+            child = posixpath.join(path, e.name)
+            if e.is_dir():
+                yield from self._files_below(child)
+            elif e.is_file():
+                yield child
+
+    def _present(self, path: str) -> Iterator[tuple[int, ...]]:
+        """Global positions of the inner chunks stored in one shard file, inside the array."""
+        rel = path[len(self.directory) :].lstrip("/")
+        parsed = self.keys.parse(rel)
+        if parsed is None:
+            return
+        shard = parsed[0]
+        try:
+            blob = Blob(path, 0, self.store.size(path))
+            yield from self._walk(blob, 0, tuple(s * n for s, n in zip(shard, self.levels[0].shape, strict=True)))
+        except CorruptChunk as e:
+            log.error("listing skips part of a shard: %s", e)
+
+    def _walk(self, blob: Blob, depth: int, origin: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        level = self.levels[depth]
+        blob = self._decoded(blob, level, depth)
+        table = self._index(blob, level, depth)
+        for i in range(level.layout.entries):
+            found = entry(table, i)
+            if found is None:
+                continue
+            within = np.unravel_index(i, level.layout.chunks_per_shard)
+            start = tuple(o + int(w) * c for o, w, c in zip(origin, within, level.inner, strict=True))
+            if depth + 1 < len(self.levels):
+                yield from self._walk(self._sub(blob, *found, path_key(start)), depth + 1, start)
+            else:
+                pos = tuple(s // c for s, c in zip(start, self.inner, strict=True))
+                if all(p < g for p, g in zip(pos, self.grid, strict=True)):
+                    yield pos
+
+
+def path_key(origin: tuple[int, ...]) -> str:
+    return f"chunk at {list(origin)}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The hierarchy
+
+
+@dataclass
+class ZarrPlan:
+    """The mount plan for a zarr v3 hierarchy: rewritten array metadata and sharded arrays."""
+
+    store: LocalStore
+    cache: ByteCache
+    files: dict[str, bytes] = field(default_factory=dict)
+    providers: dict[str, Provider] = field(default_factory=dict)
+    kinds: list[str] = field(default_factory=list)
+
+    def walk(self, directory: str, root: bool) -> None:
+        path = posixpath.join(directory, "zarr.json")
+        where = str(self.store.root / path)
+        try:
+            meta = json.loads(self.store.read(path, 0, self.store.size(path)))
+            if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
+                raise SourceError(f"{where}: field 'zarr_format' must be 3")
+            node_type = meta.get("node_type")
+            if node_type == "array":
+                self._array(directory, meta, where)
+            elif node_type != "group":
+                raise SourceError(f"{where}: field 'node_type' must be 'group' or 'array', not {node_type!r}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            self._refuse(SourceError(f"{where}: not valid JSON ({e})"), root)
+            return
+        except SourceError as e:
+            self._refuse(e, root)
+            return
+        if node_type == "group":
+            self.kinds.append(f"{directory or '.'}: zarr v3 group")
+            for e in self.store.scandir(directory):
+                child = posixpath.join(directory, e.name)
+                if e.is_dir() and (self.store.root / child / "zarr.json").is_file():
+                    self.walk(child, root=False)
+
+    def _refuse(self, error: SourceError, root: bool) -> None:
+        if root:
+            raise error
+        log.error("%s; served as it is stored", error)
+        self.kinds.append(f"refused: {error}")
+
+    def _array(self, directory: str, meta: dict, where: str) -> None:
+        shape = meta.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise SourceError(f"{where}: field 'shape' must be a list of non-negative integers")
+        grid = meta.get("chunk_grid") or {}
+        chunk_shape = (grid.get("configuration") or {}).get("chunk_shape")
+        if grid.get("name") != "regular" or not isinstance(chunk_shape, list) or len(chunk_shape) != len(shape):
+            raise SourceError(f"{where}: field 'chunk_grid' must be regular with a chunk_shape per dimension")
+        codecs = meta.get("codecs")
+        if not isinstance(codecs, list):
+            raise SourceError(f"{where}: field 'codecs' must be a list")
+        try:
+            unsharded = unshard(codecs, tuple(chunk_shape))
+            if unsharded is None:
+                self.kinds.append(f"{directory or '.'}: zarr v3 array, unsharded (passes through)")
+                return
+            levels, inner_codecs = unsharded
+            keys = ChunkKeys.from_json(meta.get("chunk_key_encoding"), len(shape))
+        except Unsupported as e:
+            log.error("%s: %s; served as it is stored", where, e)
+            self.kinds.append(f"refused: {where}: {e}")
+            return
+        rewritten = copy.deepcopy(meta)
+        rewritten["chunk_grid"]["configuration"]["chunk_shape"] = list(levels[-1].inner)
+        rewritten["codecs"] = inner_codecs
+        self.files[posixpath.join(directory, "zarr.json")] = json.dumps(rewritten, indent=2).encode()
+        self.providers[directory] = ZarrArray(self.store, self.cache, directory, tuple(shape), levels, keys)
+        self.kinds.append(
+            f"{directory or '.'}: zarr v3 array, sharded ({len(levels)} level(s), {math.prod(shape)} elements)"
+        )
+
+
+def open_zarr(store: LocalStore, cache: ByteCache) -> ZarrPlan:
+    plan = ZarrPlan(store, cache)
+    plan.walk("", root=True)
+    return plan
