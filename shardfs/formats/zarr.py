@@ -29,6 +29,7 @@ from shardfs.tree import DIR, BytesFile, File, Node, Provider, RangeFile
 
 log = logging.getLogger("shardfs")
 
+DRAFT_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
 BYTES_TO_BYTES = {"gzip": numcodecs.GZip, "zstd": numcodecs.Zstd, "blosc": numcodecs.Blosc}
 
 
@@ -110,9 +111,10 @@ def decode_blob(data: bytes, post: tuple[str, ...]) -> bytes:
 
 @dataclass(frozen=True)
 class ChunkKeys:
-    """A chunk key encoding: `default` is `c/1/2` (or `c.1.2`), `v2` is `1.2` (or `1/2`)."""
+    """A chunk key encoding, as the text before the first index and the separator between indices:
+    zarr v3 `default` is `c/1/2` (or `c.1.2`), `v2` is `1.2` (or `1/2`), the 2022 draft is `c1/2`."""
 
-    prefix: tuple[str, ...]
+    lead: str
     separator: str
     ndim: int
 
@@ -125,36 +127,40 @@ class ChunkKeys:
         )
         if name not in ("default", "v2") or separator not in ("/", "."):
             raise Unsupported(f"chunk_key_encoding {encoding!r} is not supported")
-        return cls(("c",) if name == "default" else (), separator, ndim)
+        return cls(f"c{separator}" if name == "default" else "", separator, ndim)
 
     def key(self, pos: tuple[int, ...]) -> str:
-        if self.separator == "/":
-            return "/".join([*self.prefix, *map(str, pos)]) or "0"
-        return ".".join([*self.prefix, *map(str, pos)]) or "0"
+        """The key of a chunk, or with fewer indices the directory that holds such keys."""
+        if not pos and self.ndim == 0:
+            return self.lead.rstrip("/.") or "0"
+        return self.lead + self.separator.join(map(str, pos))
+
+    @property
+    def top(self) -> str:
+        """The fixed directory every key lies in (`c` for `c/1/2`), or ''."""
+        return self.lead[:-1] if self.lead.endswith("/") else ""
 
     def parse(self, rel: str) -> tuple[tuple[int, ...], bool] | None:
         """(position or position prefix, is a whole key) of a path under the array, or None if not a key."""
-        parts = rel.split("/") if self.separator == "/" else rel.split(".")
-        if self.separator == "." and "/" in rel:
+        if rel == self.key(()) and self.ndim == 0:
+            return (), True
+        if self.top and rel == self.top:
+            return (), False
+        if not rel.startswith(self.lead) or (self.separator == "." and "/" in rel):
             return None
-        if self.ndim == 0 and not self.prefix:
-            return ((), True) if rel == "0" else None
-        if tuple(parts[: len(self.prefix)]) != self.prefix:
-            return None
-        numbers = parts[len(self.prefix) :]
+        numbers = rel[len(self.lead) :].split(self.separator)
         if not all(p.isascii() and p.isdigit() and str(int(p)) == p for p in numbers) or len(numbers) > self.ndim:
             return None
-        whole = len(numbers) == self.ndim
-        if not whole and self.separator == ".":
+        if len(numbers) < self.ndim and self.separator == ".":
             return None  # flat keys have no directories
-        return tuple(map(int, numbers)), whole
+        return tuple(map(int, numbers)), len(numbers) == self.ndim
 
     def owns(self, rel: str) -> bool:
-        """Whether a path belongs to the chunk namespace (where the shard files are)."""
+        """Whether a path lies in the chunk namespace (where the shard files are)."""
         first = rel.split("/", 1)[0]
-        if self.prefix:
-            return first == "c" or first.startswith("c.")
-        return all(p.isdigit() for p in first.split("."))
+        if self.top:
+            return first == self.top
+        return first.startswith(self.lead) and first[len(self.lead) :].replace(".", "").isdigit()
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -283,9 +289,9 @@ class ZarrArray:
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         """Exactly the keys of stored chunks, and the directories above them that hold any."""
-        if not rel and self.keys.separator == "/" and self.keys.prefix:
+        if not rel and self.keys.top:
             if next(self._present_under(()), None) is not None:
-                yield self.keys.prefix[0], True
+                yield self.keys.top, True
             return
         parsed = self.keys.parse(rel) if rel else ((), False)
         if parsed is None or parsed[1]:
@@ -293,11 +299,11 @@ class ZarrArray:
         prefix = parsed[0]
         if self.keys.separator == "." or len(prefix) == self.keys.ndim - 1:
             for pos in self._present_under(prefix):
-                yield (str(pos[-1]) if self.keys.separator == "/" else self.keys.key(pos)), False
+                yield self.keys.key(pos).rsplit("/", 1)[-1], False
             return
         below = {pos[len(prefix)] for pos in self._present_under(prefix)}  # at most one int per grid row
         for i in sorted(below):
-            yield str(i), True
+            yield self.keys.key((*prefix, i)).rsplit("/", 1)[-1], True
 
     def _present_under(self, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
         """Global positions of the stored chunks whose position starts with prefix, shard by shard."""
@@ -310,20 +316,18 @@ class ZarrArray:
     def _shard_files(self, shard_prefix: tuple[int, ...]) -> Iterator[str]:
         """Paths of the shard files present whose shard position starts with shard_prefix."""
         if self.keys.separator == "/":
-            yield from self._files_below(posixpath.join(self.directory, *self.keys.prefix, *map(str, shard_prefix)))
+            if shard_prefix:
+                yield from files_below(self.store, posixpath.join(self.directory, self.keys.key(shard_prefix)))
+                return
+            for e in self.store.scandir(posixpath.join(self.directory, self.keys.top)):
+                child = posixpath.join(self.directory, self.keys.top, e.name)
+                if self.keys.owns(child[len(self.directory) :].lstrip("/")):
+                    yield from ([child] if e.is_file() else files_below(self.store, child))
             return
         for e in self.store.scandir(self.directory):
             parsed = self.keys.parse(e.name)
             if parsed is not None and parsed[1] and parsed[0][: len(shard_prefix)] == shard_prefix and e.is_file():
                 yield posixpath.join(self.directory, e.name)
-
-    def _files_below(self, path: str) -> Iterator[str]:
-        for e in self.store.scandir(path):
-            child = posixpath.join(path, e.name)
-            if e.is_dir():
-                yield from self._files_below(child)
-            elif e.is_file():
-                yield child
 
     def _present(self, path: str) -> Iterator[tuple[int, ...]]:
         """Global positions of the inner chunks stored in one shard file, inside the array."""
@@ -356,6 +360,16 @@ class ZarrArray:
                     yield pos
 
 
+def files_below(store: LocalStore, path: str) -> Iterator[str]:
+    """Every file below a source directory, streamed."""
+    for e in store.scandir(path):
+        child = posixpath.join(path, e.name)
+        if e.is_dir():
+            yield from files_below(store, child)
+        elif e.is_file():
+            yield child
+
+
 def path_key(origin: tuple[int, ...]) -> str:
     return f"chunk at {list(origin)}"
 
@@ -379,6 +393,9 @@ class ZarrPlan:
         where = str(self.store.root / path)
         try:
             meta = json.loads(self.store.read(path, 0, self.store.size(path)))
+            if root and isinstance(meta, dict) and meta.get("zarr_format") == DRAFT_FORMAT:
+                self.walk_draft()
+                return
             if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
                 raise SourceError(f"{where}: field 'zarr_format' must be 3")
             node_type = meta.get("node_type")
@@ -398,6 +415,50 @@ class ZarrPlan:
                 child = posixpath.join(directory, e.name)
                 if e.is_dir() and (self.store.root / child / "zarr.json").is_file():
                     self.walk(child, root=False)
+
+    def walk_draft(self) -> None:
+        """The 2022 sharding storage transformer draft (zarr-python 2.14-2.18): metadata at
+        meta/root/<path>.array.json, shards at data/root/<path>/c<i>/<j>, index at the end, no checksum."""
+        self.kinds.append(".: zarr v3 draft hierarchy (2022 sharding storage transformer)")
+        for path in files_below(self.store, "meta"):
+            if path.endswith(".array.json"):
+                try:
+                    self._draft_array(path)
+                except SourceError as e:
+                    self._refuse(e, root=False)
+
+    def _draft_array(self, path: str) -> None:
+        where = str(self.store.root / path)
+        try:
+            meta = json.loads(self.store.read(path, 0, self.store.size(path)))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise SourceError(f"{where}: not valid JSON ({e})") from None
+        name = path[len("meta/root") : -len(".array.json")].strip("/")
+        transformers = meta.get("storage_transformers") or []
+        if not transformers:
+            self.kinds.append(f"{name or '.'}: zarr v3 draft array, unsharded (passes through)")
+            return
+        shape, grid = meta.get("shape"), meta.get("chunk_grid") or {}
+        inner = grid.get("chunk_shape")
+        if len(transformers) != 1 or transformers[0].get("type") != "indexed":
+            raise SourceError(f"{where}: field 'storage_transformers' holds something other than one 'indexed'")
+        per_shard = (transformers[0].get("configuration") or {}).get("chunks_per_shard")
+        if not (isinstance(shape, list) and isinstance(inner, list) and isinstance(per_shard, list)) or not (
+            len(shape) == len(inner) == len(per_shard)
+        ):
+            raise SourceError(f"{where}: fields 'shape', 'chunk_grid.chunk_shape', 'chunks_per_shard' must agree")
+        level = Level(
+            tuple(i * n for i, n in zip(inner, per_shard, strict=True)),
+            tuple(inner),
+            IndexLayout(tuple(per_shard), checksum=False),
+            (),
+        )
+        keys = ChunkKeys("c", grid.get("separator", "/"), len(shape))
+        rewritten = {k: v for k, v in meta.items() if k != "storage_transformers"}
+        self.files[path] = json.dumps(rewritten, indent=4).encode()
+        data = posixpath.join("data/root", name) if name else "data/root"
+        self.providers[data] = ZarrArray(self.store, self.cache, data, tuple(shape), [level], keys)
+        self.kinds.append(f"{name or '.'}: zarr v3 draft array, sharded")
 
     def _refuse(self, error: SourceError, root: bool) -> None:
         if root:
