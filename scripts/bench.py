@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """shardfs against the ceiling of its stack and against plain files, as ratios from one run.
 
-Three ways to serve the same chunk files, each read the same way (random open+read+close):
-- shardfs, mounted on a sharded precomputed volume written by tensorstore;
+Two datasets, a sharded precomputed volume written by tensorstore and a sharded zarr v3 array written
+by zarr-python 3; three ways to serve the same chunk files, each read the same way (random
+open+read+close):
+- shardfs, mounted on the sharded dataset;
 - a no-op FUSE filesystem: the same adapter, options and libfuse loop over an in-memory tree of the
   same names and sizes, serving zeros. It is what shardfs would be if finding a chunk cost nothing;
 - the same chunks as plain files on disk (copied out of the mount with cp -r).
@@ -182,12 +184,30 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def write_zarr(root: Path) -> None:
+    """A zarr v3 array written by zarr-python 3: 16,000 inner chunks of 8x8x10 uint8 (zstd, its default),
+    in shards of 64x64x50 with the crc32c index, under the default c/i/j/k keys."""
+    import numpy as np
+    import zarr
+
+    array = zarr.create_array(root, shape=(320, 320, 100), chunks=(8, 8, 10), shards=(64, 64, 50), dtype="uint8")
+    array[...] = np.random.default_rng(0).integers(0, 32, array.shape, dtype=np.uint8)
+
+
 def run(work: Path, args: argparse.Namespace) -> None:
-    source, plain = work / "sharded", work / "plain"
-    t = time.monotonic()
-    write_dataset(source, args.chunks)
-    print(f"wrote {source} in {time.monotonic() - t:.1f}s")
-    scale = "4_4_40"
+    summary = {}
+    for label, write in (("precomputed", lambda root: write_dataset(root, args.chunks)), ("zarr", write_zarr)):
+        source = work / label
+        t = time.monotonic()
+        write(source)
+        print(f"\n== {label}: wrote {source} in {time.monotonic() - t:.1f}s")
+        summary[label] = measure(work / f"{label}-run", source, args)
+    print(json.dumps(summary))
+
+
+def measure(work: Path, source: Path, args: argparse.Namespace) -> dict:
+    work.mkdir()
+    plain = work / "plain"
 
     # Full scan through a fresh mount: every chunk listed, stat'ed and read; then the daemon's peak RSS.
     m = Mounted("shardfs", source, work / "unused", work / "mnt-scan")
@@ -196,14 +216,14 @@ def run(work: Path, args: argparse.Namespace) -> None:
     scan = time.monotonic() - t
     peak = m.daemon_peak_rss()
     m.close()
-    names = sorted(os.listdir(plain / scale))
-    sizes = {n: (plain / scale / n).stat().st_size for n in names}
+    sizes = {str(p.relative_to(plain)): p.stat().st_size for p in plain.rglob("*") if p.is_file()}
+    chunks = sorted(n for n in sizes if not n.endswith(("info", "zarr.json")))
     listing = work / "listing"
-    listing.write_text("\n".join(f"{scale}/{n} {s}" for n, s in sizes.items()))
-    print(f"full scan (cp -r) of {len(names)} chunks: {scale}: {scan:.1f}s, {len(names) / scan:.0f} files/s")
+    listing.write_text("\n".join(f"{n} {s}" for n, s in sizes.items()))
+    print(f"full scan (cp -r) of {len(chunks)} chunks: {scan:.1f}s, {len(chunks) / scan:.0f} files/s")
     print(f"daemon peak RSS over the full scan, default cache budget: {peak / 2**20:.0f} MiB")
 
-    sample = random.Random(0).sample([f"{scale}/{n}" for n in names], min(args.sample, len(names)))
+    sample = random.Random(0).sample(chunks, min(args.sample, len(chunks)))
     results: dict[tuple[str, int, str], list[float]] = {}
     for rep in range(args.repeats):
         for readers in (1, 4):
@@ -221,14 +241,14 @@ def run(work: Path, args: argparse.Namespace) -> None:
     med = {k: statistics.median(v) for k, v in results.items()}
     print(f"\nrandom open+read+close of {len(sample)} chunks, files/s (median of {args.repeats})")
     print(f"{'readers':>7} {'pass':>5} {'no-op FUSE':>11} {'shardfs':>9} {'plain':>9} {'vs no-op':>9} {'vs plain':>9}")
-    summary = {}
+    ratios = {}
     for readers in (1, 4):
         for phase in ("cold", "warm"):
             noop, ours, disk = (med[(k, readers, phase)] for k in ("noop", "shardfs", "plain"))
-            summary[f"{readers}r_{phase}"] = round(ours / noop, 2)
+            ratios[f"{readers}r_{phase}"] = round(ours / noop, 2)
             rates = f"{noop:>11.0f} {ours:>9.0f} {disk:>9.0f}"
             print(f"{readers:>7} {phase:>5} {rates} {ours / noop:>8.2f}x {ours / disk:>8.2f}x")
-    print(json.dumps({"shardfs_vs_noop": summary, "peak_rss_mib": round(peak / 2**20)}))
+    return {"shardfs_vs_noop": ratios, "peak_rss_mib": round(peak / 2**20)}
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ShardingCodec, ZstdCodec
 
 from shardfs.formats.zarr import ChunkKeys, Unsupported, unshard
-from shardfs.shards.zarr import EMPTY, IndexLayout, entry
+from shardfs.shards.zarr import EMPTY, IndexLayout
 from tests.conftest import shardfs
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -44,18 +44,24 @@ def test_index_checksum_and_empty_entries() -> None:
     layout = IndexLayout((3,))
     raw = index_bytes([(0, 10), (EMPTY, EMPTY), (10, 5)])
     table = layout.decode(raw)
-    assert [entry(table, i) for i in range(3)] == [(0, 10), None, (10, 5)]
+    assert [layout.entry(table, i) for i in range(3)] == [(0, 10), None, (10, 5)]
+    assert layout.present(table)[0].tolist() == [[0], [2]]
     bad = bytearray(raw)
     bad[3] ^= 1
     with pytest.raises(ValueError, match="checksum"):
         layout.decode(bytes(bad))
-    assert entry(IndexLayout((1,), checksum=False).decode(index_bytes([(EMPTY, 3)], checksum=False)), 0) == (EMPTY, 3)
+    one = IndexLayout((1,), checksum=False)
+    assert one.entry(one.decode(index_bytes([(EMPTY, 3)], checksum=False)), 0) == (
+        EMPTY,
+        3,
+    )  # only both fields mark empty
 
 
 def test_big_endian_index_and_c_order() -> None:
     layout = IndexLayout((2, 3), checksum=False, big_endian=True)
     table = layout.decode(index_bytes([(i, i + 1) for i in range(6)], checksum=False, big=True))
-    assert entry(table, layout.ravel((1, 2))) == (5, 6)
+    assert layout.entry(table, layout.ravel((1, 2))) == (5, 6)
+    assert layout.present(table)[0].tolist() == [[i, j] for i in range(2) for j in range(3)]
 
 
 def sharding(inner: list[int], codecs: list, **config: object) -> dict:

@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import posixpath
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.shards.zarr import IndexLayout, entry
+from shardfs.shards.zarr import IndexLayout
 from shardfs.store import LocalStore
 from shardfs.tree import DIR, BytesFile, File, Node, Provider, RangeFile
 
@@ -168,6 +168,24 @@ class ChunkKeys:
 
 
 @dataclass(frozen=True)
+class Present:
+    """Global positions (n, ndim) of the chunks one shard stores, and every proper prefix of them,
+    so that whether a directory c/i/j holds any chunk is one set probe."""
+
+    positions: np.ndarray
+    prefixes: frozenset[tuple[int, ...]]
+
+    @classmethod
+    def of(cls, positions: np.ndarray) -> Present:
+        rows = positions.tolist()
+        return cls(positions, frozenset(tuple(r[:k]) for r in rows for k in range(len(r))))
+
+    @property
+    def nbytes(self) -> int:
+        return self.positions.nbytes + 120 * len(self.prefixes)
+
+
+@dataclass(frozen=True)
 class Blob:
     """One shard's bytes at some nesting level: a range of its file, or decoded bytes in the cache."""
 
@@ -219,7 +237,8 @@ class ZarrArray:
         if not all(p < g for p, g in zip(pos, self.grid, strict=False)):
             raise FileNotFoundError(rel)
         if not whole:
-            if next(self._present_under(pos), None) is None:
+            shard_prefix = tuple(p // n for p, n in zip(pos, self.per_shard, strict=False))
+            if not any(pos in self._present(path).prefixes for path in self._shard_files(shard_prefix)):
                 raise FileNotFoundError(rel)
             return DIR
         found = self.locate(pos)
@@ -242,7 +261,7 @@ class ZarrArray:
             blob = self._decoded(blob, level, depth)
             table = self._index(blob, level, depth)
             within = tuple(o // i for o, i in zip(origin, level.inner, strict=True))
-            found = entry(table, level.layout.ravel(within))
+            found = level.layout.entry(table, level.layout.ravel(within))
             if found is None:
                 return None
             blob = self._sub(blob, *found, pos)
@@ -274,8 +293,8 @@ class ZarrArray:
         data = self.cache.get_or_make(("zarr-blob", blob.shard, depth, blob.start, blob.stop), make)
         return Blob(blob.shard, 0, len(data), data)
 
-    def _index(self, blob: Blob, level: Level, depth: int) -> np.ndarray:
-        def make() -> np.ndarray:
+    def _index(self, blob: Blob, level: Level, depth: int) -> bytes:
+        def make() -> bytes:
             try:
                 start, stop = level.layout.where(blob.stop - blob.start)
                 return level.layout.decode(self._read(blob, start, stop))
@@ -290,7 +309,7 @@ class ZarrArray:
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         """Exactly the keys of stored chunks, and the directories above them that hold any."""
         if not rel and self.keys.top:
-            if next(self._present_under(()), None) is not None:
+            if any(len(self._present(path).positions) for path in self._shard_files(())):
                 yield self.keys.top, True
             return
         parsed = self.keys.parse(rel) if rel else ((), False)
@@ -309,9 +328,10 @@ class ZarrArray:
         """Global positions of the stored chunks whose position starts with prefix, shard by shard."""
         shard_prefix = tuple(p // n for p, n in zip(prefix, self.per_shard, strict=False))
         for path in self._shard_files(shard_prefix):
-            for pos in self._present(path):
-                if pos[: len(prefix)] == prefix:
-                    yield pos
+            present = self._present(path).positions
+            if prefix:
+                present = present[(present[:, : len(prefix)] == prefix).all(axis=1)]
+            yield from map(tuple, present.tolist())
 
     def _shard_files(self, shard_prefix: tuple[int, ...]) -> Iterator[str]:
         """Paths of the shard files present whose shard position starts with shard_prefix."""
@@ -329,35 +349,38 @@ class ZarrArray:
             if parsed is not None and parsed[1] and parsed[0][: len(shard_prefix)] == shard_prefix and e.is_file():
                 yield posixpath.join(self.directory, e.name)
 
-    def _present(self, path: str) -> Iterator[tuple[int, ...]]:
-        """Global positions of the inner chunks stored in one shard file, inside the array."""
-        rel = path[len(self.directory) :].lstrip("/")
-        parsed = self.keys.parse(rel)
-        if parsed is None:
-            return
-        shard = parsed[0]
-        try:
-            blob = Blob(path, 0, self.store.size(path))
-            yield from self._walk(blob, 0, tuple(s * n for s, n in zip(shard, self.levels[0].shape, strict=True)))
-        except CorruptChunk as e:
-            log.error("listing skips part of a shard: %s", e)
+    def _present(self, path: str) -> Present:
+        """The inner chunks stored in one shard file, inside the array: computed once per shard,
+        vectorized through every nesting level, and cached."""
 
-    def _walk(self, blob: Blob, depth: int, origin: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        def make() -> Present:
+            shard = self.keys.parse(path[len(self.directory) :].lstrip("/"))
+            try:
+                blob = Blob(path, 0, self.store.size(path))
+                if shard is None:
+                    raise FileNotFoundError(path)
+                return Present.of(self._walk(blob, 0, np.multiply(shard[0], self.levels[0].shape)))
+            except FileNotFoundError:
+                pass
+            except CorruptChunk as e:
+                log.error("listing skips a shard: %s", e)
+            return Present.of(np.empty((0, len(self.shape)), np.int64))
+
+        return self.cache.get_or_make(("zarr-present", path), make)
+
+    def _walk(self, blob: Blob, depth: int, origin: np.ndarray) -> np.ndarray:
         level = self.levels[depth]
         blob = self._decoded(blob, level, depth)
-        table = self._index(blob, level, depth)
-        for i in range(level.layout.entries):
-            found = entry(table, i)
-            if found is None:
-                continue
-            within = np.unravel_index(i, level.layout.chunks_per_shard)
-            start = tuple(o + int(w) * c for o, w, c in zip(origin, within, level.inner, strict=True))
-            if depth + 1 < len(self.levels):
-                yield from self._walk(self._sub(blob, *found, path_key(start)), depth + 1, start)
-            else:
-                pos = tuple(s // c for s, c in zip(start, self.inner, strict=True))
-                if all(p < g for p, g in zip(pos, self.grid, strict=True)):
-                    yield pos
+        within, rows = level.layout.present(self._index(blob, level, depth))
+        starts = origin + within * np.asarray(level.inner)  # element coordinates of each stored chunk
+        if depth + 1 == len(self.levels):
+            pos = starts // np.asarray(self.inner)
+            return pos[(pos < np.asarray(self.grid)).all(axis=1)]
+        below = [
+            self._walk(self._sub(blob, offset, nbytes, path_key(start)), depth + 1, start)
+            for start, (offset, nbytes) in zip(starts, rows.tolist(), strict=True)
+        ]
+        return np.concatenate(below) if below else np.empty((0, len(self.shape)), np.int64)
 
 
 def files_below(store: LocalStore, path: str) -> Iterator[str]:
@@ -370,8 +393,8 @@ def files_below(store: LocalStore, path: str) -> Iterator[str]:
             yield child
 
 
-def path_key(origin: tuple[int, ...]) -> str:
-    return f"chunk at {list(origin)}"
+def path_key(origin: Iterable[int]) -> str:
+    return f"chunk at {[int(o) for o in origin]}"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@ of the shard, optionally followed by a crc32c of it; offsets are absolute within
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 import crc32c
 import numpy as np
@@ -39,21 +41,28 @@ class IndexLayout:
             raise ValueError(f"shard is {shard_size} bytes, shorter than its {self.size}-byte index")
         return (0, self.size) if self.at_start else (shard_size - self.size, shard_size)
 
-    def decode(self, raw: bytes) -> np.ndarray:
-        """The (entries, 2) offset/nbytes table; ValueError on a checksum mismatch."""
+    def decode(self, raw: bytes) -> bytes:
+        """The verified offset/nbytes table, as stored; ValueError on a checksum mismatch."""
         table = raw[: 16 * self.entries]
         if self.checksum and crc32c.crc32c(table) != int.from_bytes(raw[-4:], "little"):
             raise ValueError("shard index checksum (crc32c) does not match")
-        return np.frombuffer(table, ">u8" if self.big_endian else "<u8").reshape(-1, 2)
+        return table
+
+    @cached_property
+    def _strides(self) -> tuple[int, ...]:
+        return tuple(math.prod(self.chunks_per_shard[d + 1 :]) for d in range(len(self.chunks_per_shard)))
 
     def ravel(self, pos: tuple[int, ...]) -> int:
         """The C-order index entry of an inner chunk position within the shard."""
-        return int(np.ravel_multi_index(pos, self.chunks_per_shard))
+        return sum(p * s for p, s in zip(pos, self._strides, strict=True))
 
+    def entry(self, table: bytes, i: int) -> tuple[int, int] | None:
+        """(offset, nbytes) of entry i, or None if it is empty."""
+        offset, nbytes = struct.unpack_from(">QQ" if self.big_endian else "<QQ", table, 16 * i)
+        return None if offset == EMPTY and nbytes == EMPTY else (offset, nbytes)
 
-def entry(table: np.ndarray, i: int) -> tuple[int, int] | None:
-    """(offset, nbytes) of entry i, or None if it is empty."""
-    offset, nbytes = int(table[i, 0]), int(table[i, 1])
-    if offset == EMPTY and nbytes == EMPTY:
-        return None
-    return offset, nbytes
+    def present(self, table: bytes) -> tuple[np.ndarray, np.ndarray]:
+        """Positions within the shard (n, ndim) and (offset, nbytes) rows (n, 2) of the non-empty entries."""
+        rows = np.frombuffer(table, ">u8" if self.big_endian else "<u8").reshape(-1, 2)
+        filled = np.flatnonzero(~((rows[:, 0] == EMPTY) & (rows[:, 1] == EMPTY)))
+        return np.stack(np.unravel_index(filled, self.chunks_per_shard), axis=-1), rows[filled]
