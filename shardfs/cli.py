@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except Exception as e:  # a source shaped in a way no check foresaw: one line, not a traceback
+        logging.getLogger("shardfs").debug("unexpected error", exc_info=True)
+        print(f"shardfs: {args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})", file=sys.stderr)
+        return 2
     return 0
 
 

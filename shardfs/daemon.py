@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -73,16 +74,21 @@ def is_stale(mountpoint: Path) -> bool:
     return False
 
 
-def fusermount(*args: str) -> subprocess.CompletedProcess[str]:
+def fusermount(lazy: bool, mountpoint: Path) -> subprocess.CompletedProcess[str]:
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    command = [tool, *args] if tool else ["umount", *[a for a in args if a != "-u"]]
+    if tool:
+        command = [tool, "-uz" if lazy else "-u", str(mountpoint)]
+    else:
+        command = ["umount", *(["-l"] if lazy else []), str(mountpoint)]
     return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
 def prepare_mountpoint(mountpoint: Path) -> None:
     if is_stale(mountpoint):
         log.warning("clearing the stale mount at %s", mountpoint)
-        fusermount("-uz", str(mountpoint))
+        cleared = fusermount(True, mountpoint)
+        if cleared.returncode != 0 or is_stale(mountpoint):
+            raise MountError(f"{mountpoint}: a dead mount is there and could not be cleared ({cleared.stderr.strip()})")
     if not mountpoint.is_dir():
         raise MountError(f"{mountpoint}: mountpoint is not a directory")
     if os.path.ismount(mountpoint):
@@ -90,14 +96,21 @@ def prepare_mountpoint(mountpoint: Path) -> None:
 
 
 def unmount(mountpoint: Path) -> None:
-    result = fusermount("-u", str(mountpoint))
+    result = fusermount(False, mountpoint)
     if result.returncode != 0:
         raise MountError(result.stderr.strip() or f"{mountpoint}: unmount failed")
 
 
 def default_log_file(mountpoint: Path) -> Path:
+    """<temp dir>/shardfs-<uid>/<mountpoint>.log, in a directory only its owner can use, so that on a
+    shared /tmp nobody else can plant a link where the daemon will write."""
+    directory = Path(tempfile.gettempdir()) / f"shardfs-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise MountError(f"{directory}: not a private directory of this user; pass --log-file")
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(mountpoint).strip("/")) or "root"
-    return Path(tempfile.gettempdir()) / f"shardfs-{os.getuid()}" / f"{slug}.log"
+    return directory / f"{slug}.log"
 
 
 def serve(
@@ -139,7 +152,6 @@ def mount(
         serve(source.tree, mtime_ns, mountpoint, options)
         return
     log_file = log_file or default_log_file(mountpoint)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
     ready_r, ready_w = os.pipe()
     if os.fork():
         os.close(ready_w)
@@ -151,6 +163,9 @@ def mount(
     # The daemon: a session of its own, stdio off the caller's terminal and pipes, logs to the file.
     os.close(ready_r)
     os.setsid()
+    source.tree.store.forget()  # its files would be closed under it next
+    os.closerange(3, ready_w)  # nothing the caller left open keeps its pipes or files alive
+    os.closerange(ready_w + 1, os.sysconf("SC_OPEN_MAX"))
     _detach_stdio(log_file)
     _log_to(log_file)
 
@@ -170,7 +185,7 @@ def mount(
 
 def _detach_stdio(log_file: Path) -> None:
     null = os.open(os.devnull, os.O_RDWR)
-    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.dup2(log_fd, 2)  # libfuse's own messages land in the log too

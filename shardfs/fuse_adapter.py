@@ -55,9 +55,9 @@ class DirCursor:
 
     def __init__(self, entries: Callable[[], Iterator[tuple[str, bool]]]) -> None:
         self._entries = entries
-        self._restart()
+        self.restart()
 
-    def _restart(self) -> None:
+    def restart(self) -> None:
         self._iter = itertools.chain([(".", True), ("..", True)], self._entries())
         self._next = 0  # offset of the entry the iterator yields next
         self._last: tuple[int, str, int] | None = None
@@ -67,7 +67,7 @@ class DirCursor:
         if self._last is not None and self._last[0] == offset:
             yield self._last[1], self._last[2], offset + 1
         elif offset != self._next:
-            self._restart()
+            self.restart()
             for _ in itertools.islice(self._iter, offset):
                 self._next += 1
         for name, is_dir in self._iter:
@@ -123,9 +123,15 @@ class ShardFS(mfusepy.Operations):
         self._dirs[fh] = DirCursor(lambda: self.tree.listdir(path[1:]))
         return fh
 
-    @errors_to_errno
     def readdir_with_offset(self, path: str, offset: int, fh: int) -> Iterator[tuple[str, int, int]]:
-        return self._dirs[fh].entries(offset)
+        """Entries are made while libfuse consumes them, so errors are mapped here, not by the decorator."""
+        cursor = self._dirs[fh]
+        try:
+            yield from cursor.entries(offset)
+        except Exception as e:
+            log.error("EIO listing %s: %s", path, e)
+            cursor.restart()
+            raise mfusepy.FuseOSError(errno.EIO) from None
 
     def releasedir(self, path: str, fh: int) -> int:
         self._dirs.pop(fh, None)

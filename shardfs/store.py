@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,12 +20,21 @@ class LocalStore:
     """
 
     def __init__(self, root: str | Path, max_open: int = 256) -> None:
-        self.root = Path(root)
+        self.root = Path(root).resolve()
         self._file = functools.lru_cache(maxsize=max_open)(self._open)
 
     def _open(self, path: str) -> tuple[io.FileIO, int]:
-        f = io.FileIO(self.root / path, "r")
-        return f, os.fstat(f.fileno()).st_size
+        """Only regular files inside the root are data. Opening is non-blocking, so a FIFO where a shard
+        should be cannot hang a FUSE thread; a link that leads out of the root is as good as absent."""
+        full = self.root / path
+        if not os.path.realpath(full).startswith(f"{self.root}/"):
+            raise FileNotFoundError(errno.ENOENT, "outside the source", str(full))
+        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", str(full))
+        return io.FileIO(fd, "r"), st.st_size
 
     def size(self, path: str) -> int:
         """Size of a file; FileNotFoundError when it is absent."""
@@ -35,7 +46,8 @@ class LocalStore:
         return os.pread(f.fileno(), stop - start, start) if stop > start else b""
 
     def stat(self, path: str) -> os.stat_result:
-        return os.stat(self.root / path)
+        """The entry itself, not what a link points to: links are not part of the presented tree."""
+        return os.lstat(self.root / path)
 
     def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
         """Entries of a directory, streamed; nothing if it does not exist."""
@@ -44,3 +56,7 @@ class LocalStore:
                 yield from entries
         except (FileNotFoundError, NotADirectoryError):
             return
+
+    def forget(self) -> None:
+        """Close the open files, before the daemon closes every inherited descriptor."""
+        self._file.cache_clear()

@@ -134,7 +134,7 @@ class Tree:
         return None, path
 
     def _source(self, path: str) -> Node:
-        if posixpath.normpath(path) != path or path.startswith(".."):
+        if posixpath.normpath(path) != path or path == ".." or path.startswith("../"):
             raise FileNotFoundError(path)
         st = self.store.stat(path)
         if stat.S_ISDIR(st.st_mode):
@@ -158,7 +158,7 @@ class Tree:
             name = entry.name
             if name in overlay or (provider is not None and provider.hides(prefix + name)):
                 continue
-            if entry.is_dir():
+            if entry.is_dir(follow_symlinks=False):
                 yield name, True
-            elif entry.is_file():
+            elif entry.is_file(follow_symlinks=False):
                 yield name, False

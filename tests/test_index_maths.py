@@ -2,6 +2,7 @@
 
 import gzip
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -92,8 +93,23 @@ def test_minishard_index_must_be_whole_rows() -> None:
 
 
 def test_gzip_decode() -> None:
-    assert decode(gzip.compress(b"hello"), "gzip") == b"hello"
-    assert decode(b"raw", "raw") == b"raw"
+    assert decode(gzip.compress(b"hello"), "gzip", 100) == b"hello"
+    assert decode(gzip.compress(b"hello ") + gzip.compress(b"world"), "gzip", 100) == b"hello world"  # two members
+    assert decode(b"raw", "raw", 100) == b"raw"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (gzip.compress(bytes(1 << 20)), "more than the 65536-byte limit"),  # a bomb: 1 KiB that claims 1 MiB
+        (gzip.compress(b"hello")[:-6], "ends before"),
+        (gzip.compress(b"hello") + b"junk", "bad gzip"),
+        (zlib.compress(b"hello"), "bad gzip"),  # zlib is not gzip
+    ],
+)
+def test_gzip_decode_refuses(data: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        decode(data, "gzip", 1 << 16)
 
 
 def reference_morton(pos: tuple[int, ...], grid: tuple[int, ...]) -> int:

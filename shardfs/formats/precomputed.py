@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import math
 import posixpath
 import re
 from collections.abc import Iterator
@@ -22,6 +23,9 @@ from shardfs.store import LocalStore
 from shardfs.tree import BytesFile, File, Provider, RangeFile
 
 log = logging.getLogger("shardfs")
+
+VOXEL_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "uint64": 8, "int64": 8,
+               "float32": 4, "float64": 8}  # fmt: skip
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Names of keys in the unsharded layout
@@ -138,7 +142,8 @@ class ChunkDir:
         }
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
-        return ((name, False) for name in self.names())
+        """Chunk files live in the directory itself; its subdirectories are the source's alone."""
+        return ((name, False) for name in self.names()) if not rel else iter(())
 
     def child(self, name: str) -> File | None:
         key = self.naming.key(name)
@@ -216,12 +221,16 @@ class Precomputed:
     files: dict[str, bytes] = field(default_factory=dict)
     providers: dict[str, Provider] = field(default_factory=dict)
     kinds: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
 
     def add_info(self, directory: str, required: bool) -> None:
         path = posixpath.join(directory, "info")
+        if path in self.seen:
+            return  # a mesh or skeletons key that points back at a directory already planned
+        self.seen.add(path)
         try:
             raw = self.store.read(path, 0, self.store.size(path))
-        except (FileNotFoundError, NotADirectoryError):
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             if required:
                 raise SourceError(f"{self.store.root / path}: missing; a precomputed dataset starts with it") from None
             return
@@ -275,6 +284,10 @@ class Precomputed:
         scales = info.get("scales")
         if not isinstance(scales, list) or not scales:
             raise SourceError(f"{where}: field 'scales' must be a non-empty list")
+        channels = info.get("num_channels", 1)
+        if info.get("data_type") not in VOXEL_BYTES or not isinstance(channels, int) or channels < 1:
+            raise SourceError(f"{where}: fields 'data_type' and 'num_channels' must name a precomputed voxel type")
+        voxel_bytes = VOXEL_BYTES[info["data_type"]] * channels
         for i, scale in enumerate(scales):
             name = f"scales[{i}]"
             if not isinstance(scale, dict):
@@ -289,6 +302,7 @@ class Precomputed:
             if not (isinstance(chunks, list) and len(chunks) == 1):
                 raise SourceError(f"{where}: field '{name}.chunk_sizes' must hold exactly one size for a sharded scale")
             chunk = _ints({"chunk_sizes": chunks[0]}, "chunk_sizes", where, name, positive=True)
+            kv.value_limit = 2 * math.prod(chunk) * voxel_bytes + 65536  # any encoding of a chunk stays below this
             details = {"size": size, "chunk_size": chunk, "voxel_offset": offset, "encoding": scale.get("encoding")}
             self.providers[scale_dir] = ChunkDir(kv, VolumeChunks(size, chunk, offset), "volume scale", details)
         for sub in ("mesh", "skeletons"):
@@ -310,6 +324,9 @@ class Precomputed:
         parts: list[tuple[str, dict, Naming]] = []
         if isinstance(info.get("by_id"), dict):
             parts.append(("by_id", info["by_id"], SegmentIds()))
+        for name in ("relationships", "spatial"):
+            if not isinstance(info.get(name, []), list):
+                raise SourceError(f"{where}: field '{name}' must be a list")
         for i, rel in enumerate(info.get("relationships") or []):
             parts.append((f"relationships[{i}]", rel, SegmentIds()))
         for i, level in enumerate(info.get("spatial") or []):

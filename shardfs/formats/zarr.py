@@ -342,11 +342,16 @@ class ZarrArray:
             for e in self.store.scandir(posixpath.join(self.directory, self.keys.top)):
                 child = posixpath.join(self.directory, self.keys.top, e.name)
                 if self.keys.owns(child[len(self.directory) :].lstrip("/")):
-                    yield from ([child] if e.is_file() else files_below(self.store, child))
+                    yield from ([child] if e.is_file(follow_symlinks=False) else files_below(self.store, child))
             return
         for e in self.store.scandir(self.directory):
             parsed = self.keys.parse(e.name)
-            if parsed is not None and parsed[1] and parsed[0][: len(shard_prefix)] == shard_prefix and e.is_file():
+            if (
+                parsed is not None
+                and parsed[1]
+                and parsed[0][: len(shard_prefix)] == shard_prefix
+                and e.is_file(follow_symlinks=False)
+            ):
                 yield posixpath.join(self.directory, e.name)
 
     def _present(self, path: str) -> Present:
@@ -387,9 +392,9 @@ def files_below(store: LocalStore, path: str) -> Iterator[str]:
     """Every file below a source directory, streamed."""
     for e in store.scandir(path):
         child = posixpath.join(path, e.name)
-        if e.is_dir():
+        if e.is_dir(follow_symlinks=False):
             yield from files_below(store, child)
-        elif e.is_file():
+        elif e.is_file(follow_symlinks=False):
             yield child
 
 
@@ -436,7 +441,7 @@ class ZarrPlan:
             self.kinds.append(f"{directory or '.'}: zarr v3 group")
             for e in self.store.scandir(directory):
                 child = posixpath.join(directory, e.name)
-                if e.is_dir() and (self.store.root / child / "zarr.json").is_file():
+                if e.is_dir(follow_symlinks=False) and (self.store.root / child / "zarr.json").is_file():
                     self.walk(child, root=False)
 
     def walk_draft(self) -> None:

@@ -22,6 +22,7 @@ from shardfs.errors import CorruptChunk, SourceError
 from shardfs.store import LocalStore
 
 UINT64_MAX = (1 << 64) - 1
+LISTING_BLOCK = 1 << 20  # bytes of shard index read at a time while listing
 ENCODINGS = ("raw", "gzip")
 
 
@@ -88,9 +89,34 @@ class ShardingSpec:
         return shard if shard >> self.shard_bits == 0 else None
 
 
-def decode(data: bytes, encoding: str) -> bytes:
-    """Undo a `raw` or `gzip` encoding; zlib.error on bad gzip."""
-    return zlib.decompress(data, wbits=47) if encoding == "gzip" else data
+# Decoded sizes are untrusted: a few hundred KB of gzip can claim gigabytes. Every decode has a limit.
+MINISHARD_INDEX_LIMIT = 16 << 20  # ~700k chunks in one minishard; writers aim for a few thousand
+DECODE_STEP = 1 << 20
+
+
+def decode(data: bytes, encoding: str, limit: int) -> bytes:
+    """Undo a `raw` or `gzip` encoding, every gzip member of it. ValueError on bad gzip, trailing junk, or
+    output beyond limit bytes; output is made 1 MiB at a time, so a refused bomb costs at most limit."""
+    if encoding != "gzip":
+        return data
+    out: list[bytes] = []
+    size, rest = 0, data
+    while rest:
+        member = zlib.decompressobj(wbits=31)
+        try:
+            while not member.eof and (rest or member.unconsumed_tail):
+                piece = member.decompress(rest or member.unconsumed_tail, DECODE_STEP)
+                rest = b""
+                size += len(piece)
+                if size > limit:
+                    raise ValueError(f"gzip data decodes to more than the {limit}-byte limit")
+                out.append(piece)
+        except zlib.error as e:
+            raise ValueError(f"bad gzip data: {e}") from None
+        if not member.eof:
+            raise ValueError("gzip data ends before its stream does")
+        rest = member.unused_data
+    return b"".join(out)
 
 
 @dataclass(frozen=True)
@@ -143,11 +169,19 @@ class Chunk:
 class ShardedKV:
     """A sharded key-value directory read through a store, with its minishard indexes in the shared cache."""
 
-    def __init__(self, store: LocalStore, directory: str, spec: ShardingSpec, cache: ByteCache) -> None:
+    def __init__(
+        self,
+        store: LocalStore,
+        directory: str,
+        spec: ShardingSpec,
+        cache: ByteCache,
+    ) -> None:
         self.store = store
         self.directory = directory
         self.spec = spec
         self.cache = cache
+        # The largest decoded value: the whole cache budget, unless the format knows better (volumes do).
+        self.value_limit = cache.budget
 
     def shard_path(self, shard: int) -> str:
         name = self.spec.shard_name(shard)
@@ -184,18 +218,23 @@ class ShardedKV:
         if start == stop:
             return EMPTY
         try:
-            raw = decode(self.store.read(path, start, stop), self.spec.minishard_index_encoding)
+            raw = self._read_encoded(path, start, stop, self.spec.minishard_index_encoding, MINISHARD_INDEX_LIMIT)
             return MinishardIndex.decode(raw, index_size)
-        except (zlib.error, ValueError) as e:
+        except ValueError as e:
             raise CorruptChunk(path, key, f"minishard {minishard} index: {e}") from e
+
+    def _read_encoded(self, path: str, start: int, stop: int, encoding: str, limit: int) -> bytes:
+        """Read and decode a stored range; a range longer than its decoded limit is refused unread."""
+        if stop - start > limit + 1024:
+            raise ValueError(f"{stop - start} stored bytes exceed the {limit}-byte limit")
+        return decode(self.store.read(path, start, stop), encoding, limit)
 
     def value(self, chunk: Chunk) -> bytes:
         """The stored value with `data_encoding` undone."""
-        data = self.store.read(chunk.shard, chunk.start, chunk.stop)
         try:
-            return decode(data, self.spec.data_encoding)
-        except zlib.error as e:
-            raise CorruptChunk(chunk.shard, chunk.key, f"bad gzip data: {e}") from e
+            return self._read_encoded(chunk.shard, chunk.start, chunk.stop, self.spec.data_encoding, self.value_limit)
+        except ValueError as e:
+            raise CorruptChunk(chunk.shard, chunk.key, str(e)) from e
 
     def shard_files(self) -> Iterator[str]:
         """Paths of the shard files present, streamed from the directory."""
@@ -205,13 +244,31 @@ class ShardedKV:
                 yield self.shard_path(shard)
 
     def keys(self, on_corrupt: Callable[[CorruptChunk], None] | None = None) -> Iterator[int]:
-        """Every stored key, shard by shard, holding one minishard index at a time."""
+        """Every stored key, shard by shard, holding one minishard index at a time. Empty minishards are
+        skipped by reading the shard index in blocks, and keys that do not hash to where they were
+        found are left out, so that every listed name can be looked up."""
+        index_size = self.spec.shard_index_size
         for path in self.shard_files():
-            for minishard in range(1 << self.spec.minishard_bits):
-                try:
-                    index = self.minishard(path, minishard)
-                except CorruptChunk as e:
-                    if on_corrupt:
-                        on_corrupt(e)
-                    continue
-                yield from index.entries
+            shard = self.spec.shard_number(path.rpartition("/")[2])
+            try:
+                if self.store.size(path) < index_size:
+                    raise CorruptChunk(path, "*", f"file is shorter than its {index_size}-byte shard index")
+            except FileNotFoundError:
+                continue
+            except CorruptChunk as e:
+                if on_corrupt:
+                    on_corrupt(e)
+                continue
+            for block in range(0, index_size, LISTING_BLOCK):
+                entries = np.frombuffer(self.store.read(path, block, min(block + LISTING_BLOCK, index_size)), "<u8")
+                for i in np.flatnonzero(entries[1::2] != entries[0::2]).tolist():
+                    minishard = block // 16 + i
+                    try:
+                        index = self.minishard(path, minishard)
+                    except CorruptChunk as e:
+                        if on_corrupt:
+                            on_corrupt(e)
+                        continue
+                    for key in index.entries:
+                        if self.spec.shard_and_minishard(key) == (shard, minishard):
+                            yield key
