@@ -107,8 +107,10 @@ def default_log_file(mountpoint: Path) -> Path:
     directory = Path(tempfile.gettempdir()) / f"shardfs-{os.getuid()}"
     directory.mkdir(mode=0o700, exist_ok=True)
     st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise MountError(f"{directory}: not a private directory of this user; pass --log-file")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise MountError(f"{directory}: not a directory of this user; pass --log-file")
+    if st.st_mode & 0o077:
+        os.chmod(directory, 0o700)  # ours, but made open by an earlier version: close it
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(mountpoint).strip("/")) or "root"
     return directory / f"{slug}.log"
 

@@ -60,7 +60,7 @@ def test_index_checksum_and_empty_entries() -> None:
 def test_big_endian_index_and_c_order() -> None:
     layout = IndexLayout((2, 3), checksum=False, big_endian=True)
     table = layout.decode(index_bytes([(i, i + 1) for i in range(6)], checksum=False, big=True))
-    assert layout.entry(table, layout.ravel((1, 2))) == (5, 6)
+    assert layout.entry(table, 1 * 3 + 2) == (5, 6)  # C order: (1, 2) in a (2, 3) shard
     assert layout.present(table)[0].tolist() == [[i, j] for i in range(2) for j in range(3)]
 
 

@@ -9,6 +9,7 @@ the cache and the inner chunks are sliced out of it.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import logging
 import math
@@ -185,7 +186,7 @@ class Present:
         return self.positions.nbytes + 120 * len(self.prefixes)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Blob:
     """One shard's bytes at some nesting level: a range of its file, or decoded bytes in the cache."""
 
@@ -207,6 +208,15 @@ class ZarrArray:
         self.inner = levels[-1].inner
         self.grid = tuple(-(-s // c) for s, c in zip(shape, self.inner, strict=True))
         self.per_shard = tuple(s // c for s, c in zip(levels[0].shape, self.inner, strict=True))
+        self.shard_grid = tuple(-(-g // n) for g, n in zip(self.grid, self.per_shard, strict=True))
+        # Per level and dimension: (innermost chunks per chunk of this level, chunks per shard, C-order stride).
+        self._steps = [
+            [
+                (c // i, n, math.prod(lv.layout.chunks_per_shard[d + 1 :]))
+                for d, (c, i, n) in enumerate(zip(lv.inner, self.inner, lv.layout.chunks_per_shard, strict=True))
+            ]
+            for lv in levels
+        ]
         self.kind = "zarr v3 sharded array"
         self.details = {
             "shape": list(shape),
@@ -220,8 +230,7 @@ class ZarrArray:
 
     def describe(self) -> dict[str, Any]:
         shards = sum(1 for _ in self._shard_files(()))
-        grid = math.prod(-(-g // n) for g, n in zip(self.grid, self.per_shard, strict=True))
-        return {**self.details, "shard files": f"{shards} present of {grid}"}
+        return {**self.details, "shard files": f"{shards} present of {math.prod(self.shard_grid)}"}
 
     def _shard_path(self, shard: tuple[int, ...]) -> str:
         return posixpath.join(self.directory, self.keys.key(shard))
@@ -238,7 +247,7 @@ class ZarrArray:
             raise FileNotFoundError(rel)
         if not whole:
             shard_prefix = tuple(p // n for p, n in zip(pos, self.per_shard, strict=False))
-            if not any(pos in self._present(path).prefixes for path in self._shard_files(shard_prefix)):
+            if not any(pos in self._present(path).prefixes for path in self._candidate_shards(shard_prefix)):
                 raise FileNotFoundError(rel)
             return DIR
         found = self.locate(pos)
@@ -256,16 +265,14 @@ class ZarrArray:
             blob = Blob(path, 0, self.store.size(path))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None  # a missing shard holds no chunks
-        origin = tuple(p * c % s for p, c, s in zip(pos, self.inner, self.levels[0].shape, strict=True))
-        for depth, level in enumerate(self.levels):
+        for depth, (level, steps) in enumerate(zip(self.levels, self._steps, strict=True)):
             blob = self._decoded(blob, level, depth)
             table = self._index(blob, level, depth)
-            within = tuple(o // i for o, i in zip(origin, level.inner, strict=True))
-            found = level.layout.entry(table, level.layout.ravel(within))
+            # The entry of pos at this level: its position in this level's chunks, within this level's shard.
+            found = level.layout.entry(table, sum((p // r) % c * s for p, (r, c, s) in zip(pos, steps, strict=True)))
             if found is None:
                 return None
             blob = self._sub(blob, *found, pos)
-            origin = tuple(o % i for o, i in zip(origin, level.inner, strict=True))
         if blob.data is None:
             return RangeFile(self.store, blob.shard, blob.start, blob.stop)
         return BytesFile(blob.data[blob.start : blob.stop])
@@ -332,6 +339,16 @@ class ZarrArray:
             if prefix:
                 present = present[(present[:, : len(prefix)] == prefix).all(axis=1)]
             yield from map(tuple, present.tolist())
+
+    def _candidate_shards(self, shard_prefix: tuple[int, ...]) -> Iterator[str]:
+        """Shard paths that may hold chunks below shard_prefix: computed when few (their presence is then
+        cached, missing ones too, so a directory check costs no system call), else listed."""
+        rest = self.shard_grid[len(shard_prefix) :]
+        if math.prod(rest) > 64:
+            yield from self._shard_files(shard_prefix)
+            return
+        for tail in itertools.product(*map(range, rest)):
+            yield self._shard_path((*shard_prefix, *tail))
 
     def _shard_files(self, shard_prefix: tuple[int, ...]) -> Iterator[str]:
         """Paths of the shard files present whose shard position starts with shard_prefix."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from functools import cached_property
 
 import crc32c
 import numpy as np
@@ -47,14 +46,6 @@ class IndexLayout:
         if self.checksum and crc32c.crc32c(table) != int.from_bytes(raw[-4:], "little"):
             raise ValueError("shard index checksum (crc32c) does not match")
         return table
-
-    @cached_property
-    def _strides(self) -> tuple[int, ...]:
-        return tuple(math.prod(self.chunks_per_shard[d + 1 :]) for d in range(len(self.chunks_per_shard)))
-
-    def ravel(self, pos: tuple[int, ...]) -> int:
-        """The C-order index entry of an inner chunk position within the shard."""
-        return sum(p * s for p, s in zip(pos, self._strides, strict=True))
 
     def entry(self, table: bytes, i: int) -> tuple[int, int] | None:
         """(offset, nbytes) of entry i, or None if it is empty."""
