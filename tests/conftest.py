@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -15,6 +16,13 @@ SHARDFS = [sys.executable, "-m", "shardfs"]
 
 def shardfs(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*SHARDFS, *map(str, args)], capture_output=True, text=True, timeout=60, check=check)
+
+
+def assert_eio(path: Path) -> None:
+    """Reading path fails with EIO: the answer for corrupt data, which must not be ENOENT or garbage."""
+    with pytest.raises(OSError) as e:
+        path.read_bytes()
+    assert e.value.errno == errno.EIO
 
 
 class Mount:

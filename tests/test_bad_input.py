@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -16,7 +15,7 @@ import pytest
 import tensorstore as ts
 
 from shardfs.formats import open_source
-from tests.conftest import shardfs
+from tests.conftest import assert_eio, shardfs
 
 SHARDING = {
     "@type": "neuroglancer_uint64_sharded_v1",
@@ -71,12 +70,6 @@ def corrupted(pristine: Path, tmp_path: Path):
         return root
 
     return make
-
-
-def assert_eio(path: Path) -> None:
-    with pytest.raises(OSError) as e:
-        path.read_bytes()
-    assert e.value.errno == errno.EIO
 
 
 def assert_rest_healthy(mnt: Path, pristine_chunks: dict, bad_shard: str) -> None:

@@ -3,7 +3,6 @@ kernel by the same peers as unsharded arrays; index maths on synthetic shards; c
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ShardingCodec, ZstdCo
 
 from shardfs.formats.zarr import ChunkKeys, Unsupported, unshard
 from shardfs.shards.zarr import EMPTY, IndexLayout
-from tests.conftest import shardfs
+from tests.conftest import assert_eio, shardfs
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Index maths
@@ -276,12 +275,6 @@ def damaged(zarr_source, tmp_path):
         return root
 
     return make
-
-
-def assert_eio(path: Path) -> None:
-    with pytest.raises(OSError) as e:
-        path.read_bytes()
-    assert e.value.errno == errno.EIO
 
 
 def assert_healthy(mnt: Path, contents: dict, skip: str) -> None:

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
-from shardfs.formats.precomputed import Precomputed, open_precomputed
-from shardfs.formats.zarr import ZarrPlan, open_zarr
+from shardfs.formats.plan import Plan
+from shardfs.formats.precomputed import open_precomputed
+from shardfs.formats.zarr import open_zarr
 from shardfs.store import LocalStore
 from shardfs.tree import Provider, Tree
 
@@ -32,7 +33,7 @@ def open_source(path: str | Path, cache_bytes: int) -> Source:
     store = LocalStore(root)
     cache = ByteCache(cache_bytes)
     if (root / "zarr.json").exists():
-        plan: Precomputed | ZarrPlan = open_zarr(store, cache)
+        plan: Plan = open_zarr(store, cache)
     elif (root / "info").exists():
         plan = open_precomputed(store, cache)
     else:

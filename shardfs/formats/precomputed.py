@@ -17,10 +17,11 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk, SourceError
+from shardfs.formats.plan import Plan
 from shardfs.shards.morton import MortonCode
 from shardfs.shards.neuroglancer import UINT64_MAX, Chunk, ShardedKV, ShardingSpec
 from shardfs.store import LocalStore
-from shardfs.tree import BytesFile, File, Provider, RangeFile
+from shardfs.tree import BytesFile, File, RangeFile
 
 log = logging.getLogger("shardfs")
 
@@ -213,14 +214,9 @@ def _log_corrupt(error: CorruptChunk) -> None:
 
 
 @dataclass
-class Precomputed:
+class Precomputed(Plan):
     """The mount plan for one precomputed dataset: rewritten info files and sharded directories."""
 
-    store: LocalStore
-    cache: ByteCache
-    files: dict[str, bytes] = field(default_factory=dict)
-    providers: dict[str, Provider] = field(default_factory=dict)
-    kinds: list[str] = field(default_factory=list)
     seen: set[str] = field(default_factory=set)
 
     def add_info(self, directory: str, required: bool) -> None:

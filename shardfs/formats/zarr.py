@@ -15,7 +15,7 @@ import logging
 import math
 import posixpath
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import crc32c
@@ -24,9 +24,10 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk, SourceError
+from shardfs.formats.plan import Plan
 from shardfs.shards.zarr import IndexLayout
 from shardfs.store import LocalStore
-from shardfs.tree import DIR, BytesFile, File, Node, Provider, RangeFile
+from shardfs.tree import DIR, BytesFile, File, Node, RangeFile
 
 log = logging.getLogger("shardfs")
 
@@ -423,15 +424,8 @@ def path_key(origin: Iterable[int]) -> str:
 # The hierarchy
 
 
-@dataclass
-class ZarrPlan:
+class ZarrPlan(Plan):
     """The mount plan for a zarr v3 hierarchy: rewritten array metadata and sharded arrays."""
-
-    store: LocalStore
-    cache: ByteCache
-    files: dict[str, bytes] = field(default_factory=dict)
-    providers: dict[str, Provider] = field(default_factory=dict)
-    kinds: list[str] = field(default_factory=list)
 
     def walk(self, directory: str, root: bool) -> None:
         path = posixpath.join(directory, "zarr.json")
