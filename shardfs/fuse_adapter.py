@@ -6,11 +6,13 @@ being held whole; files are found by path through the tree's node cache.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import itertools
 import logging
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -25,11 +27,24 @@ F = TypeVar("F", bound=Callable[..., Any])
 BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
 
 
+_pinned: set[int] = set()
+
+
+def pin_thread_state() -> None:
+    """ctypes makes a Python thread state for every callback from a libfuse thread and destroys it after,
+    frame stack and all. One extra reference, taken once per thread, keeps it for the thread's life."""
+    ident = threading.get_ident()
+    if ident not in _pinned:
+        ctypes.pythonapi.PyGILState_Ensure()
+        _pinned.add(ident)
+
+
 def errors_to_errno(op: F) -> F:
     """Absent → ENOENT; corrupt data → EIO with a log line naming shard and key; a bug → EIO, logged."""
 
     @functools.wraps(op)
     def wrapper(*args: Any) -> Any:
+        pin_thread_state()
         try:
             return op(*args)
         except mfusepy.FuseOSError:

@@ -101,11 +101,13 @@ def decode(data: bytes, encoding: str, limit: int) -> bytes:
         return data
     out: list[bytes] = []
     size, rest = 0, data
+    # Deflate expands at most 1032:1, so input that small cannot pass the limit: decode it in one go.
+    step = 0 if len(data) * 1032 < limit else DECODE_STEP
     while rest:
         member = zlib.decompressobj(wbits=31)
         try:
             while not member.eof and (rest or member.unconsumed_tail):
-                piece = member.decompress(rest or member.unconsumed_tail, DECODE_STEP)
+                piece = member.decompress(rest or member.unconsumed_tail, step)
                 rest = b""
                 size += len(piece)
                 if size > limit:
