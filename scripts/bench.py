@@ -82,7 +82,7 @@ def write_dataset(root: Path, chunks: int) -> None:
 def serve_noop(listing: Path, mountpoint: Path) -> None:
     """Serve the names and sizes in listing (one 'relpath size' per line) with the real adapter."""
     from shardfs.daemon import fuse_options, serve
-    from shardfs.tree import DIR, BytesFile
+    from shardfs.tree import DIR, BytesFile, Owner
 
     zeros = bytes(1 << 20)
     files, dirs = {}, {"": set()}
@@ -96,6 +96,8 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
         dirs.setdefault(parent, set()).add(path.rsplit("/", 1)[-1])
 
     class NoopTree:
+        owner = Owner(os.getuid(), os.getgid(), 0o555)
+
         def lookup(self, path: str) -> object:
             if path in dirs:
                 return DIR

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import mfusepy
 
 from shardfs.errors import CorruptChunk
-from shardfs.tree import Dir, Node, Tree
+from shardfs.tree import Dir, Node, Owner, Tree
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -102,9 +102,15 @@ class ShardFS(mfusepy.Operations):
         self.on_ready = on_ready
         self._dirs: dict[int, DirCursor] = {}
         self._handles = itertools.count(1)
-        times = {"st_mtime": mtime_ns, "st_ctime": mtime_ns, "st_atime": mtime_ns}
-        self._dir_attrs = {"st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_blksize": BLOCK_SIZE, **times}
-        self._file_attrs = {"st_mode": stat.S_IFREG | 0o444, "st_nlink": 1, "st_blksize": BLOCK_SIZE, **times}
+        self._times = {"st_mtime": mtime_ns, "st_ctime": mtime_ns, "st_atime": mtime_ns, "st_blksize": BLOCK_SIZE}
+        self._dir_attrs = self._attrs(stat.S_IFDIR, tree.owner)
+        self._file_attrs = self._attrs(stat.S_IFREG, tree.owner)
+
+    def _attrs(self, kind: int, owner: Owner) -> dict[str, int]:
+        """Attributes of a node owned by owner. Files get read bits only; directories read and search."""
+        mode = owner.mode if kind == stat.S_IFDIR else owner.mode & 0o444
+        nlink = 2 if kind == stat.S_IFDIR else 1
+        return {"st_mode": kind | mode, "st_nlink": nlink, "st_uid": owner.uid, "st_gid": owner.gid, **self._times}
 
     def init(self, path: str) -> None:
         if self.on_ready is not None:
@@ -117,9 +123,10 @@ class ShardFS(mfusepy.Operations):
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         node = self._lookup(path)
         if isinstance(node, Dir):
-            return self._dir_attrs
+            return self._dir_attrs if node.owner is None else self._attrs(stat.S_IFDIR, node.owner)
         size = node.size()
-        return {**self._file_attrs, "st_size": size, "st_blocks": (size + 511) // 512}
+        base = self._file_attrs if node.owner is None else self._attrs(stat.S_IFREG, node.owner)
+        return {**base, "st_size": size, "st_blocks": (size + 511) // 512}
 
     # No open/release: libfuse then answers OPEN itself, in C, still with keep_cache from `kernel_cache`,
     # so a warm open never enters Python. Writes are refused by the `ro` mount before they reach us.

@@ -7,6 +7,7 @@ The FUSE adapter, `shardfs ls`/`cat` and the tests all use this, so FUSE knows n
 
 from __future__ import annotations
 
+import os
 import posixpath
 import stat
 from collections import defaultdict
@@ -19,13 +20,35 @@ from shardfs.store import LocalStore
 
 
 class File(Protocol):
+    owner: Owner | None
+
     def size(self) -> int: ...
 
     def read(self, offset: int, length: int) -> bytes: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who may read a node, as the source says: its uid, gid and read/search bits (never write)."""
+
+    uid: int
+    gid: int
+    mode: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Owner:
+        return cls(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o555)
+
+
 class Dir:
-    """A directory node; what it lists comes from `Tree.listdir`."""
+    """A directory node; what it lists comes from `Tree.listdir`. Virtual ones have no owner of their own."""
+
+    owner: Owner | None = None
+
+
+class SourceDir(Dir):
+    def __init__(self, owner: Owner) -> None:
+        self.owner = owner
 
 
 DIR = Dir()
@@ -50,6 +73,7 @@ class Provider(Protocol):
 @dataclass(slots=True)
 class BytesFile:
     data: bytes
+    owner: Owner | None = None  # None: virtual, readable as the source directory is
 
     @property
     def nbytes(self) -> int:
@@ -70,6 +94,7 @@ class RangeFile:
     path: str
     start: int
     stop: int
+    owner: Owner | None = None
 
     def size(self) -> int:
         return self.stop - self.start
@@ -87,6 +112,7 @@ class Tree:
     ) -> None:
         self.store = store
         self.cache = cache
+        self.owner = Owner.of(store.stat(""))  # virtual nodes are readable as the source directory is
         self.files = {path: BytesFile(data) for path, data in files.items()}
         self.providers = providers
         self._last: tuple[str | None, Node] = (None, DIR)
@@ -138,9 +164,9 @@ class Tree:
             raise FileNotFoundError(path)
         st = self.store.stat(path)
         if stat.S_ISDIR(st.st_mode):
-            return DIR
+            return SourceDir(Owner.of(st))
         if stat.S_ISREG(st.st_mode):
-            return RangeFile(self.store, path, 0, st.st_size)
+            return RangeFile(self.store, path, 0, st.st_size, Owner.of(st))
         raise FileNotFoundError(path)  # sockets, devices and links are not part of a dataset
 
     def listdir(self, path: str) -> Iterator[tuple[str, bool]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -104,3 +105,19 @@ def test_source_that_is_not_a_dataset_refuses(tmp_path) -> None:
     (tmp_path / "empty").mkdir()
     result = shardfs("mount", tmp_path / "empty", tmp_path / "m", check=False)
     assert result.returncode == 2 and "neither 'zarr.json' (zarr v3) nor 'info'" in result.stderr
+
+
+def test_permissions_follow_the_source(tmp_path, mount) -> None:
+    """Virtual files are readable as the source directory is; passthrough files keep their own bits."""
+    root = tmp_path / "vol"
+    peers.write_tensorstore_volume(root, extra_unsharded_scale=True)
+    (root / "private.txt").write_text("secret")
+    os.chmod(root / "private.txt", 0o600)
+    os.chmod(root, 0o750)
+    m = mount(root)
+    chunk = next((m.path / "4_4_40").iterdir())
+    owner = root.stat()
+    for path, mode in [(chunk, 0o440), (m.path / "4_4_40", 0o550), (m.path / "info", 0o440),
+                       (m.path / "private.txt", 0o400), (m.path / "8_8_40", 0o555)]:  # fmt: skip
+        st = path.stat()
+        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (mode, owner.st_uid, owner.st_gid), path
