@@ -11,12 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import crc32c
+import numcodecs
 import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
 from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ShardingCodec, ZstdCodec
 
+from shardfs.codecs import UNDO
 from shardfs.formats.zarr import ChunkKeys, Unsupported, unshard
 from shardfs.shards.zarr import EMPTY, IndexLayout
 from tests.conftest import assert_eio, shardfs
@@ -61,6 +63,25 @@ def test_big_endian_index_and_c_order() -> None:
     table = layout.decode(index_bytes([(i, i + 1) for i in range(6)], checksum=False, big=True))
     assert layout.entry(table, 1 * 3 + 2) == (5, 6)  # C order: (1, 2) in a (2, 3) shard
     assert layout.present(table)[0].tolist() == [[i, j] for i in range(2) for j in range(3)]
+
+
+def test_shard_codecs_are_bounded() -> None:
+    """Whole-shard codecs are undone with a limit: a bomb is refused, not allocated."""
+    zeros = bytes(8 << 20)
+    for name, encode in [("zstd", numcodecs.Zstd().encode), ("blosc", numcodecs.Blosc().encode)]:
+        assert UNDO[name](encode(b"hello"), 100) == b"hello"
+        with pytest.raises(ValueError, match="limit"):
+            UNDO[name](encode(zeros), 1 << 20)
+    two_frames = numcodecs.Zstd().encode(b"hello ") + numcodecs.Zstd().encode(b"world")
+    assert UNDO["zstd"](two_frames, 100) == b"hello world"
+    corrupt = {"gzip": b"\x1f\x8b" + bytes(20), "zstd": b"\x28\xb5\x2f\xfd\xff\xff" + bytes(20), "blosc": bytes(20)}
+    for name, data in corrupt.items():
+        with pytest.raises(ValueError):
+            UNDO[name](data, 100)
+    data = b"payload"
+    assert UNDO["crc32c"](data + struct.pack("<I", crc32c.crc32c(data)), 100) == data
+    with pytest.raises(ValueError, match="crc32c"):
+        UNDO["crc32c"](data + b"\0\0\0\0", 100)
 
 
 def sharding(inner: list[int], codecs: list, **config: object) -> dict:

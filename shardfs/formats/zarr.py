@@ -18,11 +18,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import crc32c
-import numcodecs
 import numpy as np
 
 from shardfs.cache import ByteCache
+from shardfs.codecs import UNDO
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.formats.plan import Plan
 from shardfs.shards.zarr import IndexLayout
@@ -32,7 +31,6 @@ from shardfs.tree import DIR, BytesFile, File, Node, RangeFile
 log = logging.getLogger("shardfs")
 
 DRAFT_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
-BYTES_TO_BYTES = {"gzip": numcodecs.GZip, "zstd": numcodecs.Zstd, "blosc": numcodecs.Blosc}
 
 
 class Unsupported(Exception):
@@ -72,7 +70,7 @@ def unshard(codecs: list, chunk_shape: tuple[int, ...]) -> tuple[list[Level], li
         if at:
             raise Unsupported(f"array→array codecs {names[:at]} before sharding change the chunk layout")
         post = tuple(names[at + 1 :])
-        if unknown := [n for n in post if n not in BYTES_TO_BYTES and n != "crc32c"]:
+        if unknown := [n for n in post if n not in UNDO]:
             raise Unsupported(f"bytes→bytes codecs {unknown} after sharding are not supported")
         config = codecs[at].get("configuration", {})
         inner = tuple(config.get("chunk_shape", ()))
@@ -95,15 +93,10 @@ def _index_layout(config: dict, chunks_per_shard: tuple[int, ...]) -> IndexLayou
     return IndexLayout(chunks_per_shard, location == "start", names[-1] == "crc32c", endian == "big")
 
 
-def decode_blob(data: bytes, post: tuple[str, ...]) -> bytes:
-    """Undo the bytes→bytes codecs that follow a sharding codec, last first."""
+def decode_blob(data: bytes, post: tuple[str, ...], limit: int) -> bytes:
+    """Undo the bytes→bytes codecs that follow a sharding codec, last first, each bounded by limit."""
     for name in reversed(post):
-        if name == "crc32c":
-            if crc32c.crc32c(data[:-4]) != int.from_bytes(data[-4:], "little"):
-                raise ValueError("crc32c of the shard does not match")
-            data = data[:-4]
-        else:
-            data = bytes(BYTES_TO_BYTES[name]().decode(data))
+        data = UNDO[name](data, limit)
     return data
 
 
@@ -294,8 +287,8 @@ class ZarrArray:
 
         def make() -> bytes:
             try:
-                return decode_blob(self._read(blob, 0, blob.stop - blob.start), level.post)
-            except Exception as e:  # codec libraries raise their own types on corrupt input
+                return decode_blob(self._read(blob, 0, blob.stop - blob.start), level.post, self.cache.budget)
+            except ValueError as e:
                 raise CorruptChunk(blob.shard, f"level {depth} shard blob", f"cannot decode {level.post}: {e}") from e
 
         data = self.cache.get_or_make(("zarr-blob", blob.shard, depth, blob.start, blob.stop), make)

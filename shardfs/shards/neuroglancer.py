@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import struct
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,6 +17,7 @@ import mmh3
 import numpy as np
 
 from shardfs.cache import ByteCache
+from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.store import LocalStore
 
@@ -89,36 +89,12 @@ class ShardingSpec:
         return shard if shard >> self.shard_bits == 0 else None
 
 
-# Decoded sizes are untrusted: a few hundred KB of gzip can claim gigabytes. Every decode has a limit.
 MINISHARD_INDEX_LIMIT = 16 << 20  # ~700k chunks in one minishard; writers aim for a few thousand
-DECODE_STEP = 1 << 20
 
 
 def decode(data: bytes, encoding: str, limit: int) -> bytes:
-    """Undo a `raw` or `gzip` encoding, every gzip member of it. ValueError on bad gzip, trailing junk, or
-    output beyond limit bytes; output is made 1 MiB at a time, so a refused bomb costs at most limit."""
-    if encoding != "gzip":
-        return data
-    out: list[bytes] = []
-    size, rest = 0, data
-    # Deflate expands at most 1032:1, so input that small cannot pass the limit: decode it in one go.
-    step = 0 if len(data) * 1032 < limit else DECODE_STEP
-    while rest:
-        member = zlib.decompressobj(wbits=31)
-        try:
-            while not member.eof and (rest or member.unconsumed_tail):
-                piece = member.decompress(rest or member.unconsumed_tail, step)
-                rest = b""
-                size += len(piece)
-                if size > limit:
-                    raise ValueError(f"gzip data decodes to more than the {limit}-byte limit")
-                out.append(piece)
-        except zlib.error as e:
-            raise ValueError(f"bad gzip data: {e}") from None
-        if not member.eof:
-            raise ValueError("gzip data ends before its stream does")
-        rest = member.unused_data
-    return b"".join(out)
+    """Undo a `raw` or `gzip` encoding, with output bounded by limit (ValueError past it)."""
+    return gunzip(data, limit) if encoding == "gzip" else data
 
 
 @dataclass(frozen=True)
