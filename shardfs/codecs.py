@@ -4,6 +4,7 @@ hundred KB of gzip or zstd can claim gigabytes, so output is made piecewise and 
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterator
 
 import crc32c
 import numcodecs
@@ -12,45 +13,46 @@ import zstandard
 STEP = 1 << 20
 
 
+def _bounded(pieces: Iterator[bytes], limit: int, codec: str) -> bytes:
+    """Join decoded pieces, refusing as soon as they pass limit bytes."""
+    out, size = [], 0
+    for piece in pieces:
+        size += len(piece)
+        if size > limit:
+            raise ValueError(f"{codec} data decodes to more than the {limit}-byte limit")
+        out.append(piece)
+    return b"".join(out)
+
+
 def gunzip(data: bytes, limit: int) -> bytes:
     """Every gzip member of data. ValueError on bad gzip, trailing junk, or output beyond limit bytes; a
     refused bomb costs at most limit bytes, briefly."""
-    out: list[bytes] = []
-    size, rest = 0, data
     # Deflate expands at most 1032:1, so input that small cannot pass the limit: decode it in one go.
-    step = 0 if len(data) * 1032 < limit else STEP
+    return _bounded(_gzip_pieces(data, 0 if len(data) * 1032 < limit else STEP), limit, "gzip")
+
+
+def _gzip_pieces(data: bytes, step: int) -> Iterator[bytes]:
+    rest = data
     while rest:
         member = zlib.decompressobj(wbits=31)
         try:
             while not member.eof and (rest or member.unconsumed_tail):
-                piece = member.decompress(rest or member.unconsumed_tail, step)
+                yield member.decompress(rest or member.unconsumed_tail, step)
                 rest = b""
-                size += len(piece)
-                if size > limit:
-                    raise ValueError(f"gzip data decodes to more than the {limit}-byte limit")
-                out.append(piece)
         except zlib.error as e:
             raise ValueError(f"bad gzip data: {e}") from None
         if not member.eof:
             raise ValueError("gzip data ends before its stream does")
         rest = member.unused_data
-    return b"".join(out)
 
 
 def unzstd(data: bytes, limit: int) -> bytes:
     """Every zstd frame of data, read piecewise; ValueError on bad data or output beyond limit bytes."""
-    out: list[bytes] = []
-    size = 0
     try:
         with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as reader:
-            while piece := reader.read(STEP):
-                size += len(piece)
-                if size > limit:
-                    raise ValueError(f"zstd data decodes to more than the {limit}-byte limit")
-                out.append(piece)
+            return _bounded(iter(lambda: reader.read(STEP), b""), limit, "zstd")
     except zstandard.ZstdError as e:
         raise ValueError(f"bad zstd data: {e}") from None
-    return b"".join(out)
 
 
 def unblosc(data: bytes, limit: int) -> bytes:
