@@ -57,36 +57,46 @@ def _name(codec: Any) -> str:
 
 
 def unshard(codecs: list, chunk_shape: tuple[int, ...]) -> tuple[list[Level], list] | None:
-    """The sharding levels and the innermost codecs, or None if the array is not sharded."""
+    """The sharding levels and the innermost codecs, or None if the array is not sharded. Inner codecs
+    are passed on as they are, so any array→bytes codec may sit inside (`bytes`, `vlen-utf8`, ...)."""
     levels: list[Level] = []
     shape = chunk_shape
     while True:
+        if not isinstance(codecs, list):
+            raise Unsupported(f"codecs {codecs!r} is not a list")
         names = [_name(c) for c in codecs]
-        at = next((i for i, n in enumerate(names) if n in ("bytes", "sharding_indexed")), None)
-        if at is None:
-            raise Unsupported(f"no array→bytes codec among {names}")
-        if names[at] != "sharding_indexed":
+        if "sharding_indexed" not in names:
             return (levels, codecs) if levels else None
+        at = names.index("sharding_indexed")
         if at:
             raise Unsupported(f"array→array codecs {names[:at]} before sharding change the chunk layout")
         post = tuple(names[at + 1 :])
         if unknown := [n for n in post if n not in UNDO]:
             raise Unsupported(f"bytes→bytes codecs {unknown} after sharding are not supported")
-        config = codecs[at].get("configuration", {})
-        inner = tuple(config.get("chunk_shape", ()))
-        if len(inner) != len(shape) or any(i <= 0 or s % i for s, i in zip(shape, inner, strict=True)):
+        config = codecs[at].get("configuration") if isinstance(codecs[at], dict) else None
+        inner = tuple(config.get("chunk_shape") or ()) if isinstance(config, dict) else ()
+        if not positive_ints(inner, len(shape)) or any(s % i for s, i in zip(shape, inner, strict=True)):
             raise Unsupported(f"inner chunk shape {list(inner)} does not divide the shard shape {list(shape)}")
         cps = tuple(s // i for s, i in zip(shape, inner, strict=True))
         levels.append(Level(shape, inner, _index_layout(config, cps), post))
         codecs, shape = config.get("codecs", []), inner
 
 
+def positive_ints(values: Any, ndim: int) -> bool:
+    return (
+        isinstance(values, (list, tuple))
+        and len(values) == ndim
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+    )
+
+
 def _index_layout(config: dict, chunks_per_shard: tuple[int, ...]) -> IndexLayout:
     index_codecs = config.get("index_codecs", [{"name": "bytes"}, {"name": "crc32c"}])
-    names = [_name(c) for c in index_codecs]
+    names = [_name(c) for c in index_codecs] if isinstance(index_codecs, list) else None
     if names not in (["bytes"], ["bytes", "crc32c"]):
         raise Unsupported(f"index_codecs {names} are not supported (bytes, optionally crc32c)")
-    endian = (index_codecs[0].get("configuration") or {}).get("endian", "little")
+    first = index_codecs[0]
+    endian = ((first.get("configuration") if isinstance(first, dict) else None) or {}).get("endian", "little")
     location = config.get("index_location", "end")
     if location not in ("start", "end"):
         raise Unsupported(f"index_location {location!r} is neither 'start' nor 'end'")
@@ -117,9 +127,8 @@ class ChunkKeys:
     def from_json(cls, encoding: Any, ndim: int) -> ChunkKeys:
         encoding = encoding or {"name": "default"}
         name = _name(encoding)
-        separator = ((encoding.get("configuration") if isinstance(encoding, dict) else None) or {}).get(
-            "separator", "/" if name == "default" else "."
-        )
+        config = encoding.get("configuration") if isinstance(encoding, dict) else None
+        separator = (config if isinstance(config, dict) else {}).get("separator", "/" if name == "default" else ".")
         if name not in ("default", "v2") or separator not in ("/", "."):
             raise Unsupported(f"chunk_key_encoding {encoding!r} is not supported")
         return cls(f"c{separator}" if name == "default" else "", separator, ndim)
@@ -188,6 +197,9 @@ class Blob:
     start: int
     stop: int
     data: bytes | None = None
+    # Which blob this is: the shard, then the index entry numbers leading down to it. Cache keys use it,
+    # because offsets inside decoded bytes repeat from one inner shard to the next.
+    key: tuple = ()
 
 
 class ZarrArray:
@@ -195,9 +207,15 @@ class ZarrArray:
 
     def __init__(
         self, store: LocalStore, cache: ByteCache, directory: str, shape: tuple[int, ...], levels: list[Level],
-        keys: ChunkKeys,
+        keys: ChunkKeys, itemsize: int | None,
     ) -> None:  # fmt: skip
         self.store, self.cache, self.directory = store, cache, directory
+        # The most a shard blob of each level may decode to: its raw size twice over (no codec expands
+        # more), its index, and codec headers. Variable-size types have no such bound: the cache budget.
+        self.limits = [
+            2 * math.prod(lv.shape) * itemsize + lv.layout.size + (1 << 20) if itemsize else cache.budget
+            for lv in levels
+        ]
         self.levels, self.keys, self.shape = levels, keys, shape
         self.inner = levels[-1].inner
         self.grid = tuple(-(-s // c) for s, c in zip(shape, self.inner, strict=True))
@@ -256,25 +274,28 @@ class ZarrArray:
         shard = tuple(p // n for p, n in zip(pos, self.per_shard, strict=True))
         path = self._shard_path(shard)
         try:
-            blob = Blob(path, 0, self.store.size(path))
+            blob = Blob(path, 0, self.store.size(path), key=(path,))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None  # a missing shard holds no chunks
         for depth, (level, steps) in enumerate(zip(self.levels, self._steps, strict=True)):
             blob = self._decoded(blob, level, depth)
             table = self._index(blob, level, depth)
             # The entry of pos at this level: its position in this level's chunks, within this level's shard.
-            found = level.layout.entry(table, sum((p // r) % c * s for p, (r, c, s) in zip(pos, steps, strict=True)))
+            number = sum((p // r) % c * s for p, (r, c, s) in zip(pos, steps, strict=True))
+            found = level.layout.entry(table, number)
             if found is None:
                 return None
-            blob = self._sub(blob, *found, pos)
+            blob = self._sub(blob, number, *found, pos)
         if blob.data is None:
             return RangeFile(self.store, blob.shard, blob.start, blob.stop)
         return BytesFile(blob.data[blob.start : blob.stop])
 
-    def _sub(self, blob: Blob, offset: int, nbytes: int, key: object) -> Blob:
+    def _sub(self, blob: Blob, number: int, offset: int, nbytes: int, what: object) -> Blob:
+        """The blob of index entry number in blob, at [offset, offset + nbytes)."""
         if offset + nbytes > blob.stop - blob.start:
-            raise CorruptChunk(blob.shard, key, f"index entry [{offset}, +{nbytes}) lies outside the shard")
-        return Blob(blob.shard, blob.start + offset, blob.start + offset + nbytes, blob.data)
+            raise CorruptChunk(blob.shard, what, f"index entry [{offset}, +{nbytes}) lies outside the shard")
+        start = blob.start + offset
+        return Blob(blob.shard, start, start + nbytes, blob.data, (*blob.key, number))
 
     def _read(self, blob: Blob, start: int, stop: int) -> bytes:
         if blob.data is not None:
@@ -287,12 +308,12 @@ class ZarrArray:
 
         def make() -> bytes:
             try:
-                return decode_blob(self._read(blob, 0, blob.stop - blob.start), level.post, self.cache.budget)
+                return decode_blob(self._read(blob, 0, blob.stop - blob.start), level.post, self.limits[depth])
             except ValueError as e:
                 raise CorruptChunk(blob.shard, f"level {depth} shard blob", f"cannot decode {level.post}: {e}") from e
 
-        data = self.cache.get_or_make(("zarr-blob", blob.shard, depth, blob.start, blob.stop), make)
-        return Blob(blob.shard, 0, len(data), data)
+        data = self.cache.get_or_make(("zarr-blob", blob.key), make)
+        return Blob(blob.shard, 0, len(data), data, blob.key)
 
     def _index(self, blob: Blob, level: Level, depth: int) -> bytes:
         def make() -> bytes:
@@ -302,13 +323,16 @@ class ZarrArray:
             except ValueError as e:
                 raise CorruptChunk(blob.shard, f"level {depth} index", str(e)) from e
 
-        key = ("zarr-index", blob.shard, depth, blob.start, blob.stop, blob.data is not None)
-        return self.cache.get_or_make(key, make)
+        return self.cache.get_or_make(("zarr-index", blob.key, blob.data is not None), make)
 
     # -- listing ------------------------------------------------------------------------------------------------------
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         """Exactly the keys of stored chunks, and the directories above them that hold any."""
+        if not self.keys.ndim:  # a 0-d array: its one chunk, a file in the array directory
+            if not rel and len(self._present(self._shard_path(())).positions):
+                yield self.keys.key(()), False
+            return
         if not rel and self.keys.top:
             if any(len(self._present(path).positions) for path in self._shard_files(())):
                 yield self.keys.top, True
@@ -346,14 +370,21 @@ class ZarrArray:
 
     def _shard_files(self, shard_prefix: tuple[int, ...]) -> Iterator[str]:
         """Paths of the shard files present whose shard position starts with shard_prefix."""
+        if not self.keys.ndim:
+            yield self._shard_path(())  # _present finds out whether it is there
+            return
         if self.keys.separator == "/":
             if shard_prefix:
-                yield from files_below(self.store, posixpath.join(self.directory, self.keys.key(shard_prefix)))
+                yield from self._whole_keys(
+                    files_below(self.store, posixpath.join(self.directory, self.keys.key(shard_prefix)))
+                )
                 return
             for e in self.store.scandir(posixpath.join(self.directory, self.keys.top)):
                 child = posixpath.join(self.directory, self.keys.top, e.name)
                 if self.keys.owns(child[len(self.directory) :].lstrip("/")):
-                    yield from ([child] if e.is_file(follow_symlinks=False) else files_below(self.store, child))
+                    yield from self._whole_keys(
+                        [child] if e.is_file(follow_symlinks=False) else files_below(self.store, child)
+                    )
             return
         for e in self.store.scandir(self.directory):
             parsed = self.keys.parse(e.name)
@@ -365,6 +396,13 @@ class ZarrArray:
             ):
                 yield posixpath.join(self.directory, e.name)
 
+    def _whole_keys(self, paths: Iterable[str]) -> Iterator[str]:
+        """Only files named by a whole chunk key are shards (a stray file at c/1 in a 2-d array is not)."""
+        for path in paths:
+            parsed = self.keys.parse(path[len(self.directory) :].lstrip("/"))
+            if parsed is not None and parsed[1]:
+                yield path
+
     def _present(self, path: str) -> Present:
         """The inner chunks stored in one shard file, inside the array: computed once per shard,
         vectorized through every nesting level, and cached."""
@@ -372,11 +410,12 @@ class ZarrArray:
         def make() -> Present:
             shard = self.keys.parse(path[len(self.directory) :].lstrip("/"))
             try:
-                blob = Blob(path, 0, self.store.size(path))
-                if shard is None:
+                if shard is None or not shard[1]:
                     raise FileNotFoundError(path)
-                return Present.of(self._walk(blob, 0, np.multiply(shard[0], self.levels[0].shape)))
-            except FileNotFoundError:
+                blob = Blob(path, 0, self.store.size(path), key=(path,))
+                origin = np.multiply(shard[0], self.levels[0].shape, dtype=np.int64)
+                return Present.of(self._walk(blob, 0, origin))
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 pass
             except CorruptChunk as e:
                 log.error("listing skips a shard: %s", e)
@@ -387,16 +426,24 @@ class ZarrArray:
     def _walk(self, blob: Blob, depth: int, origin: np.ndarray) -> np.ndarray:
         level = self.levels[depth]
         blob = self._decoded(blob, level, depth)
-        within, rows = level.layout.present(self._index(blob, level, depth))
-        starts = origin + within * np.asarray(level.inner)  # element coordinates of each stored chunk
+        numbers, within, rows = level.layout.present(self._index(blob, level, depth))
+        starts = origin + within * np.asarray(level.inner, dtype=np.int64)  # element coordinates of each chunk
         if depth + 1 == len(self.levels):
-            pos = starts // np.asarray(self.inner)
-            return pos[(pos < np.asarray(self.grid)).all(axis=1)]
+            pos = starts // np.asarray(self.inner, dtype=np.int64)
+            return pos[(pos < np.asarray(self.grid, dtype=np.int64)).all(axis=1)]
         below = [
-            self._walk(self._sub(blob, offset, nbytes, path_key(start)), depth + 1, start)
-            for start, (offset, nbytes) in zip(starts, rows.tolist(), strict=True)
+            self._walk(self._sub(blob, number, offset, nbytes, path_key(start)), depth + 1, start)
+            for number, start, (offset, nbytes) in zip(numbers.tolist(), starts, rows.tolist(), strict=True)
         ]
         return np.concatenate(below) if below else np.empty((0, len(self.shape)), np.int64)
+
+
+def itemsize(data_type: Any) -> int | None:
+    """Bytes per element of a fixed-size data type (zarr v3 names and the draft's '<i4' style), else None."""
+    try:
+        return np.dtype(data_type).itemsize or None if isinstance(data_type, str) else None
+    except TypeError:
+        return None
 
 
 def files_below(store: LocalStore, path: str) -> Iterator[str]:
@@ -441,6 +488,9 @@ class ZarrPlan(Plan):
         except SourceError as e:
             self._refuse(e, root)
             return
+        except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
+            self._refuse(SourceError(f"{where}: cannot make sense of it ({type(e).__name__}: {e})"), root)
+            return
         if node_type == "group":
             self.kinds.append(f"{directory or '.'}: zarr v3 group")
             for e in self.store.scandir(directory):
@@ -458,6 +508,9 @@ class ZarrPlan(Plan):
                     self._draft_array(path)
                 except SourceError as e:
                     self._refuse(e, root=False)
+                except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
+                    where = self.store.root / path
+                    self._refuse(SourceError(f"{where}: cannot make sense of it ({type(e).__name__}: {e})"), False)
 
     def _draft_array(self, path: str) -> None:
         where = str(self.store.root / path)
@@ -475,10 +528,14 @@ class ZarrPlan(Plan):
         if len(transformers) != 1 or transformers[0].get("type") != "indexed":
             raise SourceError(f"{where}: field 'storage_transformers' holds something other than one 'indexed'")
         per_shard = (transformers[0].get("configuration") or {}).get("chunks_per_shard")
-        if not (isinstance(shape, list) and isinstance(inner, list) and isinstance(per_shard, list)) or not (
-            len(shape) == len(inner) == len(per_shard)
+        ndim = len(shape) if isinstance(shape, list) else -1
+        if (
+            not (positive_ints(inner, ndim) and positive_ints(per_shard, ndim))
+            or grid.get("separator", "/") not in "/."
         ):
-            raise SourceError(f"{where}: fields 'shape', 'chunk_grid.chunk_shape', 'chunks_per_shard' must agree")
+            raise SourceError(
+                f"{where}: fields 'shape', 'chunk_grid' and 'chunks_per_shard' must agree, in positive integers"
+            )
         level = Level(
             tuple(i * n for i, n in zip(inner, per_shard, strict=True)),
             tuple(inner),
@@ -489,7 +546,8 @@ class ZarrPlan(Plan):
         rewritten = {k: v for k, v in meta.items() if k != "storage_transformers"}
         self.files[path] = json.dumps(rewritten, indent=4).encode()
         data = posixpath.join("data/root", name) if name else "data/root"
-        self.providers[data] = ZarrArray(self.store, self.cache, data, tuple(shape), [level], keys)
+        array = ZarrArray(self.store, self.cache, data, tuple(shape), [level], keys, itemsize(meta.get("data_type")))
+        self.providers[data] = array
         self.kinds.append(f"{name or '.'}: zarr v3 draft array, sharded")
 
     def _refuse(self, error: SourceError, root: bool) -> None:
@@ -504,8 +562,8 @@ class ZarrPlan(Plan):
             raise SourceError(f"{where}: field 'shape' must be a list of non-negative integers")
         grid = meta.get("chunk_grid") or {}
         chunk_shape = (grid.get("configuration") or {}).get("chunk_shape")
-        if grid.get("name") != "regular" or not isinstance(chunk_shape, list) or len(chunk_shape) != len(shape):
-            raise SourceError(f"{where}: field 'chunk_grid' must be regular with a chunk_shape per dimension")
+        if grid.get("name") != "regular" or not positive_ints(chunk_shape, len(shape)):
+            raise SourceError(f"{where}: field 'chunk_grid' must be regular, with a positive chunk size per dimension")
         codecs = meta.get("codecs")
         if not isinstance(codecs, list):
             raise SourceError(f"{where}: field 'codecs' must be a list")
@@ -524,7 +582,8 @@ class ZarrPlan(Plan):
         rewritten["chunk_grid"]["configuration"]["chunk_shape"] = list(levels[-1].inner)
         rewritten["codecs"] = inner_codecs
         self.files[posixpath.join(directory, "zarr.json")] = json.dumps(rewritten, indent=2).encode()
-        self.providers[directory] = ZarrArray(self.store, self.cache, directory, tuple(shape), levels, keys)
+        size = itemsize(meta.get("data_type"))
+        self.providers[directory] = ZarrArray(self.store, self.cache, directory, tuple(shape), levels, keys, size)
         self.kinds.append(
             f"{directory or '.'}: zarr v3 array, sharded ({len(levels)} level(s), {math.prod(shape)} elements)"
         )

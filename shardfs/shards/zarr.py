@@ -52,8 +52,11 @@ class IndexLayout:
         offset, nbytes = struct.unpack_from(">QQ" if self.big_endian else "<QQ", table, 16 * i)
         return None if offset == EMPTY and nbytes == EMPTY else (offset, nbytes)
 
-    def present(self, table: bytes) -> tuple[np.ndarray, np.ndarray]:
-        """Positions within the shard (n, ndim) and (offset, nbytes) rows (n, 2) of the non-empty entries."""
+    def present(self, table: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Of the non-empty entries: their numbers (n,), positions within the shard (n, ndim), and
+        (offset, nbytes) rows (n, 2)."""
         rows = np.frombuffer(table, ">u8" if self.big_endian else "<u8").reshape(-1, 2)
         filled = np.flatnonzero(~((rows[:, 0] == EMPTY) & (rows[:, 1] == EMPTY)))
-        return np.stack(np.unravel_index(filled, self.chunks_per_shard), axis=-1), rows[filled]
+        if not self.chunks_per_shard:  # a 0-d array: one entry, no coordinates
+            return filled, np.zeros((len(filled), 0), np.int64), rows[filled]
+        return filled, np.stack(np.unravel_index(filled, self.chunks_per_shard), axis=-1), rows[filled]
