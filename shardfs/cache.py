@@ -30,23 +30,40 @@ class ByteCache:
         self.budget = budget
         self._lru: LRUCache[Hashable, object] = LRUCache(maxsize=budget, getsizeof=_nbytes)
         self._overflow: tuple[Hashable, object] | None = None
+        self._making: dict[Hashable, threading.Lock] = {}  # held by the thread making that key
         self._lock = threading.Lock()
 
     def get_or_make(self, key: Hashable, make: Callable[[], T]) -> T:
-        """The cached value for key, or make()'s, cached. Two threads may both make on a miss: cheaper than waiting."""
-        with self._lock:
-            value = self._lru.get(key, _MISSING)
-            overflow = self._overflow
-        if value is not _MISSING:
-            return value  # type: ignore[return-value]
-        if overflow is not None and overflow[0] == key:
-            return overflow[1]  # type: ignore[return-value]
-        value = make()
-        with self._lock:
-            try:
-                self._lru[key] = value
-            except ValueError:  # cachetools: larger than the whole budget
-                self._overflow = (key, value)
+        """The cached value for key, or make()'s, cached. One thread makes a given key at a time; others
+        wanting it wait for that one, so N readers of a cold shard decode it once, not N times."""
+        while True:
+            with self._lock:
+                value = self._cached(key)
+                if value is not _MISSING:
+                    return value  # type: ignore[return-value]
+                making = self._making.get(key)
+                if making is None:
+                    gate = self._making[key] = threading.Lock()
+                    gate.acquire()
+                    break
+            with making:  # wait for the maker, then look again; if it failed, this thread makes it in turn
+                pass
+        try:
+            value = make()
+            with self._lock:
+                try:
+                    self._lru[key] = value
+                except ValueError:  # cachetools: larger than the whole budget
+                    self._overflow = (key, value)
+            return value
+        finally:
+            with self._lock:
+                self._making.pop(key).release()
+
+    def _cached(self, key: Hashable) -> object:
+        value = self._lru.get(key, _MISSING)
+        if value is _MISSING and self._overflow is not None and self._overflow[0] == key:
+            return self._overflow[1]
         return value
 
 
