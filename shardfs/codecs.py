@@ -27,8 +27,8 @@ def _bounded(pieces: Iterator[bytes], limit: int, codec: str) -> bytes:
 def gunzip(data: bytes, limit: int) -> bytes:
     """Every gzip member of data. ValueError on bad gzip, trailing junk, or output beyond limit bytes; a
     refused bomb costs at most limit bytes, briefly."""
-    # Deflate expands at most 1032:1, so input that small cannot pass the limit: decode it in one go.
-    return _bounded(_gzip_pieces(data, 0 if len(data) * 1032 < limit else STEP), limit, "gzip")
+    # Pieces of at most 1 MiB: a small limit is one call, a large one cannot double its buffer past it.
+    return _bounded(_gzip_pieces(data, min(limit + 1, STEP)), limit, "gzip")
 
 
 def _gzip_pieces(data: bytes, step: int) -> Iterator[bytes]:
