@@ -107,6 +107,6 @@ def info(source: Source) -> None:
     for kind in source.kinds:
         print(f"  {kind}")
     for directory, provider in sorted(source.providers.items()):
-        print(f"{directory or '.'}/: {provider.kind}")  # type: ignore[attr-defined]
-        for key, value in provider.describe().items():  # type: ignore[attr-defined]
+        print(f"{directory or '.'}/: {provider.kind}")
+        for key, value in provider.describe().items():
             print(f"  {key}: {value}")

@@ -13,7 +13,7 @@ import stat
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from shardfs.cache import ByteCache
 from shardfs.store import LocalStore
@@ -58,6 +58,11 @@ Node = File | Dir
 class Provider(Protocol):
     """A directory whose contents are computed, such as one file per key of a sharded directory.
     Paths given to it are relative to its own directory ('' is the directory itself)."""
+
+    kind: str  # what it is, in the user's words, for `shardfs info`
+
+    def describe(self) -> dict[str, Any]:
+        """Its parameters, for `shardfs info`."""
 
     def child(self, rel: str) -> Node | None:
         """The node at rel; None if rel is not the provider's (then the source decides).

@@ -148,15 +148,17 @@ class ChunkDir:
 
     def child(self, name: str) -> File | None:
         key = self.naming.key(name)
-        if key is None:
-            return None
+        return None if key is None else chunk_file(self.kv, self._stored(key, name))
+
+    def _stored(self, key: int, name: str) -> Chunk:
+        """Where key's bytes are; a name that parses but is not stored is ENOENT."""
         chunk = self.kv.locate(key)
         if chunk is None:
             raise FileNotFoundError(name)
-        return chunk_file(self.kv, chunk)
+        return chunk
 
     def names(self) -> Iterator[str]:
-        for key in self.kv.keys(on_corrupt=_log_corrupt):
+        for key in self.kv.stored_keys():
             name = self.naming.name(key)
             if name is not None:
                 yield name
@@ -171,9 +173,7 @@ class MeshDir(ChunkDir):
         key = self.naming.key(base)
         if key is None or (dot and ext != "index"):
             return None
-        chunk = self.kv.locate(key)
-        if chunk is None:
-            raise FileNotFoundError(name)
+        chunk = self._stored(key, name)
         if dot:
             return chunk_file(self.kv, chunk)
         length = fragment_bytes(self.kv.value(chunk))
@@ -203,10 +203,6 @@ def fragment_bytes(manifest: bytes) -> int | None:
     except ValueError:
         return None
     return total if at == len(manifest) else None
-
-
-def _log_corrupt(error: CorruptChunk) -> None:
-    log.error("listing skips part of a shard: %s", error)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

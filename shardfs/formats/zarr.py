@@ -244,6 +244,10 @@ class ZarrArray:
         shards = sum(1 for _ in self._shard_files(()))
         return {**self.details, "shard files": f"{shards} present of {math.prod(self.shard_grid)}"}
 
+    def _shard_of(self, pos: tuple[int, ...]) -> tuple[int, ...]:
+        """The shard position holding a chunk position, or a prefix of one."""
+        return tuple(p // n for p, n in zip(pos, self.per_shard, strict=False))
+
     def _shard_path(self, shard: tuple[int, ...]) -> str:
         return posixpath.join(self.directory, self.keys.key(shard))
 
@@ -258,8 +262,7 @@ class ZarrArray:
         if not all(p < g for p, g in zip(pos, self.grid, strict=False)):
             raise FileNotFoundError(rel)
         if not whole:
-            shard_prefix = tuple(p // n for p, n in zip(pos, self.per_shard, strict=False))
-            if not any(pos in self._present(path).prefixes for path in self._candidate_shards(shard_prefix)):
+            if not any(pos in self._present(path).prefixes for path in self._candidate_shards(self._shard_of(pos))):
                 raise FileNotFoundError(rel)
             return DIR
         found = self.locate(pos)
@@ -271,8 +274,7 @@ class ZarrArray:
 
     def locate(self, pos: tuple[int, ...]) -> File | None:
         """The inner chunk at global grid position pos, or None if it is absent."""
-        shard = tuple(p // n for p, n in zip(pos, self.per_shard, strict=True))
-        path = self._shard_path(shard)
+        path = self._shard_path(self._shard_of(pos))
         try:
             blob = Blob(path, 0, self.store.size(path), key=(path,))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -351,8 +353,7 @@ class ZarrArray:
 
     def _present_under(self, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
         """Global positions of the stored chunks whose position starts with prefix, shard by shard."""
-        shard_prefix = tuple(p // n for p, n in zip(prefix, self.per_shard, strict=False))
-        for path in self._shard_files(shard_prefix):
+        for path in self._shard_files(self._shard_of(prefix)):
             present = self._present(path).positions
             if prefix:
                 present = present[(present[:, : len(prefix)] == prefix).all(axis=1)]

@@ -7,9 +7,10 @@ alone.
 
 from __future__ import annotations
 
+import logging
 import re
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -20,6 +21,8 @@ from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.store import LocalStore
+
+log = logging.getLogger("shardfs")
 
 UINT64_MAX = (1 << 64) - 1
 LISTING_BLOCK = 1 << 20  # bytes of shard index read at a time while listing
@@ -216,26 +219,27 @@ class ShardedKV:
 
     def shard_files(self) -> Iterator[str]:
         """Paths of the shard files present, streamed from the directory."""
+        return (path for _, path in self._shards())
+
+    def _shards(self) -> Iterator[tuple[int, str]]:
         for entry in self.store.scandir(self.directory):
             shard = self.spec.shard_number(entry.name)
             if shard is not None:
-                yield self.shard_path(shard)
+                yield shard, self.shard_path(shard)
 
-    def keys(self, on_corrupt: Callable[[CorruptChunk], None] | None = None) -> Iterator[int]:
+    def stored_keys(self) -> Iterator[int]:
         """Every stored key, shard by shard, holding one minishard index at a time. Empty minishards are
         skipped by reading the shard index in blocks, and keys that do not hash to where they were
-        found are left out, so that every listed name can be looked up."""
+        found are left out, so that every listed name can be looked up. Corrupt parts are logged and
+        skipped: a listing shows what can be read."""
         index_size = self.spec.shard_index_size
-        for path in self.shard_files():
-            shard = self.spec.shard_number(path.rpartition("/")[2])
+        for shard, path in self._shards():
             try:
-                if self.store.size(path) < index_size:
-                    raise CorruptChunk(path, "*", f"file is shorter than its {index_size}-byte shard index")
+                size = self.store.size(path)
             except FileNotFoundError:
                 continue
-            except CorruptChunk as e:
-                if on_corrupt:
-                    on_corrupt(e)
+            if size < index_size:
+                log.error("listing skips %s: shorter than its %d-byte shard index", path, index_size)
                 continue
             for block in range(0, index_size, LISTING_BLOCK):
                 entries = np.frombuffer(self.store.read(path, block, min(block + LISTING_BLOCK, index_size)), "<u8")
@@ -244,8 +248,7 @@ class ShardedKV:
                     try:
                         index = self.minishard(path, minishard)
                     except CorruptChunk as e:
-                        if on_corrupt:
-                            on_corrupt(e)
+                        log.error("listing skips part of a shard: %s", e)
                         continue
                     for key in index.entries:
                         if self.spec.shard_and_minishard(key) == (shard, minishard):
