@@ -28,10 +28,11 @@ class ByteCache:
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._lru: LRUCache[Hashable, object] = LRUCache(maxsize=budget, getsizeof=_nbytes)
+        self._lru = _CountingLRU(maxsize=budget, getsizeof=_nbytes)
         self._overflow: tuple[Hashable, object] | None = None
         self._making: dict[Hashable, threading.Lock] = {}  # held by the thread making that key
         self._lock = threading.Lock()
+        self.hits = self.misses = 0
 
     def get_or_make(self, key: Hashable, make: Callable[[], T]) -> T:
         """The cached value for key, or make()'s, cached. One thread makes a given key at a time; others
@@ -40,9 +41,11 @@ class ByteCache:
             with self._lock:
                 value = self._cached(key)
                 if value is not _MISSING:
+                    self.hits += 1
                     return value  # type: ignore[return-value]
                 making = self._making.get(key)
                 if making is None:
+                    self.misses += 1
                     gate = self._making[key] = threading.Lock()
                     gate.acquire()
                     break
@@ -60,6 +63,24 @@ class ByteCache:
             with self._lock:
                 self._making.pop(key).release()
 
+    def clear(self) -> None:
+        """Forget every value, for when the source was rewritten in place. Makers under way finish."""
+        with self._lock:
+            self._lru.clear()
+            self._overflow = None
+
+    @property
+    def evictions(self) -> int:
+        return self._lru.evictions
+
+    @property
+    def nbytes(self) -> int:
+        return self._lru.currsize + (_nbytes(self._overflow[1]) if self._overflow else 0)
+
+    @property
+    def entries(self) -> int:
+        return len(self._lru) + (self._overflow is not None)
+
     def _cached(self, key: Hashable) -> object:
         value = self._lru.get(key, _MISSING)
         if value is _MISSING and self._overflow is not None and self._overflow[0] == key:
@@ -68,3 +89,13 @@ class ByteCache:
 
 
 _MISSING = object()
+
+
+class _CountingLRU(LRUCache[Hashable, object]):
+    """cachetools' LRU, counting the entries it evicts to stay within budget."""
+
+    evictions = 0
+
+    def popitem(self) -> tuple[Hashable, object]:
+        self.evictions += 1
+        return super().popitem()

@@ -13,11 +13,13 @@ import itertools
 import logging
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import mfusepy
 
+from shardfs import metrics
 from shardfs.errors import CorruptChunk
 from shardfs.tree import Dir, Node, Owner, Tree
 
@@ -25,6 +27,7 @@ log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
 
 BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
+READDIR = metrics.OPS.labels("readdir")
 
 
 _pinned: set[int] = set()
@@ -40,28 +43,45 @@ def pin_thread_state() -> None:
 
 
 def errors_to_errno(op: F) -> F:
-    """Absent → ENOENT; corrupt data → EIO with a log line naming shard and key; a bug → EIO, logged."""
+    """Absent → ENOENT; corrupt data → EIO with a log line naming shard and key; a bug → EIO, logged.
+    Every call is timed, and every error but ENOENT counted, for `--metrics` and `shardfs stats`."""
+    timer = metrics.OPS.labels(op.__name__)
 
     @functools.wraps(op)
     def wrapper(*args: Any) -> Any:
         pin_thread_state()
+        start = time.perf_counter()
         try:
             return op(*args)
-        except mfusepy.FuseOSError:
+        except mfusepy.FuseOSError as e:
+            _count(e.errno)
             raise
         except CorruptChunk as e:
-            log.error("EIO on %s: %s", args[1], e)
-            raise mfusepy.FuseOSError(errno.EIO) from None
+            metrics.DECODE_ERRORS.inc()
+            log.error("%s", e, extra={"event": "eio", "path": args[1], "shard": e.shard, "key": e.key})
+            raise _error(errno.EIO) from None
         except (FileNotFoundError, NotADirectoryError):
             raise mfusepy.FuseOSError(errno.ENOENT) from None
         except OSError as e:
-            log.error("%s %s: %s", op.__name__, args[1], e)
-            raise mfusepy.FuseOSError(e.errno or errno.EIO) from None
+            log.error("%s: %s", op.__name__, e, extra={"event": "os_error", "path": args[1]})
+            raise _error(e.errno or errno.EIO) from None
         except Exception:
-            log.exception("%s %s failed", op.__name__, args[1])
-            raise mfusepy.FuseOSError(errno.EIO) from None
+            log.exception("%s failed", op.__name__, extra={"event": "bug", "path": args[1]})
+            raise _error(errno.EIO) from None
+        finally:
+            timer.observe(time.perf_counter() - start)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _count(code: int) -> None:
+    if code != errno.ENOENT:
+        metrics.ERRORS.labels(errno.errorcode.get(code, str(code))).inc()
+
+
+def _error(code: int) -> mfusepy.FuseOSError:
+    _count(code)
+    return mfusepy.FuseOSError(code)
 
 
 class DirCursor:
@@ -135,7 +155,9 @@ class ShardFS(mfusepy.Operations):
         node = self._lookup(path)
         if isinstance(node, Dir):
             raise mfusepy.FuseOSError(errno.EISDIR)
-        return node.read(offset, size)
+        data = node.read(offset, size)
+        metrics.SERVED.inc(len(data))
+        return data
 
     @errors_to_errno
     def opendir(self, path: str) -> int:
@@ -148,17 +170,22 @@ class ShardFS(mfusepy.Operations):
     def readdir_with_offset(self, path: str, offset: int, fh: int) -> Iterator[tuple[str, int, int]]:
         """Entries are made while libfuse consumes them, so errors are mapped here, not by the decorator."""
         cursor = self._dirs[fh]
+        start = time.perf_counter()
         try:
             yield from cursor.entries(offset)
         except Exception as e:
-            log.error("EIO listing %s: %s", path, e)
+            log.error("listing failed: %s", e, extra={"event": "eio", "path": path})
             cursor.restart()
-            raise mfusepy.FuseOSError(errno.EIO) from None
+            raise _error(errno.EIO) from None
+        finally:
+            READDIR.observe(time.perf_counter() - start)
 
+    @errors_to_errno
     def releasedir(self, path: str, fh: int) -> int:
         self._dirs.pop(fh, None)
         return 0
 
+    @errors_to_errno
     def statfs(self, path: str) -> dict[str, int]:
         return {"f_bsize": BLOCK_SIZE, "f_frsize": BLOCK_SIZE, "f_namemax": 255}
 

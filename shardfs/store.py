@@ -10,6 +10,8 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
+from shardfs import metrics
+
 
 class LocalStore:
     """Byte ranges from files under one root directory, read with `os.pread`.
@@ -43,7 +45,10 @@ class LocalStore:
     def read(self, path: str, start: int, stop: int) -> bytes:
         """Bytes [start, stop) of a file; shorter only if the file is shorter."""
         f, _ = self._file(path)
-        return os.pread(f.fileno(), stop - start, start) if stop > start else b""
+        data = os.pread(f.fileno(), stop - start, start) if stop > start else b""
+        metrics.STORE_READS.inc()
+        metrics.STORE_BYTES.inc(len(data))
+        return data
 
     def stat(self, path: str) -> os.stat_result:
         """The entry itself, not what a link points to: links are not part of the presented tree."""
