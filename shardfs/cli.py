@@ -1,4 +1,8 @@
-"""`shardfs mount|unmount|ls|cat|info`. Errors are one line on stderr and a non-zero exit."""
+"""`shardfs mount|unmount|stats|ls|cat|info`. Errors are one line on stderr and a non-zero exit.
+
+`shardfs SOURCE MOUNTPOINT -o key=value,...` is `mount` as libfuse's `mount.fuse3` runs it for fstab
+and `mount -t fuse.shardfs`; there, and in `mount`, every option may be given as `-o key=value`.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,12 @@ from pathlib import Path
 from shardfs.daemon import MountError, fuse_options, mount, parse_options, unmount
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.formats import Source, open_source
+from shardfs.service import ServiceError, metrics_address, read_stats
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
+SETTINGS = {"view", "cache_size", "log_level", "log_file", "metrics"}  # mount options that are ours
+IGNORED = {"rw", "defaults", "comment"}  # fstab words that mean nothing to a read-only mount
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -24,7 +31,8 @@ def byte_size(text: str) -> int:
     return int(m.group(1)) * UNITS[m.group(2).upper()]
 
 
-def parser() -> argparse.ArgumentParser:
+def parser() -> tuple[argparse.ArgumentParser, set[str]]:
+    """The parser, and its command names (for telling the mount-helper form apart)."""
     p = argparse.ArgumentParser(prog="shardfs", description="Mount sharded datasets as their unsharded files.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -41,35 +49,70 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached (systemd, debugging)")
     m.add_argument("-o", dest="options", action="append", default=[], help="FUSE options, e.g. allow_other")
     m.add_argument("--log-file", type=Path, help="where the detached daemon logs (default: under the temp dir)")
+    m.add_argument("--metrics", metavar="[HOST:]PORT", help="serve Prometheus metrics (host defaults to 127.0.0.1)")
     u = sub.add_parser("unmount", help="unmount a shardfs mount")
     u.add_argument("mountpoint", type=Path)
+    st = sub.add_parser("stats", help="a live mount's figures: operations, bytes, cache, errors")
+    st.add_argument("mountpoint", type=Path)
     ls = with_source("ls", "list a directory of the virtual tree without mounting")
     ls.add_argument("path", nargs="?", default="")
     cat = with_source("cat", "write a virtual file to stdout without mounting")
     cat.add_argument("path")
     with_source("info", "what was detected: kinds, scales, sharding, shard files")
-    return p
+    return p, set(sub.choices)
+
+
+def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
+    """The mount-helper form made `mount`, and `-o` keys that are shardfs options made those options."""
+    if argv and argv[0] not in commands and not argv[0].startswith("-"):
+        argv = ["mount", *argv]
+    if not argv or argv[0] != "mount":
+        return argv
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if not arg.startswith("-o"):
+            out.append(arg)
+            continue
+        kept = []
+        for item in filter(None, (arg[2:] or next(args, "")).split(",")):
+            key, eq, value = item.partition("=")
+            key = key.replace("-", "_")
+            if key in SETTINGS and eq:
+                out += [f"--{key.replace('_', '-')}", value]
+            elif key == "foreground" and not eq:
+                out.append("--foreground")
+            elif key not in IGNORED and not key.startswith("x-"):
+                kept.append(item)
+        if kept:
+            out += ["-o", ",".join(kept)]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p, commands = parser()
+    args = p.parse_args(mount_argv(sys.argv[1:] if argv is None else argv, commands))
     logging.basicConfig(level=args.__dict__.get("log_level", "WARNING").upper(), format="%(levelname)s: %(message)s")
     try:
         if args.command == "unmount":
             unmount(args.mountpoint.absolute())
             return 0
+        if args.command == "stats":
+            print(stats(args.mountpoint.absolute()), end="")
+            return 0
         source = open_source(args.source, args.cache_size)
         if args.command == "mount":
             options = fuse_options(str(source.path), parse_options(args.options))
             log_file = args.log_file.absolute() if args.log_file else None
-            mount(source, args.mountpoint.absolute(), options, args.foreground, log_file)
+            metrics_at = metrics_address(args.metrics) if args.metrics else None
+            mount(source, args.mountpoint.absolute(), options, args.foreground, log_file, metrics_at)
         elif args.command == "ls":
             ls(source, args.path.strip("/"))
         elif args.command == "cat":
             cat(source, args.path.strip("/"))
         else:
             info(source)
-    except (SourceError, MountError, CorruptChunk) as e:
+    except (SourceError, MountError, CorruptChunk, ServiceError) as e:
         print(f"shardfs: {e}", file=sys.stderr)
         return 2 if isinstance(e, SourceError) else 1
     except FileNotFoundError as e:
@@ -82,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardfs: {args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     return 0
+
+
+def stats(mountpoint: Path) -> str:
+    """The figures without Prometheus' comment lines: one `name{labels} value` a line."""
+    return "".join(line + "\n" for line in read_stats(mountpoint).splitlines() if not line.startswith("#"))
 
 
 def ls(source: Source, path: str) -> None:

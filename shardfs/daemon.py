@@ -15,21 +15,22 @@ import re
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import mfusepy
+from cysystemd.daemon import Notification
 
+from shardfs import metrics, service
 from shardfs.formats import Source
 from shardfs.fuse_adapter import ShardFS
+from shardfs.logs import log_to
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
 
 ONE_DAY = 86400
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class MountError(Exception):
@@ -85,7 +86,7 @@ def fusermount(lazy: bool, mountpoint: Path) -> subprocess.CompletedProcess[str]
 
 def prepare_mountpoint(mountpoint: Path) -> None:
     if is_stale(mountpoint):
-        log.warning("clearing the stale mount at %s", mountpoint)
+        log.warning("clearing the stale mount at %s", mountpoint, extra={"event": "stale_mount"})
         cleared = fusermount(True, mountpoint)
         if cleared.returncode != 0 or is_stale(mountpoint):
             raise MountError(f"{mountpoint}: a dead mount is there and could not be cleared ({cleared.stderr.strip()})")
@@ -121,6 +122,7 @@ def serve(
     mountpoint: Path,
     options: dict[str, str | bool],
     on_ready: Callable[[], None] | None = None,
+    metrics_at: tuple[str, int] | None = None,
 ) -> None:
     """Run the multithreaded FUSE loop until unmounted or signalled; libfuse unmounts on SIGTERM/SIGINT.
 
@@ -131,27 +133,42 @@ def serve(
     def ready() -> None:
         nonlocal live
         live = True
-        log.info("mounted %s at %s", options.get("fsname"), mountpoint)
+        log.info("mounted %s at %s", options.get("fsname"), mountpoint, extra={"event": "mounted"})
+        service.tell_systemd(Notification.READY)
         if on_ready is not None:
             on_ready()
 
+    service.handle_signals(tree)  # first: every thread started after it inherits the blocked signals
+    try:
+        service.serve_stats(mountpoint)
+        if metrics_at is not None:
+            service.serve_metrics(metrics_at)
+    except service.ServiceError as e:
+        raise MountError(str(e)) from None
+    metrics.watch_cache(tree.cache)
     try:
         mfusepy.FUSE(ShardFS(tree, mtime_ns, ready), str(mountpoint), foreground=True, nothreads=False, **options)
     except RuntimeError:
         if not live:
             raise
-    log.info("unmounted %s", mountpoint)
+    service.tell_systemd(Notification.STOPPING)
+    log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
 
 
 def mount(
-    source: Source, mountpoint: Path, options: dict[str, str | bool], foreground: bool, log_file: Path | None
+    source: Source,
+    mountpoint: Path,
+    options: dict[str, str | bool],
+    foreground: bool,
+    log_file: Path | None,
+    metrics_at: tuple[str, int] | None = None,
 ) -> None:
     """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise."""
     prepare_mountpoint(mountpoint)
     mtime_ns = os.stat(source.path).st_mtime_ns
     if foreground:
-        _log_to(log_file)
-        serve(source.tree, mtime_ns, mountpoint, options)
+        log_to(log_file)
+        serve(source.tree, mtime_ns, mountpoint, options, metrics_at=metrics_at)
         return
     log_file = log_file or default_log_file(mountpoint)
     ready_r, ready_w = os.pipe()
@@ -169,16 +186,16 @@ def mount(
     os.closerange(3, ready_w)  # nothing the caller left open keeps its pipes or files alive
     os.closerange(ready_w + 1, os.sysconf("SC_OPEN_MAX"))
     _detach_stdio(log_file)
-    _log_to(log_file)
+    log_to(log_file)
 
     def ready() -> None:
         os.write(ready_w, b"ready")
         os.close(ready_w)
 
     try:
-        serve(source.tree, mtime_ns, mountpoint, options, on_ready=ready)
+        serve(source.tree, mtime_ns, mountpoint, options, ready, metrics_at)
     except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
-        log.exception("mount failed")
+        log.exception("mount failed", extra={"event": "mount_failed"})
         with contextlib.suppress(OSError):
             os.write(ready_w, f"{mountpoint}: mount failed ({e or type(e).__name__}); see {log_file}".encode())
         os._exit(1)
@@ -193,9 +210,3 @@ def _detach_stdio(log_file: Path) -> None:
     os.dup2(log_fd, 2)  # libfuse's own messages land in the log too
     os.close(null)
     os.close(log_fd)
-
-
-def _log_to(log_file: Path | None) -> None:
-    handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
-    logging.getLogger().handlers[:] = [handler]

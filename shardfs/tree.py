@@ -139,6 +139,13 @@ class Tree:
         self._last = (path, node)
         return node
 
+    def drop_caches(self) -> None:
+        """Forget looked-up nodes, indexes, decoded chunks and open shard files, so a source rewritten
+        in place is read afresh. Metadata read at mount time (`info`, `zarr.json`) stays as it was."""
+        self.cache.clear()
+        self._last = (None, DIR)
+        self.store.forget()
+
     def _lookup(self, path: str) -> Node:
         found = self.files.get(path)
         if found is not None:

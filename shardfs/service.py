@@ -1,0 +1,115 @@
+"""What a long-lived mount needs besides FUSE: systemd readiness, signals, and its figures for operators.
+
+- systemd: `READY=1` once the mount is live and `STOPPING=1` on the way out (sd_notify, via cysystemd).
+- SIGHUP drops every cache, for a source rewritten in place; SIGUSR1 toggles DEBUG logging.
+- `shardfs stats MOUNTPOINT` reads the figures from an abstract Unix socket named after the mountpoint:
+  nothing to clean up after a crash, no file in the mount for `cp -r` to copy, and any local user may
+  read them (they are counts, nothing of the data).
+- `--metrics HOST:PORT` serves the same figures to Prometheus.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+
+import prometheus_client
+from cysystemd.daemon import Notification, notify
+
+from shardfs import metrics
+from shardfs.tree import Tree
+
+log = logging.getLogger("shardfs")
+
+SIGNALS = {signal.SIGHUP, signal.SIGUSR1}
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+
+class ServiceError(Exception):
+    """A service part could not start; the message says why in one sentence."""
+
+
+def tell_systemd(state: Notification) -> None:
+    """sd_notify, when run by systemd as Type=notify; otherwise nothing."""
+    if os.environ.get("NOTIFY_SOCKET"):
+        error = notify(state, return_exceptions=True)
+        if error is not None:
+            log.warning("could not tell systemd %s: %s", state.name, error)
+
+
+def handle_signals(tree: Tree) -> None:
+    """Take SIGHUP and SIGUSR1 in one thread of ours. Call before any other thread starts: threads
+    inherit the blocked mask, so libfuse's own SIGHUP handler (which would end the mount) never runs."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    base_level = logging.getLogger().level
+
+    def wait() -> None:
+        while True:
+            if signal.sigwait(SIGNALS) == signal.SIGHUP:
+                tree.drop_caches()
+                log.warning("SIGHUP: caches dropped", extra={"event": "caches_dropped"})
+            else:
+                root = logging.getLogger()
+                level = base_level if root.level == logging.DEBUG else logging.DEBUG
+                root.setLevel(level)
+                log.warning("SIGUSR1: log level %s", logging.getLevelName(level), extra={"event": "log_level"})
+
+    threading.Thread(target=wait, name="shardfs-signals", daemon=True).start()
+
+
+def stats_address(mountpoint: Path) -> bytes:
+    """The abstract socket name of the daemon serving mountpoint (hashed: names are limited to 107 bytes)."""
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:32]
+    return b"\0shardfs-stats-" + digest.encode()
+
+
+def serve_stats(mountpoint: Path) -> None:
+    """Answer every connection with the figures, in Prometheus' text format, then close it."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        server.bind(stats_address(mountpoint))
+    except OSError as e:
+        server.close()
+        raise ServiceError(f"{mountpoint}: another shardfs daemon already serves stats for it ({e.strerror})") from e
+    server.listen(8)
+
+    def answer() -> None:
+        while True:
+            conn, _ = server.accept()
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(metrics.text())
+
+    threading.Thread(target=answer, name="shardfs-stats", daemon=True).start()
+
+
+def read_stats(mountpoint: Path) -> str:
+    """The figures of the daemon serving mountpoint."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(stats_address(mountpoint))
+        except OSError:
+            raise ServiceError(f"{mountpoint}: no shardfs daemon serves this mountpoint") from None
+        return b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode()
+
+
+def metrics_address(text: str) -> tuple[str, int]:
+    """'9477' or ':9477' → localhost; 'HOST:PORT' and '[v6]:PORT' as given."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]") or DEFAULT_METRICS_HOST
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ServiceError(f"--metrics {text!r}: expected PORT or HOST:PORT")
+    return host, int(port)
+
+
+def serve_metrics(address: tuple[str, int]) -> None:
+    try:
+        prometheus_client.start_http_server(address[1], address[0], registry=metrics.REGISTRY)
+    except OSError as e:
+        raise ServiceError(f"--metrics {address[0]}:{address[1]}: cannot listen ({e.strerror})") from e
+    log.info("metrics at http://%s:%d/metrics", *address)

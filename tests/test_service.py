@@ -1,0 +1,254 @@
+"""Running as a service, through the real tools: systemd's unit checker and notify protocol, fstab through
+`mount` and `mount.fuse3`, Prometheus scrapes, `shardfs stats`, signals and the structured log."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from shardfs.cli import mount_argv, parser
+from tests import peers
+from tests.conftest import assert_eio, shardfs
+from tests.test_daemon import daemon_of, wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+UNIT = REPO / "systemd" / "shardfs@.service"
+INSTALLED = "/usr/local/bin/shardfs"  # where the unit expects the console script
+CONSOLE_SCRIPT = Path(sys.prefix, "bin", "shardfs")
+# Keys spread predictably: even keys in 0.shard, odd keys in 1.shard.
+SHARDING = peers.sharding_spec(preshift_bits=0, hash="identity", minishard_bits=0, shard_bits=1)
+
+
+def values(seed: int) -> dict[int, bytes]:
+    rng = np.random.default_rng(seed)
+    return {k: rng.bytes(int(rng.integers(1, 400))) for k in range(200)}
+
+
+@pytest.fixture(scope="module")
+def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes]]:
+    root = tmp_path_factory.mktemp("service") / "kv"
+    return root, peers.write_tensorstore_kv(root, values(0), sharding=SHARDING)
+
+
+def scrape(text: str) -> dict[tuple[str, frozenset], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- systemd ---------------------------------------------------------------------------------------
+
+
+def test_systemd_unit_verifies(tmp_path) -> None:
+    unit = UNIT.read_text()
+    assert INSTALLED in unit
+    (tmp_path / UNIT.name).write_text(unit.replace(INSTALLED, str(CONSOLE_SCRIPT)))
+    done = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(tmp_path / "shardfs@fafb.service")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and not done.stderr.strip(), done.stderr
+
+
+def exec_start(conf: dict[str, str]) -> list[str]:
+    """The unit's ExecStart as systemd runs it: ${VAR} from the EnvironmentFile, each one word."""
+    line = next(ln for ln in UNIT.read_text().splitlines() if ln.startswith("ExecStart="))
+    words = shlex.split(line.removeprefix("ExecStart="))
+    words = [conf.get(w[2:-1], "") if w.startswith("${") else w for w in words]
+    assert words[0] == INSTALLED
+    return [str(CONSOLE_SCRIPT), *words[1:]]
+
+
+def test_type_notify_ready_once_live_and_stopping_on_sigterm(kv, tmp_path) -> None:
+    source, stored = kv
+    point = tmp_path / "m"
+    point.mkdir()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(str(tmp_path / "notify"))
+        notify.settimeout(60)
+        conf = {"SOURCE": str(source), "MOUNTPOINT": str(point), "OPTIONS": "cache_size=8M"}
+        env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify")}
+        proc = subprocess.Popen(exec_start(conf), env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            message = notify.recv(4096).decode()
+            live_when_ready = os.path.ismount(point)
+            assert "READY=1" in message.splitlines() and live_when_ready
+            assert (point / "7").read_bytes() == stored[7]
+            proc.send_signal(signal.SIGTERM)
+            assert "STOPPING=1" in notify.recv(4096).decode().splitlines()
+            assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+            assert not os.path.ismount(point)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def test_example_config_options_become_cli_options() -> None:
+    conf = dict(
+        line.split("=", 1)
+        for line in (REPO / "systemd" / "example.conf").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+    p, commands = parser()
+    args = p.parse_args(mount_argv([conf["SOURCE"], conf["MOUNTPOINT"], "-o", conf["OPTIONS"]], commands))
+    assert args.command == "mount" and args.cache_size == 1 << 30 and args.metrics == "127.0.0.1:9477"
+    assert args.options == ["allow_other"]
+
+
+# --- fstab and mount -t, through util-linux mount and libfuse's mount.fuse3 -------------------------
+
+
+@pytest.fixture
+def helper_on_default_path() -> Iterator[None]:
+    """`shardfs` where mount.fuse3's shell finds it with no PATH set, as a system install puts it."""
+    link = Path("/usr/local/sbin/shardfs")
+    if link.is_symlink() or link.exists():
+        assert link.resolve() == CONSOLE_SCRIPT.resolve(), f"{link} is another shardfs; move it to run this test"
+        yield
+        return
+    link.symlink_to(CONSOLE_SCRIPT)
+    try:
+        yield
+    finally:
+        link.unlink()
+
+
+@pytest.mark.parametrize("how", ["fstab", "mount -t"])
+def test_mount_helper_without_home_or_path(kv, tmp_path, helper_on_default_path, how) -> None:
+    source, stored = kv
+    point, log = tmp_path / "m", tmp_path / "daemon.log"
+    point.mkdir()
+    options = f"ro,allow_other,view=native,cache_size=3M,log_file={log},log_level=info,_netdev,nofail"
+    if how == "fstab":
+        (tmp_path / "fstab").write_text(f"{source} {point} fuse.shardfs {options} 0 0\n")
+        command = ["/usr/bin/mount", "-T", str(tmp_path / "fstab"), str(point)]
+    else:
+        command = ["/usr/bin/mount", "-t", "fuse.shardfs", str(source), str(point), "-o", options]
+    done = subprocess.run(command, env={}, capture_output=True, text=True, timeout=60)  # no HOME, no PATH
+    try:
+        assert done.returncode == 0, done.stderr
+        assert os.path.ismount(point)
+        assert all((point / str(k)).read_bytes() == stored[k] for k in (0, 1, 42, 199))
+        figures = scrape(shardfs("stats", point).stdout)
+        assert figures["shardfs_cache_budget_bytes", frozenset()] == 3 << 20  # cache_size=3M reached us
+        assert "level=info event=mounted" in log.read_text()  # and so did log_file and log_level
+        line = next(ln for ln in Path("/proc/mounts").read_text().splitlines() if f" {point} " in ln)
+        assert line.split()[2] == "fuse.shardfs" and {"ro", "allow_other"} <= set(line.split()[3].split(","))
+    finally:
+        subprocess.run(["/usr/bin/umount", str(point)], env={}, capture_output=True, timeout=60)
+    assert not os.path.ismount(point)
+
+
+# --- metrics and stats -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def half_broken(kv, tmp_path_factory) -> Path:
+    """The kv with 1.shard cut short: odd keys are EIO, even keys healthy."""
+    root = tmp_path_factory.mktemp("broken") / "kv"
+    shutil.copytree(kv[0], root)
+    (root / "1.shard").write_bytes((root / "1.shard").read_bytes()[:40])
+    return root
+
+
+def test_metrics_and_stats_count_what_was_read(kv, half_broken, mount) -> None:
+    stored = kv[1]
+    port = free_port()
+    m = mount(half_broken, "--metrics", f"{port}")  # localhost by default
+
+    def metrics() -> dict[tuple[str, frozenset], float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            return scrape(reply.read().decode())
+
+    before = metrics()
+    even = list(range(0, 60, 2))
+    served = sum(len((m.path / str(k)).read_bytes()) for k in even)
+    assert served == sum(len(stored[k]) for k in even)
+    assert_eio(m.path / "13")
+    after = metrics()
+
+    def moved(name: str, **labels: str) -> float:
+        key = (name, frozenset(labels.items()))
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert moved("shardfs_served_bytes_total") == served
+    assert len(even) <= moved("shardfs_fuse_op_seconds_count", op="read") <= 2 * len(even)
+    assert moved("shardfs_fuse_op_seconds_count", op="getattr") >= len(even) + 1
+    assert moved("shardfs_store_reads_total") >= len(even)
+    assert moved("shardfs_store_read_bytes_total") >= served
+    assert moved("shardfs_cache_misses_total") >= len(even)
+    assert moved("shardfs_decode_errors_total") >= 1
+    assert moved("shardfs_errors_total", errno="EIO") == moved("shardfs_decode_errors_total")
+    assert after["shardfs_cache_bytes", frozenset()] > 0
+
+    line = next(ln for ln in m.log_text().splitlines() if "event=eio" in ln)
+    assert "level=error" in line and "shard=1.shard" in line and "key=13" in line and "path=/13" in line
+
+    stats = scrape(shardfs("stats", m.path).stdout)  # the same figures, without Prometheus
+    assert stats["shardfs_served_bytes_total", frozenset()] == after["shardfs_served_bytes_total", frozenset()]
+
+
+def test_stats_without_a_daemon_says_so(tmp_path) -> None:
+    done = shardfs("stats", tmp_path, check=False)
+    assert done.returncode == 1 and "no shardfs daemon serves this mountpoint" in done.stderr
+
+
+def test_metrics_port_in_use_refuses_the_mount(kv, tmp_path) -> None:
+    point = tmp_path / "m"
+    point.mkdir()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        done = shardfs("mount", kv[0], point, "--metrics", str(busy.getsockname()[1]), check=False)
+    assert done.returncode == 1 and "cannot listen" in done.stderr and not os.path.ismount(point)
+
+
+# --- signals ---------------------------------------------------------------------------------------
+
+
+def test_sighup_drops_caches_so_a_rewritten_source_is_read_afresh(kv, tmp_path, mount) -> None:
+    source = tmp_path / "kv"
+    shutil.copytree(kv[0], source)
+    rewritten = peers.write_tensorstore_kv(tmp_path / "new", values(1), sharding=SHARDING)
+    m = mount(source)
+    assert (m.path / "2").read_bytes() == kv[1][2]  # shard and minishard indexes now cached
+    for shard in ("0.shard", "1.shard"):  # rewritten in place: same files, new bytes
+        (source / shard).write_bytes((tmp_path / "new" / shard).read_bytes())
+    daemon = daemon_of(m.path)
+    daemon.send_signal(signal.SIGHUP)
+    wait_until(lambda: "event=caches_dropped" in m.log_text())
+    assert scrape(shardfs("stats", m.path).stdout)["shardfs_cache_entries", frozenset()] == 0
+    assert (m.path / "4").read_bytes() == rewritten[4]  # not yet looked up, so read afresh
+    assert daemon.is_running() and os.path.ismount(m.path)
+
+
+def test_sigusr1_toggles_debug_logging(kv, mount) -> None:
+    m = mount(kv[0])
+    daemon = daemon_of(m.path)
+    daemon.send_signal(signal.SIGUSR1)
+    wait_until(lambda: 'msg="SIGUSR1: log level DEBUG"' in m.log_text())
+    daemon.send_signal(signal.SIGUSR1)
+    wait_until(lambda: 'msg="SIGUSR1: log level WARNING"' in m.log_text())
+    assert daemon.is_running() and (m.path / "3").read_bytes() == kv[1][3]
