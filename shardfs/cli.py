@@ -1,4 +1,4 @@
-"""`shardfs mount|unmount|stats|ls|cat|info`. Errors are one line on stderr and a non-zero exit.
+"""`shardfs mount|unmount|stats|ls|cat|info|check`. Errors are one line on stderr and a non-zero exit.
 
 `shardfs SOURCE MOUNTPOINT -o key=value,...` is `mount` as libfuse's `mount.fuse3` runs it for fstab
 and `mount -t fuse.shardfs`; there, and in `mount`, every option may be given as `-o key=value`.
@@ -12,6 +12,7 @@ import re
 import sys
 from pathlib import Path
 
+from shardfs.check import check
 from shardfs.daemon import MountError, fuse_options, mount, parse_options, unmount
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.formats import Source, open_source
@@ -59,6 +60,7 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     cat = with_source("cat", "write a virtual file to stdout without mounting")
     cat.add_argument("path")
     with_source("info", "what was detected: kinds, scales, sharding, shard files")
+    with_source("check", "read every shard index, verify checksums, count chunks; non-zero exit if any is corrupt")
     return p, set(sub.choices)
 
 
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             ls(source, args.path.strip("/"))
         elif args.command == "cat":
             cat(source, args.path.strip("/"))
+        elif args.command == "check":
+            return check(source, progress=sys.stderr.isatty())
         else:
             info(source)
     except (SourceError, MountError, CorruptChunk, ServiceError) as e:

@@ -12,3 +12,9 @@ class CorruptChunk(Exception):
         super().__init__(f"corrupt data in shard {shard!r} for key {key}: {why}")
         self.shard = shard
         self.key = key
+        self.why = why
+
+
+def fields(e: CorruptChunk, event: str = "listing_skip") -> dict[str, object]:
+    """The structured log fields of a corrupt chunk (see shardfs/logs.py)."""
+    return {"event": event, "shard": e.shard, "key": e.key}

@@ -22,7 +22,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.codecs import UNDO
-from shardfs.errors import CorruptChunk, SourceError
+from shardfs.errors import CorruptChunk, SourceError, fields
 from shardfs.formats.plan import Plan
 from shardfs.shards.zarr import IndexLayout
 from shardfs.store import LocalStore
@@ -405,35 +405,48 @@ class ZarrArray:
                 yield path
 
     def _present(self, path: str) -> Present:
-        """The inner chunks stored in one shard file, inside the array: computed once per shard,
-        vectorized through every nesting level, and cached."""
+        """The inner chunks stored in one shard file, for listing: computed once per shard and cached; a
+        corrupt shard is logged and lists as empty."""
 
         def make() -> Present:
-            shard = self.keys.parse(path[len(self.directory) :].lstrip("/"))
             try:
-                if shard is None or not shard[1]:
-                    raise FileNotFoundError(path)
-                blob = Blob(path, 0, self.store.size(path), key=(path,))
-                origin = np.multiply(shard[0], self.levels[0].shape, dtype=np.int64)
-                return Present.of(self._walk(blob, 0, origin))
-            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-                pass
+                return Present.of(self.stored(path))
             except CorruptChunk as e:
-                log.error("listing skips a shard: %s", e)
+                log.error("listing skips a shard: %s", e, extra=fields(e))
             return Present.of(np.empty((0, len(self.shape)), np.int64))
 
         return self.cache.get_or_make(("zarr-present", path), make)
 
-    def _walk(self, blob: Blob, depth: int, origin: np.ndarray) -> np.ndarray:
+    def stored(self, path: str, verify: bool = False) -> np.ndarray:
+        """Global positions (n, ndim) of the inner chunks stored in one shard file inside the array (none
+        if it is absent), vectorized through every nesting level. CorruptChunk if an index cannot be read
+        or, with verify (`shardfs check`), if any innermost entry lies outside its blob: listing shows
+        such a chunk and its read fails, as precomputed does."""
+        shard = self.keys.parse(path[len(self.directory) :].lstrip("/"))
+        try:
+            if shard is None or not shard[1]:
+                raise FileNotFoundError(path)
+            blob = Blob(path, 0, self.store.size(path), key=(path,))
+            origin = np.multiply(shard[0], self.levels[0].shape, dtype=np.int64)
+            return self._walk(blob, 0, origin, verify)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return np.empty((0, len(self.shape)), np.int64)
+
+    def _walk(self, blob: Blob, depth: int, origin: np.ndarray, verify: bool) -> np.ndarray:
         level = self.levels[depth]
         blob = self._decoded(blob, level, depth)
         numbers, within, rows = level.layout.present(self._index(blob, level, depth))
         starts = origin + within * np.asarray(level.inner, dtype=np.int64)  # element coordinates of each chunk
         if depth + 1 == len(self.levels):
+            if verify:
+                size = np.uint64(blob.stop - blob.start)
+                offsets, sizes = rows[:, 0], rows[:, 1]
+                for i in np.flatnonzero((sizes > size) | (offsets > size - np.minimum(sizes, size)))[:1].tolist():
+                    self._sub(blob, numbers[i], *rows[i].tolist(), path_key(starts[i]))  # raises CorruptChunk
             pos = starts // np.asarray(self.inner, dtype=np.int64)
             return pos[(pos < np.asarray(self.grid, dtype=np.int64)).all(axis=1)]
         below = [
-            self._walk(self._sub(blob, number, offset, nbytes, path_key(start)), depth + 1, start)
+            self._walk(self._sub(blob, number, offset, nbytes, path_key(start)), depth + 1, start, verify)
             for number, start, (offset, nbytes) in zip(numbers.tolist(), starts, rows.tolist(), strict=True)
         ]
         return np.concatenate(below) if below else np.empty((0, len(self.shape)), np.int64)

@@ -19,7 +19,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
-from shardfs.errors import CorruptChunk, SourceError
+from shardfs.errors import CorruptChunk, SourceError, fields
 from shardfs.store import LocalStore
 
 log = logging.getLogger("shardfs")
@@ -227,29 +227,40 @@ class ShardedKV:
             if shard is not None:
                 yield shard, self.shard_path(shard)
 
-    def stored_keys(self) -> Iterator[int]:
-        """Every stored key, shard by shard, holding one minishard index at a time. Empty minishards are
-        skipped by reading the shard index in blocks, and keys that do not hash to where they were
-        found are left out, so that every listed name can be looked up. Corrupt parts are logged and
-        skipped: a listing shows what can be read."""
+    def minishards(self, path: str) -> Iterator[tuple[int, MinishardIndex | CorruptChunk]]:
+        """Each non-empty minishard of one shard file with its index, or the CorruptChunk that keeps it from
+        being read: listing skips those, `shardfs check` reports them. The shard index is read in blocks,
+        so empty minishards cost nothing. A missing file yields nothing; one shorter than its shard index
+        raises CorruptChunk."""
         index_size = self.spec.shard_index_size
+        try:
+            size = self.store.size(path)
+        except FileNotFoundError:
+            return
+        if size < index_size:
+            raise CorruptChunk(path, "?", f"file is {size} bytes, shorter than its {index_size}-byte shard index")
+        for block in range(0, index_size, LISTING_BLOCK):
+            entries = np.frombuffer(self.store.read(path, block, min(block + LISTING_BLOCK, index_size)), "<u8")
+            for i in np.flatnonzero(entries[1::2] != entries[0::2]).tolist():
+                minishard = block // 16 + i
+                try:
+                    index: MinishardIndex | CorruptChunk = self.minishard(path, minishard)
+                except CorruptChunk as e:
+                    index = e
+                yield minishard, index
+
+    def stored_keys(self) -> Iterator[int]:
+        """Every stored key, shard by shard, holding one minishard index at a time. Keys that do not hash
+        to where they were found are left out, so that every listed name can be looked up. Corrupt parts
+        are logged and skipped: a listing shows what can be read."""
         for shard, path in self._shards():
             try:
-                size = self.store.size(path)
-            except FileNotFoundError:
-                continue
-            if size < index_size:
-                log.error("listing skips %s: shorter than its %d-byte shard index", path, index_size)
-                continue
-            for block in range(0, index_size, LISTING_BLOCK):
-                entries = np.frombuffer(self.store.read(path, block, min(block + LISTING_BLOCK, index_size)), "<u8")
-                for i in np.flatnonzero(entries[1::2] != entries[0::2]).tolist():
-                    minishard = block // 16 + i
-                    try:
-                        index = self.minishard(path, minishard)
-                    except CorruptChunk as e:
-                        log.error("listing skips part of a shard: %s", e)
+                for minishard, index in self.minishards(path):
+                    if isinstance(index, CorruptChunk):
+                        log.error("listing skips part of a shard: %s", index, extra=fields(index))
                         continue
                     for key in index.entries:
                         if self.spec.shard_and_minishard(key) == (shard, minishard):
                             yield key
+            except CorruptChunk as e:
+                log.error("listing skips a shard: %s", e, extra=fields(e))
