@@ -81,6 +81,7 @@ def write_dataset(root: Path, chunks: int) -> None:
 
 def serve_noop(listing: Path, mountpoint: Path) -> None:
     """Serve the names and sizes in listing (one 'relpath size' per line) with the real adapter."""
+    from shardfs.cache import ByteCache
     from shardfs.daemon import fuse_options, serve
     from shardfs.tree import DIR, BytesFile, Owner
 
@@ -97,6 +98,10 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
 
     class NoopTree:
         owner = Owner(os.getuid(), os.getgid(), 0o555)
+        cache = ByteCache(0)  # reported by the metrics like shardfs', never used
+
+        def drop_caches(self) -> None:
+            """Nothing is cached (SIGHUP)."""
 
         def lookup(self, path: str) -> object:
             if path in dirs:
