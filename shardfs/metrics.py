@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from shardfs.cache import ByteCache
 
+disable_created_metrics()  # a `_created` timestamp per series is noise in `shardfs stats`
 REGISTRY = CollectorRegistry()
 
 # From a warm getattr (~10 µs) to a cold decode of a big chunk on a slow disk (seconds).
