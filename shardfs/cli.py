@@ -78,13 +78,13 @@ def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
             continue
         kept = []
         for item in filter(None, (arg[2:] or next(args, "")).split(",")):
-            key, eq, value = item.partition("=")
-            key = key.replace("-", "_")
+            word, eq, value = item.partition("=")
+            key = word.replace("-", "_")
             if key in SETTINGS and eq:
                 out += [f"--{key.replace('_', '-')}", value]
             elif key == "foreground" and not eq:
                 out.append("--foreground")
-            elif key not in IGNORED and not key.startswith("x-"):
+            elif key not in IGNORED and not word.startswith("x-"):
                 kept.append(item)
         if kept:
             out += ["-o", ",".join(kept)]
