@@ -14,7 +14,6 @@ class CorruptChunk(Exception):
         self.key = key
         self.why = why
 
-
-def fields(e: CorruptChunk, event: str = "listing_skip") -> dict[str, object]:
-    """The structured log fields of a corrupt chunk (see shardfs/logs.py)."""
-    return {"event": event, "shard": e.shard, "key": e.key}
+    def log_fields(self, event: str) -> dict[str, object]:
+        """The structured log fields of this chunk (see shardfs/logs.py)."""
+        return {"event": event, "shard": self.shard, "key": self.key}

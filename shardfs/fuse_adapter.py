@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import mfusepy
 
 from shardfs import metrics
-from shardfs.errors import CorruptChunk, fields
+from shardfs.errors import CorruptChunk
 from shardfs.tree import Dir, Node, Owner, Tree
 
 log = logging.getLogger("shardfs")
@@ -58,7 +58,7 @@ def errors_to_errno(op: F) -> F:
             raise
         except CorruptChunk as e:
             metrics.DECODE_ERRORS.inc()
-            log.error("%s", e, extra={**fields(e, "eio"), "path": args[1]})
+            log.error("%s", e, extra={**e.log_fields("eio"), "path": args[1]})
             raise _error(errno.EIO) from None
         except (FileNotFoundError, NotADirectoryError):
             raise mfusepy.FuseOSError(errno.ENOENT) from None

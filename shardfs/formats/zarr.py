@@ -22,7 +22,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.codecs import UNDO
-from shardfs.errors import CorruptChunk, SourceError, fields
+from shardfs.errors import CorruptChunk, SourceError
 from shardfs.formats.plan import Plan
 from shardfs.shards.zarr import IndexLayout
 from shardfs.store import LocalStore
@@ -412,7 +412,7 @@ class ZarrArray:
             try:
                 return Present.of(self.stored(path))
             except CorruptChunk as e:
-                log.error("listing skips a shard: %s", e, extra=fields(e))
+                log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
             return Present.of(np.empty((0, len(self.shape)), np.int64))
 
         return self.cache.get_or_make(("zarr-present", path), make)

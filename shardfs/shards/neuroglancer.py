@@ -19,7 +19,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
-from shardfs.errors import CorruptChunk, SourceError, fields
+from shardfs.errors import CorruptChunk, SourceError
 from shardfs.store import LocalStore
 
 log = logging.getLogger("shardfs")
@@ -257,10 +257,10 @@ class ShardedKV:
             try:
                 for minishard, index in self.minishards(path):
                     if isinstance(index, CorruptChunk):
-                        log.error("listing skips part of a shard: %s", index, extra=fields(index))
+                        log.error("listing skips part of a shard: %s", index, extra=index.log_fields("listing_skip"))
                         continue
                     for key in index.entries:
                         if self.spec.shard_and_minishard(key) == (shard, minishard):
                             yield key
             except CorruptChunk as e:
-                log.error("listing skips a shard: %s", e, extra=fields(e))
+                log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
