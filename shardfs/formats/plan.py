@@ -1,12 +1,46 @@
-"""What a source format contributes to a mount: rewritten metadata files and computed directories."""
+"""What a source format contributes to a mount: rewritten metadata files and computed directories, and,
+for the cross-format views, its groups and arrays described in one common shape."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.store import LocalStore
-from shardfs.tree import Provider
+from shardfs.tree import File, Provider
+
+
+@dataclass(frozen=True)
+class Compressor:
+    """The one bytes→bytes codec over a chunk's raw bytes, in zarr v3 terms: gzip, zstd or blosc."""
+
+    name: str
+    config: dict[str, Any]
+
+
+@dataclass
+class Array:
+    """One array of a source, as the views need it. Everything is in C order, slowest dimension first;
+    chunk positions are on the chunk grid. Views copy stored bytes when they fit and decode them when not."""
+
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: np.dtype  # with the byte order of the stored bytes
+    fill_value: Any  # a Python number or bool
+    attributes: dict[str, Any]
+    # Stored chunk bytes are the raw bytes, compressed by this (None: raw). If opaque, they are neither,
+    # and only decode() can read them (jpeg, crc32c, chained codecs, ...).
+    compressor: Compressor | None
+    opaque: bool
+    clipped: bool  # edge chunks are stored clipped to the array (precomputed), not whole (zarr)
+    chunk: Callable[[tuple[int, ...]], File | None]  # a stored chunk, or None if it was never written
+    stored: Callable[[], Iterable[tuple[int, ...]]]  # positions of the stored chunks, streamed
+    decode: Callable[[bytes, tuple[int, ...]], np.ndarray]  # stored bytes, stored shape → C-order array
+    multiscale: dict[str, Any] = field(default_factory=dict)  # precomputed: resolution and voxel_offset (x, y, z)
 
 
 @dataclass
@@ -16,3 +50,6 @@ class Plan:
     files: dict[str, bytes] = field(default_factory=dict)  # metadata rewritten without sharding
     providers: dict[str, Provider] = field(default_factory=dict)  # sharded directories, by path
     kinds: list[str] = field(default_factory=list)  # what was found, for `shardfs info`
+    groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # attributes of each group, by path
+    arrays: dict[str, Array] = field(default_factory=dict)  # every array the views can show, by path
+    format: str = ""  # "zarr" or "precomputed": what the views translate from

@@ -9,15 +9,17 @@ import logging
 import math
 import posixpath
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from shardfs.cache import ByteCache
+from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.formats.plan import Plan
+from shardfs.formats.encodings import decode_precomputed
+from shardfs.formats.plan import Array, Plan
 from shardfs.shards.morton import MortonCode
 from shardfs.shards.neuroglancer import UINT64_MAX, Chunk, ShardedKV, ShardingSpec
 from shardfs.store import LocalStore
@@ -85,7 +87,7 @@ class VolumeChunks:
         self._dims = list(zip(chunk, offset, size, strict=True))
         self.morton = MortonCode([-(-s // c) for s, c in zip(size, chunk, strict=True)])
 
-    def _name(self, pos: tuple[int, ...]) -> str:
+    def name_of(self, pos: Sequence[int]) -> str:
         return "_".join(
             f"{o + p * c}-{o + min((p + 1) * c, s)}"
             for p, c, o, s in zip(pos, self.chunk, self.offset, self.size, strict=True)
@@ -106,7 +108,7 @@ class VolumeChunks:
 
     def name(self, key: int) -> str | None:
         pos = self.morton.decode(key)
-        return None if pos is None else self._name(pos)
+        return None if pos is None else self.name_of(pos)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -206,6 +208,78 @@ def fragment_bytes(manifest: bytes) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Volume scales as arrays, for the other views
+
+
+@dataclass
+class VolumeScale:
+    """A volume scale as an array in C order: (z, y, x), or (c, z, y, x) with several channels. That is
+    the memory order of a raw precomputed chunk, so raw chunks need no reordering anywhere."""
+
+    store: LocalStore
+    directory: str
+    naming: VolumeChunks
+    kv: ShardedKV | None  # None: an unsharded scale, one source file per chunk
+    data_type: str
+    channels: int
+    scale: dict[str, Any]
+
+    def array(self, resolution: list[float]) -> Array:
+        lead = (self.channels,) if self.channels > 1 else ()
+        return Array(
+            shape=(*lead, *self.naming.size[::-1]),
+            chunks=(*lead, *self.naming.chunk[::-1]),
+            dtype=np.dtype(self.data_type).newbyteorder("<"),
+            fill_value=0,
+            attributes={},
+            compressor=None,
+            opaque=self.scale.get("encoding", "raw") != "raw",
+            clipped=True,
+            chunk=self.chunk,
+            stored=self.stored,
+            decode=self.decode,
+            multiscale={"resolution": resolution, "voxel_offset": self.naming.offset},
+        )
+
+    def chunk(self, pos: tuple[int, ...]) -> File | None:
+        xyz = list(pos[::-1][:3])
+        if self.kv is not None:
+            found = self.kv.locate(self.naming.morton.encode(xyz))
+            return None if found is None else chunk_file(self.kv, found)
+        path = posixpath.join(self.directory, self.naming.name_of(xyz))
+        for name, gzipped in ((path, False), (f"{path}.gz", True)):
+            try:
+                size = self.store.size(name)
+            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                continue
+            if not gzipped:
+                return RangeFile(self.store, name, 0, size)
+            try:
+                return BytesFile(gunzip(self.store.read(name, 0, size), 2 * size + (64 << 20)))
+            except ValueError as e:
+                raise CorruptChunk(name, xyz, str(e)) from e
+        return None
+
+    def stored(self) -> Iterator[tuple[int, ...]]:
+        lead = (0,) if self.channels > 1 else ()
+        if self.kv is not None:
+            codes: Iterator[int | None] = iter(self.kv.stored_keys())
+        else:
+            codes = (self.naming.key(e.name.removesuffix(".gz")) for e in self.store.scandir(self.directory))
+        for code in codes:
+            xyz = None if code is None else self.naming.morton.decode(code)
+            if xyz is not None:
+                yield (*lead, *xyz[::-1])
+
+    def decode(self, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
+        x, y, z = shape[::-1][:3]
+        decoded = decode_precomputed(
+            data, self.scale.get("encoding", "raw"), (x, y, z, self.channels), np.dtype(self.data_type), self.scale
+        )
+        return decoded.reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Reading the dataset's info files
 
 
@@ -286,20 +360,33 @@ class Precomputed(Plan):
                 raise SourceError(f"{where}: field '{name}' must be an object")
             scale_dir = self._subdir(directory, scale.get("key"), where, f"{name}.key")
             kv = self._sharded(scale, scale_dir, where, name)
+            try:
+                naming = self._grid(scale, where, name)
+            except SourceError:
+                if kv is not None:
+                    raise
+                continue  # an unsharded scale passes through as stored, whatever it holds; no view shows it
+            scale_array = VolumeScale(self.store, scale_dir, naming, kv, info["data_type"], channels, scale)
+            self.arrays[scale_dir] = scale_array.array(scale.get("resolution", [1, 1, 1]))
             if kv is None:
                 continue
-            size = _ints(scale, "size", where, name, positive=True)
-            offset = _ints(scale, "voxel_offset", where, name, default=[0, 0, 0])
-            chunks = scale.get("chunk_sizes")
-            if not (isinstance(chunks, list) and len(chunks) == 1):
-                raise SourceError(f"{where}: field '{name}.chunk_sizes' must hold exactly one size for a sharded scale")
-            chunk = _ints({"chunk_sizes": chunks[0]}, "chunk_sizes", where, name, positive=True)
-            kv.value_limit = 2 * math.prod(chunk) * voxel_bytes + 65536  # any encoding of a chunk stays below this
-            details = {"size": size, "chunk_size": chunk, "voxel_offset": offset, "encoding": scale.get("encoding")}
-            self.providers[scale_dir] = ChunkDir(kv, VolumeChunks(size, chunk, offset), "volume scale", details)
+            kv.value_limit = 2 * math.prod(naming.chunk) * voxel_bytes + 65536  # any encoding of a chunk is smaller
+            details = {
+                "size": naming.size, "chunk_size": naming.chunk, "voxel_offset": naming.offset,
+                "encoding": scale.get("encoding"),
+            }  # fmt: skip
+            self.providers[scale_dir] = ChunkDir(kv, naming, "volume scale", details)
         for sub in ("mesh", "skeletons"):
             if sub in info:
                 self.add_info(self._subdir(directory, info[sub], where, sub), required=False)
+
+    def _grid(self, scale: dict, where: str, name: str) -> VolumeChunks:
+        size = _ints(scale, "size", where, name, positive=True)
+        offset = _ints(scale, "voxel_offset", where, name, default=[0, 0, 0])
+        chunks = scale.get("chunk_sizes")
+        if not (isinstance(chunks, list) and len(chunks) == 1):
+            raise SourceError(f"{where}: field '{name}.chunk_sizes' must hold exactly one size for a sharded scale")
+        return VolumeChunks(size, _ints({"chunk_sizes": chunks[0]}, "chunk_sizes", where, name, positive=True), offset)
 
     def _meshes(self, info: dict, directory: str, where: str) -> None:
         kv = self._sharded(info, directory, where, "")
@@ -348,6 +435,6 @@ def _ints(obj: dict, key: str, where: str, prefix: str, *, positive: bool = Fals
 
 
 def open_precomputed(store: LocalStore, cache: ByteCache) -> Precomputed:
-    plan = Precomputed(store, cache)
+    plan = Precomputed(store, cache, format="precomputed")
     plan.add_info("", required=True)
     return plan

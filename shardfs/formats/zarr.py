@@ -9,12 +9,13 @@ the cache and the inner chunks are sliced out of it.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 import logging
 import math
 import posixpath
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import UNDO
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.formats.plan import Plan
+from shardfs.formats.plan import Array, Compressor, Plan
 from shardfs.shards.zarr import IndexLayout
 from shardfs.store import LocalStore
 from shardfs.tree import DIR, BytesFile, File, Node, RangeFile
@@ -344,14 +345,14 @@ class ZarrArray:
             return
         prefix = parsed[0]
         if self.keys.separator == "." or len(prefix) == self.keys.ndim - 1:
-            for pos in self._present_under(prefix):
+            for pos in self.present_under(prefix):
                 yield self.keys.key(pos).rsplit("/", 1)[-1], False
             return
-        below = {pos[len(prefix)] for pos in self._present_under(prefix)}  # at most one int per grid row
+        below = {pos[len(prefix)] for pos in self.present_under(prefix)}  # at most one int per grid row
         for i in sorted(below):
             yield self.keys.key((*prefix, i)).rsplit("/", 1)[-1], True
 
-    def _present_under(self, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    def present_under(self, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
         """Global positions of the stored chunks whose position starts with prefix, shard by shard."""
         for path in self._shard_files(self._shard_of(prefix)):
             present = self._present(path).positions
@@ -507,6 +508,7 @@ class ZarrPlan(Plan):
             return
         if node_type == "group":
             self.kinds.append(f"{directory or '.'}: zarr v3 group")
+            self.groups[directory] = meta.get("attributes") or {}
             for e in self.store.scandir(directory):
                 child = posixpath.join(directory, e.name)
                 if e.is_dir(follow_symlinks=False) and (self.store.root / child / "zarr.json").is_file():
@@ -516,6 +518,7 @@ class ZarrPlan(Plan):
         """The 2022 sharding storage transformer draft (zarr-python 2.14-2.18): metadata at
         meta/root/<path>.array.json, shards at data/root/<path>/c<i>/<j>, index at the end, no checksum."""
         self.kinds.append(".: zarr v3 draft hierarchy (2022 sharding storage transformer)")
+        self.format = "zarr draft"
         for path in files_below(self.store, "meta"):
             if path.endswith(".array.json"):
                 try:
@@ -583,11 +586,13 @@ class ZarrPlan(Plan):
             raise SourceError(f"{where}: field 'codecs' must be a list")
         try:
             unsharded = unshard(codecs, tuple(chunk_shape))
+            keys = ChunkKeys.from_json(meta.get("chunk_key_encoding"), len(shape))
             if unsharded is None:
                 self.kinds.append(f"{directory or '.'}: zarr v3 array, unsharded (passes through)")
+                source = SourceChunks(self.store, directory, keys, tuple(chunk_shape), tuple(shape))
+                self._for_views(directory, meta, codecs, tuple(chunk_shape), source.chunk, source.stored, where)
                 return
             levels, inner_codecs = unsharded
-            keys = ChunkKeys.from_json(meta.get("chunk_key_encoding"), len(shape))
         except Unsupported as e:
             log.error("%s: %s; served as it is stored", where, e)
             self.kinds.append(f"refused: {where}: {e}")
@@ -597,13 +602,96 @@ class ZarrPlan(Plan):
         rewritten["codecs"] = inner_codecs
         self.files[posixpath.join(directory, "zarr.json")] = json.dumps(rewritten, indent=2).encode()
         size = itemsize(meta.get("data_type"))
-        self.providers[directory] = ZarrArray(self.store, self.cache, directory, tuple(shape), levels, keys, size)
+        array = ZarrArray(self.store, self.cache, directory, tuple(shape), levels, keys, size)
+        self.providers[directory] = array
         self.kinds.append(
             f"{directory or '.'}: zarr v3 array, sharded ({len(levels)} level(s), {math.prod(shape)} elements)"
         )
+        stored = functools.partial(array.present_under, ())
+        self._for_views(directory, meta, inner_codecs, array.inner, array.locate, stored, where)
+
+    def _for_views(
+        self, directory: str, meta: dict, codecs: list, chunks: tuple[int, ...],
+        chunk: Callable[[tuple[int, ...]], File | None], stored: Callable[[], Iterable[tuple[int, ...]]], where: str,
+    ) -> None:  # fmt: skip
+        """Describe the array for --view n5/zarr2; one they cannot show is named in `shardfs info`."""
+        try:
+            dtype, compressor, opaque, decode = chunk_codecs(meta.get("data_type"), codecs, chunks)
+            fill = fill_value(meta.get("fill_value"), dtype)
+        except Unsupported as e:
+            self.kinds.append(f"not in other views: {where}: {e}")
+            return
+        attributes = meta.get("attributes") or {}
+        self.arrays[directory] = Array(
+            tuple(meta["shape"]), chunks, dtype, fill, attributes, compressor, opaque, False, chunk, stored, decode
+        )
+
+
+@dataclass
+class SourceChunks:
+    """An unsharded array's chunks: one source file per chunk key."""
+
+    store: LocalStore
+    directory: str
+    keys: ChunkKeys
+    chunks: tuple[int, ...]
+    shape: tuple[int, ...]
+
+    def chunk(self, pos: tuple[int, ...]) -> File | None:
+        path = posixpath.join(self.directory, self.keys.key(pos))
+        try:
+            return RangeFile(self.store, path, 0, self.store.size(path))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+
+    def stored(self) -> Iterator[tuple[int, ...]]:
+        grid = [-(-s // c) for s, c in zip(self.shape, self.chunks, strict=True)]
+        for path in files_below(self.store, self.directory):
+            parsed = self.keys.parse(path[len(self.directory) :].lstrip("/"))
+            if parsed is not None and parsed[1] and all(p < g for p, g in zip(parsed[0], grid, strict=True)):
+                yield parsed[0]
+
+
+def chunk_codecs(
+    data_type: Any, codecs: list, chunks: tuple[int, ...]
+) -> tuple[np.dtype, Compressor | None, bool, Callable[[bytes, tuple[int, ...]], np.ndarray]]:
+    """What a chunk's stored bytes are, for the views: (dtype in stored byte order, the one compressor over
+    the raw bytes or None, whether they are neither (opaque), and how to decode them). Unsupported if they
+    cannot be decoded here: array→array codecs, or an array→bytes codec other than `bytes`."""
+    if itemsize(data_type) is None or np.dtype(data_type).kind not in "biuf":
+        raise Unsupported(f"data type {data_type!r} has no equivalent in the other views")
+    names = [_name(c) for c in codecs]
+    if not names or names[0] != "bytes" or any(n not in UNDO for n in names[1:]):
+        raise Unsupported(f"codecs {names} are not `bytes` followed by gzip, zstd, blosc or crc32c")
+    config = codecs[0].get("configuration") if isinstance(codecs[0], dict) else None
+    endian = (config or {}).get("endian", "little")
+    dtype = np.dtype(data_type).newbyteorder("<" if endian == "little" else ">")
+    post = tuple(names[1:])
+    compressor = None
+    if len(post) == 1 and post[0] != "crc32c":
+        config = codecs[1].get("configuration") if isinstance(codecs[1], dict) else None
+        compressor = Compressor(post[0], config or {})
+    limit = 2 * math.prod(chunks) * dtype.itemsize + (1 << 20)
+
+    def decode(data: bytes, shape: tuple[int, ...]) -> np.ndarray:
+        raw = decode_blob(data, post, limit)
+        if len(raw) != math.prod(shape) * dtype.itemsize:
+            raise ValueError(f"decodes to {len(raw)} bytes, not the {math.prod(shape)} elements of {list(shape)}")
+        return np.frombuffer(raw, dtype).reshape(shape)
+
+    return dtype, compressor, bool(post) and compressor is None, decode
+
+
+def fill_value(value: Any, dtype: np.dtype) -> Any:
+    """A zarr v3 fill value as a Python number or bool; NaN and the infinities are spelled as strings there."""
+    if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity") and dtype.kind == "f":
+        return float(value.replace("Infinity", "inf"))
+    if isinstance(value, bool | int | float) and not (isinstance(value, float) and dtype.kind in "biu"):
+        return dtype.type(value).item()
+    raise Unsupported(f"fill_value {value!r} is not a plain number for {dtype.name}")
 
 
 def open_zarr(store: LocalStore, cache: ByteCache) -> ZarrPlan:
-    plan = ZarrPlan(store, cache)
+    plan = ZarrPlan(store, cache, format="zarr")
     plan.walk("", root=True)
     return plan
