@@ -41,7 +41,10 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
         s = sub.add_parser(name, help=help)
         s.add_argument("source", type=Path, help="the sharded dataset's directory")
         s.add_argument("--cache-size", type=byte_size, default=DEFAULT_CACHE, help="byte budget for all caches")
-        s.add_argument("--view", choices=["native"], default="native", help="how to present the data")
+        s.add_argument(
+            "--view", choices=["native", "n5", "zarr2"], default="native",
+            help="native: the source's own format, unsharded; n5 or zarr2: its arrays in that format",
+        )  # fmt: skip
         s.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
         return s
 
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "stats":
             print(stats(args.mountpoint.absolute()), end="")
             return 0
-        source = open_source(args.source, args.cache_size)
+        source = open_source(args.source, args.cache_size, "native" if args.command == "check" else args.view)
         if args.command == "mount":
             options = fuse_options(str(source.path), parse_options(args.options))
             log_file = args.log_file.absolute() if args.log_file else None

@@ -113,8 +113,12 @@ class Tree:
     """Paths are relative to the mount root, '' being the root itself, with '/' separators."""
 
     def __init__(
-        self, store: LocalStore, cache: ByteCache, files: dict[str, bytes], providers: dict[str, Provider]
-    ) -> None:
+        self, store: LocalStore, cache: ByteCache, files: dict[str, bytes], providers: dict[str, Provider],
+        passthrough: bool = True,
+    ) -> None:  # fmt: skip
+        """passthrough: whether source files the overlay and providers do not name are shown as they are
+        (the native view), or nothing but the overlay and providers is (the other views)."""
+        self.passthrough = passthrough
         self.store = store
         self.cache = cache
         self.owner = Owner.of(store.stat(""))  # virtual nodes are readable as the source directory is
@@ -159,6 +163,8 @@ class Tree:
                 return node
             if provider.hides(rel):
                 raise FileNotFoundError(path)
+        if not self.passthrough:
+            raise FileNotFoundError(path)
         return self._source(path)
 
     def _provider_of(self, path: str) -> tuple[Provider | None, str]:
@@ -191,6 +197,8 @@ class Tree:
         provider, rel = (self.providers[path], "") if path in self.providers else self._provider_of(path)
         if provider is not None:
             yield from provider.entries(rel)
+        if not self.passthrough:
+            return
         prefix = f"{rel}/" if rel else ""
         for entry in self.store.scandir(path):
             name = entry.name

@@ -266,22 +266,40 @@ def write_tensorstore_annotations(root: pathlib.Path, *, seed: int = 0) -> dict[
 # 4-5. Skeletons and multi-resolution meshes (cloud-volume's shard writer)
 
 
-def _segmentation_info(root: pathlib.Path, **extra: str) -> None:
-    """Root `info` of a (chunkless) segmentation volume so CloudVolume can open the dataset."""
+def _segmentation(**overrides: Any) -> dict:
+    """A uint64 segmentation volume's `info`, made by cloud-volume."""
     from cloudvolume import CloudVolume
 
-    info = CloudVolume.create_new_info(
-        num_channels=1,
-        layer_type="segmentation",
-        data_type="uint64",
-        encoding="raw",
-        resolution=[4, 4, 40],
-        voxel_offset=[0, 0, 0],
-        chunk_size=[64, 64, 16],
-        volume_size=[512, 512, 64],
+    return CloudVolume.create_new_info(
+        **{
+            "num_channels": 1,
+            "layer_type": "segmentation",
+            "data_type": "uint64",
+            "encoding": "raw",
+            "resolution": [4, 4, 40],
+            "voxel_offset": [0, 0, 0],
+            "chunk_size": [64, 64, 16],
+            "volume_size": [512, 512, 64],
+            **overrides,
+        }
     )
-    info.update(extra)
-    _write_json(root / "info", info)
+
+
+def _segmentation_info(root: pathlib.Path, **extra: str) -> None:
+    """Root `info` of a (chunkless) segmentation volume so CloudVolume can open the dataset."""
+    _write_json(root / "info", {**_segmentation(), **extra})
+
+
+def write_cloudvolume_compresso(root: pathlib.Path, *, seed: int = 0) -> np.ndarray:
+    """An unsharded compresso segmentation written by cloud-volume; returns its labels, (x, y, z)."""
+    from cloudvolume import CloudVolume
+
+    info = _segmentation(encoding="compresso", chunk_size=[16, 16, 8], volume_size=[40, 30, 20])
+    vol = CloudVolume(f"file://{root}", info=info, progress=False)
+    vol.commit_info()
+    labels = np.random.default_rng(seed).integers(0, 6, size=(40, 30, 20)).astype(np.uint64) * (2**33 + 1)
+    vol[:, :, :] = labels
+    return labels
 
 
 def _write_shards(directory: pathlib.Path, shard_files: dict[str, bytes]) -> None:

@@ -12,6 +12,7 @@ from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
 from shardfs.store import LocalStore
 from shardfs.tree import Provider, Tree
+from shardfs.views import view_of
 
 
 @dataclass
@@ -25,8 +26,9 @@ class Source:
     cache: ByteCache
 
 
-def open_source(path: str | Path, cache_bytes: int) -> Source:
-    """Detect the source's format and plan its mount; SourceError, in one sentence, if it makes no sense."""
+def open_source(path: str | Path, cache_bytes: int, view: str = "native") -> Source:
+    """Detect the source's format and plan its mount, in the view asked for; SourceError, in one sentence,
+    if it makes no sense."""
     root = Path(path).resolve()
     if not root.is_dir():
         raise SourceError(f"{root}: not a directory")
@@ -38,4 +40,7 @@ def open_source(path: str | Path, cache_bytes: int) -> Source:
         plan = open_precomputed(store, cache)
     else:
         raise SourceError(f"{root}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")
-    return Source(root, Tree(store, cache, plan.files, plan.providers), plan.kinds, plan.providers, cache)
+    if view != "native":
+        plan = view_of(plan, view)
+    tree = Tree(store, cache, plan.files, plan.providers, passthrough=view == "native")
+    return Source(root, tree, plan.kinds, plan.providers, cache)

@@ -1,0 +1,20 @@
+"""Other presentations of a source's arrays (`--view`): what a format planned, translated to N5 or zarr v2."""
+
+from __future__ import annotations
+
+from shardfs.errors import SourceError
+from shardfs.formats.plan import Plan
+from shardfs.views.n5 import n5_view
+from shardfs.views.zarr2 import zarr2_view
+
+VIEWS = {"n5": n5_view, "zarr2": zarr2_view}
+
+
+def view_of(plan: Plan, view: str) -> Plan:
+    """The plan of a view of the source; SourceError, in one sentence, if the view has nothing to show."""
+    if plan.format not in ("zarr", "precomputed"):
+        what = f"zarr v3 and precomputed volumes, not a {plan.format}"
+        raise SourceError(f"{plan.store.root}: --view {view} shows {what}")
+    if not plan.arrays:
+        raise SourceError(f"{plan.store.root}: holds no array that --view {view} can show ({'; '.join(plan.kinds)})")
+    return VIEWS[view](plan)

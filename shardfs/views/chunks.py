@@ -1,0 +1,98 @@
+"""What the views share: a source array's chunk, copied as stored when its bytes fit the view, else
+decoded and re-laid; and the files that carry either without decoding twice."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numcodecs
+import numpy as np
+
+from shardfs.cache import ByteCache
+from shardfs.errors import CorruptChunk
+from shardfs.formats.plan import Array, Compressor
+from shardfs.tree import File, Owner
+
+BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+
+
+@dataclass(slots=True)
+class LazyFile:
+    """A transcoded chunk whose size is known from metadata alone (raw bytes), so `stat` and `ls -l`
+    decode nothing; the first read makes the bytes, into the byte-bounded cache, and later reads share them."""
+
+    length: int
+    cache: ByteCache
+    key: tuple
+    make: Callable[[], bytes]
+    nbytes: int  # what make holds until then (a stored chunk already in memory), for the node cache's budget
+    owner: Owner | None = None
+
+    def size(self) -> int:
+        return self.length
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.cache.get_or_make(self.key, self.make)[offset : offset + length]
+
+
+@dataclass(slots=True)
+class PrefixedFile:
+    """A stored chunk behind a header of the view's own (N5's block header): zero-copy."""
+
+    head: bytes
+    body: File
+    owner: Owner | None = None
+
+    def size(self) -> int:
+        return len(self.head) + self.body.size()
+
+    def read(self, offset: int, length: int) -> bytes:
+        n = len(self.head)
+        if offset >= n:
+            return self.body.read(offset - n, length)
+        return self.head[offset : offset + length] + self.body.read(0, max(0, offset + length - n))
+
+
+def edge_shape(array: Array, pos: tuple[int, ...]) -> tuple[int, ...]:
+    """The part of chunk pos that lies inside the array."""
+    return tuple(min(c, s - p * c) for p, c, s in zip(pos, array.chunks, array.shape, strict=True))
+
+
+def decoded(array: Array, pos: tuple[int, ...], stored: File) -> np.ndarray:
+    """The values of a stored chunk, clipped to the array; a chunk that does not decode is CorruptChunk,
+    naming its shard (or file) and position, so the read gives EIO and the log says where."""
+    inside = edge_shape(array, pos)
+    shape = inside if array.clipped else array.chunks
+    try:
+        values = array.decode(stored.read(0, stored.size()), shape)
+    except ValueError as e:
+        raise CorruptChunk(getattr(stored, "path", "?"), f"chunk {list(pos)}", str(e)) from e
+    return values[tuple(slice(0, n) for n in inside)]
+
+
+def numcodecs_config(compressor: Compressor) -> dict[str, Any]:
+    """A zarr v3 compressor as numcodecs (and so zarr v2) configures it: the same bytes, another name."""
+    config = compressor.config
+    if compressor.name == "gzip":
+        return {"id": "gzip", "level": config.get("level", 5)}
+    if compressor.name == "zstd":
+        return {"id": "zstd", "level": config.get("level", 0)}
+    return {
+        "id": "blosc",
+        "cname": config.get("cname", "lz4"),
+        "clevel": config.get("clevel", 5),
+        "shuffle": BLOSC_SHUFFLE.get(config.get("shuffle", "noshuffle"), 0),
+        "blocksize": config.get("blocksize", 0),
+    }
+
+
+def encode(compressor: Compressor, values: np.ndarray) -> bytes:
+    """Compress values as the source's compressor did (blosc shuffles by their item size)."""
+    return bytes(numcodecs.get_codec(numcodecs_config(compressor)).encode(np.ascontiguousarray(values)))
+
+
+def nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize

@@ -1,0 +1,322 @@
+"""`--view n5` and `--view zarr2`, through the kernel: sources written by zarr-python 3, tensorstore and
+cloud-volume; the mount read by tensorstore's n5 and zarr drivers, zarr-python 3, zarr-python 2.18 (its
+N5Store and its v2 arrays, in .venv-zarr2) and ome-zarr; every read compared with the source read directly.
+
+Zero-copy (the stored bytes, behind N5's header): one-byte or big-endian values under raw, gzip, zstd or
+blosc, away from a zarr array's edge; in zarr2, every zarr v3 chunk of `bytes` and at most one of those
+compressors, and raw precomputed chunks away from the edge. The rest is transcoded; the tests say which.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorstore as ts
+import zarr
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCodec
+
+from tests import peers
+from tests.conftest import assert_eio, shardfs
+from tests.test_zarr import write_zarr_python
+from tests.test_zarr_draft import run
+
+OME_05 = {
+    "ome": {
+        "version": "0.5",
+        "multiscales": [
+            {
+                "axes": [{"name": "y", "type": "space"}, {"name": "x", "type": "space"}],
+                "datasets": [{"path": "s0", "coordinateTransformations": [{"type": "scale", "scale": [1.0, 1.0]}]}],
+            }
+        ],
+    }
+}
+
+
+def write_more(root: Path) -> dict[str, np.ndarray]:
+    """What write_zarr_python lacks for the views: big-endian gzip with edges, a crc32c chain, one-byte
+    and bool types, a non-zero fill value over never-written chunks, an OME-Zarr 0.5 image."""
+    rng = np.random.default_rng(1)
+    g = zarr.open_group(root, mode="a")
+    be = {"serializer": BytesCodec(endian="big")}
+    cases = {
+        "be_gzip": ((23, 19), ">i4", 0, {"chunks": (5, 4), "shards": (10, 8), **be, "compressors": GzipCodec()}),
+        "be_blosc": ((23, 19), ">f8", 0, {"chunks": (5, 4), "shards": (10, 8), **be, "compressors": BloscCodec()}),
+        "be_zstd": ((12, 9, 7), ">u2", 0, {"chunks": (4, 3, 7), "shards": (8, 6, 7), **be, "compressors": ZstdCodec()}),
+        "crc": ((20, 20), "int16", 0, {"chunks": (5, 5), "shards": (10, 10), "compressors": [Crc32cCodec()]}),
+        "int8": ((9, 31), "int8", 0, {"chunks": (3, 8), "shards": (9, 16), "compressors": GzipCodec()}),
+        "bools": ((10, 10), "bool", False, {"chunks": (5, 5), "shards": (10, 10)}),
+        "filled": ((20, 18), "uint16", 7, {"chunks": (5, 6), "shards": (10, 6)}),
+        "ome/s0": ((16, 16), "uint8", 0, {"chunks": (4, 4), "shards": (8, 8)}),
+    }
+    g.create_group("ome", attributes=OME_05)
+    contents = {}
+    for name, (shape, dtype, fill, kwargs) in cases.items():
+        array = g.create_array(name, shape=shape, dtype=dtype, fill_value=fill, **kwargs)
+        data = (rng.random(shape) * 100).astype(dtype)
+        written = tuple(slice(0, s // 2 if name == "filled" else s) for s in shape)  # "filled": half never written
+        array[written] = data[written]
+        contents[name] = array[...]
+    return contents
+
+
+@pytest.fixture(scope="module")
+def zarr_views(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    root = tmp_path_factory.mktemp("views") / "brain.zarr"
+    contents = write_zarr_python(root)
+    contents.update(write_more(root))
+    return root, contents
+
+
+def ts_read(driver: str, path: Path) -> np.ndarray:
+    return ts.open({"driver": driver, "kvstore": {"driver": "file", "path": str(path)}}).result().read().result()
+
+
+N5_ZERO_COPY = {"raw", "big_endian", "be_gzip", "be_blosc", "be_zstd", "int8", "ome/s0", "plain_unsharded"}
+NOT_N5 = {"bools"}  # N5 has no bool type: left out of the N5 view, and `shardfs info` says so
+
+
+def test_n5_view_of_zarr_read_by_tensorstore(zarr_views, mount) -> None:
+    source, contents = zarr_views
+    mnt = mount(source, "--view", "n5").path
+    assert json.loads((mnt / "attributes.json").read_text())["n5"] == "4.0.0"
+    assert json.loads((mnt / "attributes.json").read_text())["note"] == "kept"  # group attributes carry over
+    for name, expected in contents.items():
+        if name in NOT_N5:
+            assert not (mnt / name).exists()
+            continue
+        attrs = json.loads((mnt / name / "attributes.json").read_text())
+        assert attrs["dimensions"] == list(expected.shape[::-1])
+        assert (attrs["compression"]["type"] != "raw" or name in ("raw", "big_endian")) == (name in N5_ZERO_COPY), name
+        got = ts_read("n5", mnt / name)
+        assert got.dtype == expected.dtype.newbyteorder("="), name
+        np.testing.assert_array_equal(got, expected.T, err_msg=name)
+
+
+def test_n5_view_read_by_zarr_python_2_n5store(zarr_views, mount) -> None:
+    source, contents = zarr_views
+    mnt = mount(source, "--view", "n5").path
+    names = sorted(set(contents) - NOT_N5)
+    out = run(
+        """
+        import json, sys, numpy as np, zarr
+        store = zarr.N5Store(sys.argv[1])
+        report = {}
+        for name in sys.argv[2:]:
+            a = zarr.open_array(store=store, path=name, mode="r")
+            report[name] = {"shape": list(a.shape), "sum": float(a[...].astype("float64").sum()),
+                            "corner": a[(0,) * a.ndim].item()}
+        print(json.dumps(report))
+        """,
+        mnt,
+        *names,
+    )
+    report = json.loads(out)
+    for name in names:
+        expected = contents[name]
+        # zarr's N5Store reverses the N5 dimensions back: it shows the C-order shape.
+        assert report[name]["shape"] == list(expected.shape), name
+        assert report[name]["sum"] == pytest.approx(float(expected.astype("float64").sum())), name
+        assert report[name]["corner"] == expected[(0,) * expected.ndim].item(), name
+
+
+def test_n5_zero_copy_blocks_are_header_plus_stored_bytes(zarr_views, mount) -> None:
+    source, _ = zarr_views
+    native, n5 = mount(source).path, mount(source, "--view", "n5").path
+    stored = (native / "be_gzip" / "c" / "1" / "2").read_bytes()  # inner chunk (1, 2): not at the edge
+    assert (n5 / "be_gzip" / "2" / "1").read_bytes() == struct.pack(">HHII", 0, 2, 4, 5) + stored
+    # At the edge the block is clipped, so decoded and compressed again: a real gzip block of 3 x 3.
+    edge = (n5 / "be_gzip" / "4" / "4").read_bytes()
+    assert edge[:12] == struct.pack(">HHII", 0, 2, 3, 3) and edge[12:14] == b"\x1f\x8b"
+    # Little-endian data is transcoded raw: size from metadata alone.
+    assert (n5 / "gzip" / "0" / "0").stat().st_size == 12 + 4 * 5 * 2
+
+
+def test_n5_listing_and_fill_value(zarr_views, mount) -> None:
+    source, contents = zarr_views
+    mnt = mount(source, "--view", "n5").path
+    # Only written blocks are listed ("raw" is 30 x 30 in 5 x 6 chunks, written over its first 20 x 20).
+    assert sorted(int(d.name) for d in (mnt / "raw").iterdir() if d.is_dir()) == [0, 1, 2, 3]
+    assert not (mnt / "raw" / "4" / "5").exists()
+    # N5 reads a missing block as 0; a fill value of 7 is served as blocks of 7, listed too.
+    assert (mnt / "filled" / "2" / "3").exists() and zarr.open_array(source / "filled").nchunks_initialized < 12
+    np.testing.assert_array_equal(ts_read("n5", mnt / "filled"), contents["filled"].T)
+
+
+def test_zarr2_view_of_zarr_read_by_three_readers(zarr_views, mount) -> None:
+    source, contents = zarr_views
+    mnt = mount(source, "--view", "zarr2").path
+    assert json.loads((mnt / ".zgroup").read_text()) == {"zarr_format": 2}
+    assert json.loads((mnt / ".zattrs").read_text())["note"] == "kept"
+    for name, expected in contents.items():
+        np.testing.assert_array_equal(ts_read("zarr", mnt / name), expected, err_msg=f"tensorstore {name}")
+        got = zarr.open_array(mnt / name, mode="r", zarr_format=2)
+        np.testing.assert_array_equal(got[...], expected, err_msg=f"zarr-python 3 {name}")
+    out = run(
+        """
+        import json, sys, zarr
+        g = zarr.open_group(sys.argv[1], mode="r")
+        print(json.dumps({name: g[name][...].tolist() for name in sys.argv[2:]}))
+        """,
+        mnt,
+        *contents,
+    )
+    for name, values in json.loads(out).items():
+        np.testing.assert_array_equal(np.asarray(values, contents[name].dtype), contents[name], err_msg=name)
+
+
+def test_zarr2_zero_copy_and_transcoded_chunks(zarr_views, mount) -> None:
+    source, _ = zarr_views
+    native, z2 = mount(source).path, mount(source, "--view", "zarr2").path
+    meta = json.loads((z2 / "gzip" / ".zarray").read_text())
+    assert meta["compressor"]["id"] == "gzip" and meta["dtype"] == "<u2" and meta["dimension_separator"] == "."
+    assert (z2 / "gzip" / "3.1").read_bytes() == (native / "gzip" / "c" / "3" / "1").read_bytes()
+    assert json.loads((z2 / "big_endian" / ".zarray").read_text())["dtype"] == ">u2"
+    # crc32c has no zarr v2 equivalent: compressor null, chunks decoded raw.
+    crc = json.loads((z2 / "crc" / ".zarray").read_text())
+    assert crc["compressor"] is None
+    assert (z2 / "crc" / "0.0").stat().st_size == 5 * 5 * 2
+    assert json.loads((z2 / "filled" / ".zarray").read_text())["fill_value"] == 7
+    written = [f"{i}.{j}" for i in range(4) for j in range(4)]  # "raw": 30 x 30 in 5 x 6, written up to 20 x 20
+    assert sorted(p.name for p in (z2 / "raw").iterdir()) == sorted([*written, ".zarray", ".zattrs"])
+
+
+def test_ome_zarr_05_is_read_as_04(zarr_views, mount) -> None:
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+
+    source, contents = zarr_views
+    mnt = mount(source, "--view", "zarr2").path
+    attrs = json.loads((mnt / "ome" / ".zattrs").read_text())
+    assert "ome" not in attrs and attrs["multiscales"][0]["version"] == "0.4"
+    nodes = list(Reader(parse_url(str(mnt / "ome")))())
+    image = next(n for n in nodes if Multiscales.matches(n.zarr))
+    assert [a["name"] for a in image.metadata["axes"]] == ["y", "x"]
+    np.testing.assert_array_equal(np.asarray(image.data[0]), contents["ome/s0"])
+
+
+def test_tensorstore_zarr3_sharded_in_both_views(tmp_path, mount) -> None:
+    source = tmp_path / "ts.zarr"
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "file", "path": str(source)},
+        "metadata": {
+            "shape": [37, 29],
+            "data_type": "uint32",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [16, 16]}},
+            "codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [4, 8]}}],
+        },
+        "create": True,
+    }
+    array = ts.open(spec).result()
+    data = np.arange(37 * 29, dtype="uint32").reshape(37, 29)
+    array[:30, :20].write(data[:30, :20]).result()
+    expected = array.read().result()
+    n5, z2 = mount(source, "--view", "n5").path, mount(source, "--view", "zarr2").path
+    np.testing.assert_array_equal(ts_read("n5", n5), expected.T)
+    np.testing.assert_array_equal(ts_read("zarr", z2), expected)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Precomputed volumes
+
+PRECOMPUTED = [
+    # (dtype, encoding, channels): every encoding; one-byte raw is N5 zero-copy, the rest transcode in N5.
+    ("uint8", "raw", 1),
+    ("uint16", "raw", 2),
+    ("int32", "raw", 1),
+    ("float32", "raw", 1),
+    ("uint8", "jpeg", 1),
+    ("uint8", "jpeg", 3),
+    ("uint8", "png", 1),
+    ("uint64", "compressed_segmentation", 1),
+    ("uint32", "compressed_segmentation", 1),
+]
+
+
+@pytest.mark.parametrize(("dtype", "encoding", "channels"), PRECOMPUTED)
+def test_precomputed_volume_in_both_views(tmp_path, mount, dtype, encoding, channels) -> None:
+    source = tmp_path / "vol"
+    peers.write_tensorstore_volume(source, dtype=dtype, encoding=encoding, num_channels=channels, sparse=True)
+    n5, z2 = mount(source, "--view", "n5").path, mount(source, "--view", "zarr2").path
+    for index, key in enumerate(["4_4_40", "8_8_40"]):  # the sharded scale and the unsharded one
+        # tensorstore decodes jpeg too, so what it reads from the source is what the views must hold.
+        expected = ts.open({**precomputed(source), "scale_index": index}).result().read().result()
+        via_n5 = ts_read("n5", n5 / key)
+        np.testing.assert_array_equal(via_n5, expected if channels > 1 else expected[..., 0], err_msg=key)
+        via_zarr2 = ts_read("zarr", z2 / key)  # [c, z, y, x]
+        np.testing.assert_array_equal(via_zarr2, expected.transpose(3, 2, 1, 0), err_msg=key)
+    n5_attrs = json.loads((n5 / "8_8_40" / "attributes.json").read_text())
+    assert n5_attrs["downsamplingFactors"][:3] == [2, 2, 1]
+    assert n5_attrs["pixelResolution"] == {"unit": "nm", "dimensions": [8, 8, 40]}
+    assert json.loads((n5 / "attributes.json").read_text())["scales"][0][:3] == [1, 1, 1]
+
+
+def precomputed(source: Path) -> dict:
+    return {"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(source)}}
+
+
+def test_precomputed_zarr2_is_ome_zarr_04_with_padded_edges(tmp_path, mount) -> None:
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+
+    source = tmp_path / "vol"
+    peers.write_tensorstore_volume(source, dtype="uint16", data_encoding="raw")  # size 70 x 50 x 33, chunk 16 x 16 x 8
+    native, z2 = mount(source).path, mount(source, "--view", "zarr2").path
+    expected = ts.open({**precomputed(source), "scale_index": 0}).result().read().result()
+    nodes = list(Reader(parse_url(str(z2)))())
+    image = next(n for n in nodes if Multiscales.matches(n.zarr))
+    assert [a["name"] for a in image.metadata["axes"]] == ["c", "z", "y", "x"]
+    transforms = image.metadata["coordinateTransformations"][0]
+    assert transforms == [
+        {"type": "scale", "scale": [1, 40, 4, 4]},
+        {"type": "translation", "translation": [0, 280, 12, -20]},
+    ]
+    np.testing.assert_array_equal(np.asarray(image.data[0]), expected.transpose(3, 2, 1, 0))
+    # Inside chunks are the stored raw chunk, zero-copy; edge chunks are padded to the whole chunk.
+    assert (z2 / "4_4_40" / "0.0.0.0").read_bytes() == (native / "4_4_40" / "-5-11_3-19_7-15").read_bytes()
+    assert (z2 / "4_4_40" / "0.4.3.4").stat().st_size == 16 * 16 * 8 * 2
+
+
+def test_precomputed_n5_raw_uint8_is_zero_copy(tmp_path, mount) -> None:
+    source = tmp_path / "vol"
+    peers.write_tensorstore_volume(source, dtype="uint8", data_encoding="raw")
+    native, n5 = mount(source).path, mount(source, "--view", "n5").path
+    edge = "59-65_51-53_39-40"  # x 4 (of 5), y 3, z 4 (of 5): clipped in every dimension, stored clipped
+    assert (n5 / "4_4_40" / "4" / "3" / "4").read_bytes() == struct.pack(">HHIII", 0, 3, 6, 2, 1) + (
+        native / "4_4_40" / edge
+    ).read_bytes()
+
+
+def test_compresso_scale_written_by_cloud_volume(tmp_path, mount) -> None:
+    source = tmp_path / "vol"
+    labels = peers.write_cloudvolume_compresso(source)  # (x, y, z) uint64, unsharded
+    n5, z2 = mount(source, "--view", "n5").path, mount(source, "--view", "zarr2").path
+    key = next(p.name for p in n5.iterdir() if p.is_dir())
+    np.testing.assert_array_equal(ts_read("n5", n5 / key), labels)
+    np.testing.assert_array_equal(ts_read("zarr", z2 / key)[0], labels.T)
+
+
+def test_views_refuse_what_they_cannot_show_and_eio_on_corrupt_chunks(tmp_path, mount) -> None:
+    keys = tmp_path / "kv"  # a bare sharded key-value directory: no array in it
+    peers.write_tensorstore_kv(keys, {1: b"one", 2: b"two"})
+    refused = shardfs("mount", keys, tmp_path, "--view", "n5", check=False)
+    assert refused.returncode != 0 and "--view n5" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+
+    source = tmp_path / "z.zarr"
+    g = zarr.open_group(source, mode="w")
+    for name in ("good", "bad"):
+        g.create_array(name, shape=(8, 8), chunks=(4, 4), shards=(8, 8), dtype="<u2", compressors=GzipCodec())[:] = 3
+    shard = source / "bad" / "c" / "0" / "0"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # the index's crc32c no longer matches
+    for view in ("n5", "zarr2"):
+        m = mount(source, "--view", view)
+        first = m.path / "bad" / ("0/0" if view == "n5" else "0.0")
+        assert_eio(first)
+        assert "bad/c/0/0" in m.log_text()
+        assert ts_read(view if view == "n5" else "zarr", m.path / "good").sum() == 3 * 64
