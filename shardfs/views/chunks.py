@@ -27,7 +27,7 @@ class LazyFile:
     length: int
     cache: ByteCache
     key: tuple
-    make: Callable[[], bytes]
+    make: Callable[[], bytes | np.ndarray]
     nbytes: int  # what make holds until then (a stored chunk already in memory), for the node cache's budget
     owner: Owner | None = None
 
@@ -35,7 +35,7 @@ class LazyFile:
         return self.length
 
     def read(self, offset: int, length: int) -> bytes:
-        return self.cache.get_or_make(self.key, self.make)[offset : offset + length]
+        return bytes(self.cache.get_or_make(self.key, self.make)[offset : offset + length])
 
 
 @dataclass(slots=True)

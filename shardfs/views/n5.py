@@ -106,19 +106,21 @@ class Dataset:
         if stored is None and not self.filled:
             raise FileNotFoundError(pos)
         big = self.array.dtype.newbyteorder(">")
-        if stored is None:  # N5 reads a missing block as zeros, so one of another fill value is made
-            size = len(head) + nbytes(inside, big)
-            fill = np.full(inside, self.array.fill_value, big)
-            return LazyFile(size, self.cache, ("n5-fill", self.directory, inside), lambda: head + fill.tobytes(), 0)
-        if self.zero_copy and (self.array.clipped or inside == self.array.chunks):
+        if stored is not None and self.zero_copy and (self.array.clipped or inside == self.array.chunks):
             return PrefixedFile(head, stored)
-        if self.zero_copy and self.array.compressor is not None:  # an edge block of a compressed dataset
+        if stored is not None and self.zero_copy and self.array.compressor:  # an edge block, compressed
             return BytesFile(head + encode(self.array.compressor, decoded(self.array, pos, stored).astype(big)))
-
-        def make() -> bytes:
-            return head + decoded(self.array, pos, stored).astype(big).tobytes()
-
         size = len(head) + nbytes(inside, big)
+
+        def make() -> np.ndarray:
+            """Header and values written once, straight into the buffer that is served."""
+            out = np.empty(size, np.uint8)
+            out[: len(head)] = np.frombuffer(head, np.uint8)
+            body = out[len(head) :].view(big).reshape(inside)
+            # N5 reads a missing block as zeros, so one of another fill value is made.
+            body[...] = self.array.fill_value if stored is None else decoded(self.array, pos, stored)
+            return out
+
         return LazyFile(size, self.cache, ("n5-block", self.directory, pos), make, getattr(stored, "nbytes", 0))
 
 
