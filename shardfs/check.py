@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from shardfs.errors import CorruptChunk
-from shardfs.formats import Source
 from shardfs.formats.precomputed import ChunkDir
 from shardfs.formats.zarr import ZarrArray
 from shardfs.shards.neuroglancer import ShardedKV
+from shardfs.source import Source
 from shardfs.tree import Provider
 
 SHOWN = 3  # problems spelled out per shard; the rest are counted, since one bad minishard may hold thousands

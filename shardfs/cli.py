@@ -15,8 +15,8 @@ from pathlib import Path
 from shardfs.check import check
 from shardfs.daemon import MountError, fuse_options, mount, parse_options, unmount
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.formats import Source, open_source
 from shardfs.service import ServiceError, metrics_address, read_stats
+from shardfs.source import Source, open_source
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"

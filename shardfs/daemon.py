@@ -23,9 +23,9 @@ import mfusepy
 from cysystemd.daemon import Notification
 
 from shardfs import metrics, service
-from shardfs.formats import Source
 from shardfs.fuse_adapter import ShardFS
 from shardfs.logs import log_to
+from shardfs.source import Source
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")

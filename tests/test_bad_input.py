@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from shardfs.formats import open_source
+from shardfs.source import open_source
 from tests.conftest import assert_eio, shardfs
 
 SHARDING = {
