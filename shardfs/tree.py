@@ -79,6 +79,7 @@ class Provider(Protocol):
 class BytesFile:
     data: bytes
     owner: Owner | None = None  # None: virtual, readable as the source directory is
+    path: str = ""  # the source file the bytes were decoded from, if any: errors name it
 
     @property
     def nbytes(self) -> int:

@@ -9,6 +9,7 @@ compressors, and raw precomputed chunks away from the edge. The rest is transcod
 
 from __future__ import annotations
 
+import gzip
 import json
 import struct
 from pathlib import Path
@@ -299,6 +300,14 @@ def test_compresso_scale_written_by_cloud_volume(tmp_path, mount) -> None:
     key = next(p.name for p in n5.iterdir() if p.is_dir())
     np.testing.assert_array_equal(ts_read("n5", n5 / key), labels)
     np.testing.assert_array_equal(ts_read("zarr", z2 / key)[0], labels.T)
+    # A damaged chunk (cloud-volume gzips compresso files: here the gzip is sound, the compresso inside is
+    # not) is EIO for its block alone, logged with its file.
+    stored = source / key / "0-16_16-30_8-16.gz"
+    stored.write_bytes(gzip.compress(gzip.decompress(stored.read_bytes())[:40]))
+    m = mount(source, "--view", "n5")
+    assert_eio(m.path / key / "0" / "1" / "1")
+    assert "0-16_16-30_8-16" in m.log_text() and "compresso" in m.log_text()
+    assert (m.path / key / "1" / "1" / "1").read_bytes()[:2] == b"\0\0"
 
 
 def test_views_refuse_what_they_cannot_show_and_eio_on_corrupt_chunks(tmp_path, mount) -> None:

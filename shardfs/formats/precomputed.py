@@ -120,7 +120,7 @@ def chunk_file(kv: ShardedKV, chunk: Chunk) -> File:
     needed for stat anyway, and the node cache then serves every read of it."""
     if kv.spec.data_encoding == "raw":
         return RangeFile(kv.store, chunk.shard, chunk.start, chunk.stop)
-    return BytesFile(kv.value(chunk))
+    return BytesFile(kv.value(chunk), path=chunk.shard)
 
 
 @dataclass
@@ -255,7 +255,7 @@ class VolumeScale:
             if not gzipped:
                 return RangeFile(self.store, name, 0, size)
             try:
-                return BytesFile(gunzip(self.store.read(name, 0, size), 2 * size + (64 << 20)))
+                return BytesFile(gunzip(self.store.read(name, 0, size), 2 * size + (64 << 20)), path=name)
             except ValueError as e:
                 raise CorruptChunk(name, xyz, str(e)) from e
         return None

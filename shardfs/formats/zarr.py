@@ -291,7 +291,7 @@ class ZarrArray:
             blob = self._sub(blob, number, *found, pos)
         if blob.data is None:
             return RangeFile(self.store, blob.shard, blob.start, blob.stop)
-        return BytesFile(blob.data[blob.start : blob.stop])
+        return BytesFile(blob.data[blob.start : blob.stop], path=blob.shard)
 
     def _sub(self, blob: Blob, number: int, offset: int, nbytes: int, what: object) -> Blob:
         """The blob of index entry number in blob, at [offset, offset + nbytes)."""

@@ -69,7 +69,7 @@ def decoded(array: Array, pos: tuple[int, ...], stored: File) -> np.ndarray:
     try:
         values = array.decode(stored.read(0, stored.size()), shape)
     except ValueError as e:
-        raise CorruptChunk(getattr(stored, "path", "?"), f"chunk {list(pos)}", str(e)) from e
+        raise CorruptChunk(getattr(stored, "path", "") or "?", f"chunk {list(pos)}", str(e)) from e
     return values[tuple(slice(0, n) for n in inside)]
 
 
