@@ -2,8 +2,8 @@
 """shardfs against the ceiling of its stack and against plain files, as ratios from one run.
 
 Two datasets, a sharded precomputed volume written by tensorstore and a sharded zarr v3 array written
-by zarr-python 3; three ways to serve the same chunk files, each read the same way (random
-open+read+close):
+by zarr-python 3, the latter also as `--view n5` (zero-copy); three ways to serve the same chunk files,
+each read the same way (random open+read+close):
 - shardfs, mounted on the sharded dataset;
 - a no-op FUSE filesystem: the same adapter, options and libfuse loop over an in-memory tree of the
   same names and sizes, serving zeros. It is what shardfs would be if finding a chunk cost nothing;
@@ -12,6 +12,9 @@ open+read+close):
 Cold is a fresh mount (empty kernel and shardfs caches; the shard files themselves are in the page
 cache, as they are for the plain files). Warm is a second pass over the same files on the same mount.
 Each figure is the median of --repeats runs. Peak RSS is the daemon's VmHWM after reading every chunk.
+
+A last case transcodes: a little-endian uint16 zarr array as N5 blocks (decoded, byte-swapped, raw),
+in MB/s against decoding the same stored chunks in-process with the same library.
 
     .venv/bin/python scripts/bench.py [--chunks 102400] [--sample 10000] [--repeats 5]
 """
@@ -120,14 +123,14 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
 class Mounted:
     """A mount of one of the three kinds; plain files need no mount."""
 
-    def __init__(self, kind: str, source: Path, listing: Path, where: Path) -> None:
+    def __init__(self, kind: str, source: Path, listing: Path, where: Path, view: str = "native") -> None:
         self.kind, self.path, self.proc = kind, where, None
         if kind == "plain":
             self.path = source
             return
         where.mkdir(parents=True, exist_ok=True)
         if kind == "shardfs":
-            subprocess.run([*SHARDFS, "mount", str(source), str(where)], check=True)
+            subprocess.run([*SHARDFS, "mount", str(source), str(where), "--view", view], check=True)
         else:
             self.proc = subprocess.Popen([sys.executable, __file__, "--serve-noop", str(listing), str(where)])
             deadline = time.monotonic() + 30
@@ -136,7 +139,7 @@ class Mounted:
                 time.sleep(0.02)
 
     def daemon_peak_rss(self) -> int:
-        out = subprocess.run(["pgrep", "-f", f"shardfs mount .* {self.path}$"], capture_output=True, text=True)
+        out = subprocess.run(["pgrep", "-f", f"shardfs mount .* {self.path} --view"], capture_output=True, text=True)
         pid = out.stdout.split()[0]
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -201,30 +204,87 @@ def write_zarr(root: Path) -> None:
     array[...] = np.random.default_rng(0).integers(0, 32, array.shape, dtype=np.uint8)
 
 
+def write_zarr_uint16(root: Path) -> None:
+    """A little-endian uint16 zarr v3 array (zstd, zarr-python's default) in 64^3 chunks: N5 is big-endian,
+    so `--view n5` decodes, byte-swaps and serves each block raw."""
+    import numpy as np
+    import zarr
+
+    array = zarr.create_array(root, shape=(256, 512, 512), chunks=(64, 64, 64), shards=(128, 256, 256), dtype="<u2")
+    array[...] = np.random.default_rng(0).integers(0, 4096, array.shape, dtype=np.uint16)
+
+
 def run(work: Path, args: argparse.Namespace) -> None:
     summary = {}
-    for label, write in (("precomputed", lambda root: write_dataset(root, args.chunks)), ("zarr", write_zarr)):
-        source = work / label
+    cases = (
+        ("precomputed", lambda root: write_dataset(root, args.chunks), "native"),
+        ("zarr", write_zarr, "native"),
+        ("zarr as N5, zero-copy", write_zarr, "n5"),  # uint8 under zstd: the N5 header, then the stored bytes
+    )
+    for label, write, view in cases:
+        source = work / label.replace(" ", "_")
         t = time.monotonic()
         write(source)
         print(f"\n== {label}: wrote {source} in {time.monotonic() - t:.1f}s")
-        summary[label] = measure(work / f"{label}-run", source, args)
+        summary[label] = measure(work / f"{source.name}-run", source, args, view)
+    print("\n== transcoding: little-endian uint16 zarr (zstd) as N5 (big-endian, raw)")
+    summary["zarr as N5, transcoded"] = transcoding(work / "transcode", args)
     print(json.dumps(summary))
 
 
-def measure(work: Path, source: Path, args: argparse.Namespace) -> dict:
+def transcoding(work: Path, args: argparse.Namespace) -> dict:
+    """MB/s of N5 blocks read through a cold mount, against decoding the same stored chunks in this
+    process with the same library (numcodecs' zstd, numpy's byte swap) from plain files."""
+    import numcodecs
+    import numpy as np
+
+    work.mkdir()
+    source, native, plain = work / "source", work / "mnt-native", work / "plain"
+    write_zarr_uint16(source)
+    m = Mounted("shardfs", source, work / "unused", native)
+    subprocess.run(["cp", "-r", str(m.path), str(plain)], check=True)  # the stored inner chunks, as files
+    m.close()
+    stored = sorted(p for p in plain.rglob("*") if p.is_file() and p.name != "zarr.json")
+    blocks = ["/".join(reversed(p.relative_to(plain / "c").parts)) for p in stored]  # c/i/j/k is N5's k/j/i
+    zstd, rates = numcodecs.Zstd(), {"in-process": [], "shardfs": [], "noop": []}
+    listing = work / "listing"  # the no-op filesystem serves the same names and sizes: the stack's ceiling
+    m = Mounted("shardfs", source, listing, work / "mnt-n5", view="n5")
+    listing.write_text("\n".join(f"{b} {(m.path / b).stat().st_size}" for b in blocks))
+    m.close()
+    for _ in range(args.repeats):
+        t, out = time.perf_counter(), 0
+        for p in stored:
+            out += len(np.frombuffer(zstd.decode(p.read_bytes()), "<u2").astype(">u2").tobytes())
+        rates["in-process"].append(out / (time.perf_counter() - t) / 1e6)
+        for kind in ("shardfs", "noop"):
+            m = Mounted(kind, source, listing, work / f"mnt-{kind}", view="n5")
+            try:
+                rates[kind].append(out * read_files(m.path, blocks, 1, work) / len(blocks) / 1e6)
+            finally:
+                m.close()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    ratio = med["shardfs"] / med["in-process"]
+    size = stored[0].stat().st_size
+    print(f"{len(blocks)} blocks of 64^3 uint16 (stored ~{size / 1e3:.0f} kB each), MB/s, median of {args.repeats}:")
+    print(f"in-process decode {med['in-process']:.0f}; shardfs --view n5, cold {med['shardfs']:.0f};", end=" ")
+    print(f"no-op FUSE serving the same sizes {med['noop']:.0f}")
+    print(f"shardfs vs in-process: {ratio:.2f}x; no-op FUSE vs in-process: {med['noop'] / med['in-process']:.2f}x")
+    return {"mb_per_s": {k: round(v) for k, v in med.items()}, "shardfs_vs_in_process": round(ratio, 2)}
+
+
+def measure(work: Path, source: Path, args: argparse.Namespace, view: str = "native") -> dict:
     work.mkdir()
     plain = work / "plain"
 
     # Full scan through a fresh mount: every chunk listed, stat'ed and read; then the daemon's peak RSS.
-    m = Mounted("shardfs", source, work / "unused", work / "mnt-scan")
+    m = Mounted("shardfs", source, work / "unused", work / "mnt-scan", view)
     t = time.monotonic()
     subprocess.run(["cp", "-r", str(m.path), str(plain)], check=True)
     scan = time.monotonic() - t
     peak = m.daemon_peak_rss()
     m.close()
     sizes = {str(p.relative_to(plain)): p.stat().st_size for p in plain.rglob("*") if p.is_file()}
-    chunks = sorted(n for n in sizes if not n.endswith(("info", "zarr.json")))
+    chunks = sorted(n for n in sizes if not n.endswith(("info", "zarr.json", "attributes.json")))
     listing = work / "listing"
     listing.write_text("\n".join(f"{n} {s}" for n, s in sizes.items()))
     print(f"full scan (cp -r) of {len(chunks)} chunks: {scan:.1f}s, {len(chunks) / scan:.0f} files/s")
@@ -236,7 +296,7 @@ def measure(work: Path, source: Path, args: argparse.Namespace) -> dict:
         for readers in (1, 4):
             kinds = ("noop", "shardfs", "plain")
             for kind in kinds if rep % 2 == 0 else kinds[::-1]:  # alternate, so order biases cancel
-                m = Mounted(kind, plain if kind == "plain" else source, listing, work / f"mnt-{kind}")
+                m = Mounted(kind, plain if kind == "plain" else source, listing, work / f"mnt-{kind}", view)
                 try:
                     for phase in ("cold", "warm"):
                         rate = read_files(m.path, sample, readers, work)
