@@ -255,7 +255,8 @@ class VolumeScale:
             if not gzipped:
                 return RangeFile(self.store, name, 0, size)
             try:
-                return BytesFile(gunzip(self.store.read(name, 0, size), 2 * size + (64 << 20)), path=name)
+                limit = 2 * math.prod(self.naming.chunk) * self.channels * VOXEL_BYTES[self.data_type] + 65536
+                return BytesFile(gunzip(self.store.read(name, 0, size), limit), path=name)
             except ValueError as e:
                 raise CorruptChunk(name, xyz, str(e)) from e
         return None
