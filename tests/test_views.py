@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import struct
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -224,6 +225,11 @@ def test_tensorstore_zarr3_sharded_in_both_views(tmp_path, mount) -> None:
     n5, z2 = mount(source, "--view", "n5").path, mount(source, "--view", "zarr2").path
     np.testing.assert_array_equal(ts_read("n5", n5), expected.T)
     np.testing.assert_array_equal(ts_read("zarr", z2), expected)
+    # `cp -r` of a view is a plain N5 or zarr v2 dataset on disk.
+    for view, driver, want in ((n5, "n5", expected.T), (z2, "zarr", expected)):
+        copy = tmp_path / f"copy-{driver}"
+        subprocess.run(["cp", "-r", str(view), str(copy)], check=True)
+        np.testing.assert_array_equal(ts_read(driver, copy), want)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
