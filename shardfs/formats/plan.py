@@ -43,6 +43,13 @@ class Array:
     multiscale: dict[str, Any] = field(default_factory=dict)  # precomputed: resolution and voxel_offset (x, y, z)
 
 
+def grid_position(parts: list[str]) -> tuple[int, ...] | None:
+    """Chunk indices spelled in canonical decimal (one chunk, one name: no '01', no '+1'), or None."""
+    if not all(p.isascii() and p.isdigit() and str(int(p)) == p for p in parts):
+        return None
+    return tuple(map(int, parts))
+
+
 @dataclass
 class Plan:
     store: LocalStore

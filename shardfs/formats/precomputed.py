@@ -224,7 +224,7 @@ class VolumeScale:
     channels: int
     scale: dict[str, Any]
 
-    def array(self, resolution: list[float]) -> Array:
+    def array(self) -> Array:
         lead = (self.channels,) if self.channels > 1 else ()
         return Array(
             shape=(*lead, *self.naming.size[::-1]),
@@ -238,7 +238,7 @@ class VolumeScale:
             chunk=self.chunk,
             stored=self.stored,
             decode=self.decode,
-            multiscale={"resolution": resolution, "voxel_offset": self.naming.offset},
+            multiscale={"resolution": self.scale.get("resolution", [1, 1, 1]), "voxel_offset": self.naming.offset},
         )
 
     def chunk(self, pos: tuple[int, ...]) -> File | None:
@@ -368,7 +368,7 @@ class Precomputed(Plan):
                     raise
                 continue  # an unsharded scale passes through as stored, whatever it holds; no view shows it
             scale_array = VolumeScale(self.store, scale_dir, naming, kv, info["data_type"], channels, scale)
-            self.arrays[scale_dir] = scale_array.array(scale.get("resolution", [1, 1, 1]))
+            self.arrays[scale_dir] = scale_array.array()
             if kv is None:
                 continue
             kv.value_limit = 2 * math.prod(naming.chunk) * voxel_bytes + 65536  # any encoding of a chunk is smaller

@@ -24,7 +24,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import UNDO
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.formats.plan import Array, Compressor, Plan
+from shardfs.formats.plan import Array, Compressor, Plan, grid_position
 from shardfs.shards.zarr import IndexLayout
 from shardfs.store import LocalStore
 from shardfs.tree import DIR, BytesFile, File, Node, RangeFile
@@ -153,12 +153,12 @@ class ChunkKeys:
             return (), False
         if not rel.startswith(self.lead) or (self.separator == "." and "/" in rel):
             return None
-        numbers = rel[len(self.lead) :].split(self.separator)
-        if not all(p.isascii() and p.isdigit() and str(int(p)) == p for p in numbers) or len(numbers) > self.ndim:
+        pos = grid_position(rel[len(self.lead) :].split(self.separator))
+        if pos is None or len(pos) > self.ndim:
             return None
-        if len(numbers) < self.ndim and self.separator == ".":
+        if len(pos) < self.ndim and self.separator == ".":
             return None  # flat keys have no directories
-        return tuple(map(int, numbers)), len(numbers) == self.ndim
+        return pos, len(pos) == self.ndim
 
     def owns(self, rel: str) -> bool:
         """Whether a path lies in the chunk namespace (where the shard files are)."""

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
-from shardfs.formats.plan import Array, Plan
+from shardfs.formats.plan import Array, Plan, grid_position
 from shardfs.tree import DIR, BytesFile, File, Node
 from shardfs.views.chunks import LazyFile, PrefixedFile, decoded, edge_shape, encode, nbytes, numcodecs_config
 
@@ -72,10 +72,8 @@ class Dataset:
         return False
 
     def _grid_path(self, rel: str) -> list[int] | None:
-        parts = rel.split("/") if rel else []
-        if len(parts) > self.ndim or not all(p.isascii() and p.isdigit() and str(int(p)) == p for p in parts):
-            return None
-        return [int(p) for p in parts]
+        at = grid_position(rel.split("/") if rel else [])
+        return None if at is None or len(at) > self.ndim else list(at)
 
     def child(self, rel: str) -> Node | None:
         at = self._grid_path(rel)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
-from shardfs.formats.plan import Array, Plan
+from shardfs.formats.plan import Array, Plan, grid_position
 from shardfs.tree import File, Node
 from shardfs.views.chunks import LazyFile, decoded, edge_shape, nbytes, numcodecs_config
 
@@ -55,10 +55,10 @@ class Zarr2Array:
         return False
 
     def child(self, rel: str) -> Node | None:
-        parts = rel.split(".") if self.ndim else [rel if rel == "0" else ""]
-        if not all(p.isascii() and p.isdigit() and str(int(p)) == p for p in parts) or len(parts) != max(self.ndim, 1):
+        at = grid_position(rel.split(".") if self.ndim else [rel if rel == "0" else ""])
+        if at is None or len(at) != max(self.ndim, 1):
             return None
-        pos = tuple(map(int, parts))[: self.ndim]
+        pos = at[: self.ndim]
         inside = (p * c < s for p, c, s in zip(pos, self.meta["chunks"], self.meta["shape"], strict=True))
         if any(pos[: self.lead]) or not all(inside):
             raise FileNotFoundError(rel)
