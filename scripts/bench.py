@@ -6,7 +6,8 @@ by zarr-python 3, the latter also as `--view n5` (zero-copy); three ways to serv
 each read the same way (random open+read+close):
 - shardfs, mounted on the sharded dataset;
 - a no-op FUSE filesystem: the same adapter, options and libfuse loop over an in-memory tree of the
-  same names and sizes, serving zeros. It is what shardfs would be if finding a chunk cost nothing;
+  same names and sizes, serving zeros, in a session of its own as the daemon is. It is what shardfs
+  would be if finding a chunk cost nothing;
 - the same chunks as plain files on disk (copied out of the mount with cp -r).
 
 Cold is a fresh mount (empty kernel and shardfs caches; the shard files themselves are in the page
@@ -133,7 +134,10 @@ class Mounted:
         if kind == "shardfs":
             subprocess.run([*SHARDFS, "mount", str(source), str(where), "--view", view], check=True)
         else:
-            self.proc = subprocess.Popen([sys.executable, __file__, "--serve-noop", str(listing), str(where)])
+            # A session of its own, as the detached shardfs daemon has: with the kernel's autogroup
+            # scheduling, a server sharing the readers' session gets their CPU share (warm reads 1.4x faster).
+            command = [sys.executable, __file__, "--serve-noop", str(listing), str(where)]
+            self.proc = subprocess.Popen(command, start_new_session=True)
             deadline = time.monotonic() + 30
             while not os.path.ismount(where):
                 assert time.monotonic() < deadline and self.proc.poll() is None, "no-op mount failed"
