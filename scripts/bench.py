@@ -230,6 +230,7 @@ def run(work: Path, args: argparse.Namespace) -> None:
         source = work / label.replace(" ", "_")
         t = time.monotonic()
         write(source)
+        os.sync()
         print(f"\n== {label}: wrote {source} in {time.monotonic() - t:.1f}s")
         summary[label] = measure(work / f"{source.name}-run", source, args, view)
     print("\n== transcoding: little-endian uint16 zarr (zstd) as N5 (big-endian, raw)")
@@ -294,6 +295,7 @@ def measure(work: Path, source: Path, args: argparse.Namespace, view: str = "nat
     scan = time.monotonic() - t
     peak = m.daemon_peak_rss()
     m.close()
+    os.sync()  # the copy's writeback would otherwise compete with the first passes for the CPU
     sizes = {str(p.relative_to(plain)): p.stat().st_size for p in plain.rglob("*") if p.is_file()}
     chunks = sorted(n for n in sizes if not n.endswith(("info", "zarr.json", "attributes.json")))
     listing = work / "listing"
