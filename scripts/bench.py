@@ -274,12 +274,13 @@ def transcoding(work: Path, args: argparse.Namespace) -> dict:
     ratio = med["shardfs"] / med["in-process"]
     size = stored[0].stat().st_size
     print(f"{len(blocks)} blocks of 64^3 uint16 (stored ~{size / 1e3:.0f} kB each), MB/s, median of {args.repeats}:")
-    print(f"in-process decode (one thread) {med['in-process']:.0f};", end=" ")
-    print(f"shardfs --view n5, cold {med['shardfs']:.0f}", end="")
-    print(f" (4 readers: {med['shardfs, 4 readers']:.0f}); no-op FUSE serving the same sizes {med['noop']:.0f}")
-    four = med["shardfs, 4 readers"] / med["in-process"]
-    print(f"shardfs vs in-process: {ratio:.2f}x (4 readers: {four:.2f}x); no-op FUSE vs in-process:", end=" ")
-    print(f"{med['noop'] / med['in-process']:.2f}x")
+    inproc, four = med["in-process"], med["shardfs, 4 readers"] / med["in-process"]
+    print(
+        f"in-process decode (one thread) {inproc:.0f}; shardfs --view n5, cold {med['shardfs']:.0f}"
+        f" (4 readers: {med['shardfs, 4 readers']:.0f}); no-op FUSE serving the same sizes {med['noop']:.0f}"
+    )
+    noop = med["noop"] / inproc
+    print(f"shardfs vs in-process: {ratio:.2f}x (4 readers: {four:.2f}x); no-op FUSE vs in-process: {noop:.2f}x")
     ratios = {"1_reader": round(ratio, 2), "4_readers": round(four, 2)}
     return {"mb_per_s": {k: round(v) for k, v in med.items()}, "shardfs_vs_in_process": ratios}
 
