@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import threading
-from collections.abc import Callable, Hashable
+import weakref
+from collections.abc import Callable, Hashable, Iterator
 from typing import TypeVar
 
 from cachetools import LRUCache
 
 T = TypeVar("T")
 
+DEFAULT_MAX_VALUE = 256 << 20  # `--max-file-size`: the largest file a mount decodes
+LARGE_VALUE = 2 << 20  # bytes past which a value is made one at a time (see large_value_turn)
 # Bookkeeping per entry (key tuple, dict slot, object headers), so that many tiny entries still count.
 ENTRY_OVERHEAD = 200
 
 
 def _nbytes(value: object) -> int:
-    size = len(value) if isinstance(value, bytes) else getattr(value, "nbytes", 0)
+    size = len(value) if isinstance(value, bytes | bytearray) else getattr(value, "nbytes", 0)
     return size + ENTRY_OVERHEAD
 
 
@@ -23,11 +29,14 @@ class ByteCache:
     """Thread-safe LRU bounded in bytes. The lock covers only dict operations, never I/O or decoding.
 
     A value larger than the whole budget is kept alone in one overflow slot instead, so reading a
-    huge chunk in 128 KiB pieces decodes it once, and memory stays within budget plus one value.
+    huge chunk in 128 KiB pieces decodes it once, and memory stays within budget plus one value, which
+    is at most max_value bytes (`--max-file-size`: formats refuse to make a larger one).
     """
 
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, max_value: int = DEFAULT_MAX_VALUE) -> None:
         self.budget = budget
+        self.max_value = max_value
+        _caches.add(self)
         self._lru = _CountingLRU(maxsize=budget, getsizeof=_nbytes)
         self._overflow: tuple[Hashable, object] | None = None
         self._making: dict[Hashable, threading.Lock] = {}  # held by the thread making that key
@@ -63,6 +72,10 @@ class ByteCache:
             with self._lock:
                 self._making.pop(key).release()
 
+    def drop_overflow(self) -> None:
+        """Let go of the value over budget, before a large one is made: one such value at a time."""
+        self._overflow = None
+
     def clear(self) -> None:
         """Forget every value, for when the source was rewritten in place. Makers under way finish."""
         with self._lock:
@@ -89,6 +102,35 @@ class ByteCache:
 
 
 _MISSING = object()
+_caches: weakref.WeakSet[ByteCache] = weakref.WeakSet()
+_large = threading.RLock()  # reentrant: a large value read from the store is then decoded in the same turn
+
+
+def large_value_turn(nbytes: int) -> contextlib.AbstractContextManager[None]:
+    """Held while a large value (stored or decoded) is read or made: one at a time, and the last one over
+    budget is let go first, so that memory stays within the budget and the one file being made, however
+    many threads decode at once."""
+    return _one_large_value() if nbytes > LARGE_VALUE else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _one_large_value() -> Iterator[None]:
+    with _large:
+        for cache in list(_caches):
+            cache.drop_overflow()
+        yield
+
+
+M_MMAP_THRESHOLD = -3
+
+
+def return_freed_memory() -> None:
+    """glibc raises its mmap threshold as large blocks are freed, up to 32 MiB, after which freed values
+    stay in the heap and memory only grows. A fixed 1 MiB threshold maps each large value on its own, so
+    what the cache lets go is given back, and peak memory is what the budget says."""
+    libc = ctypes.util.find_library("c")
+    if libc:
+        ctypes.CDLL(libc).mallopt(M_MMAP_THRESHOLD, 1 << 20)
 
 
 class _CountingLRU(LRUCache[Hashable, object]):

@@ -96,7 +96,7 @@ def shards_of(provider: Provider) -> tuple[list[str], ShardCheck] | None:
     if isinstance(provider, ZarrArray):
         paths = sorted(provider._shard_files(()))
         if not provider.keys.ndim:  # a 0-d array's one shard path is named whether or not it is there
-            paths = [p for p in paths if (provider.store.root / p).is_file()]
+            paths = [p for p in paths if provider.store.kind(p) == "file"]
         return paths, lambda path: check_zarr(provider, path)
     return None
 
@@ -105,10 +105,10 @@ def check_precomputed(kv: ShardedKV, path: str) -> tuple[int, Problems]:
     """Every non-empty minishard index is decoded; each key must hash to where it is stored (else no read
     finds it) and its bytes must lie inside the file (else its read is EIO)."""
     shard = kv.spec.shard_number(posixpath.basename(path))
-    size = kv.store.size(path)
+    file = kv.store.open(path)
     chunks, problems = 0, Problems()
     try:
-        for minishard, index in kv.minishards(path):
+        for minishard, index in kv.minishards(file):
             if isinstance(index, CorruptChunk):
                 problems.add(reason(index))
                 continue
@@ -118,7 +118,7 @@ def check_precomputed(kv: ShardedKV, path: str) -> tuple[int, Problems]:
                         f"chunk {key} is in minishard {minishard}, but its hash puts it in minishard {home[1]} of shard"
                         f" {home[0]}"
                     )
-                elif not start <= stop <= size:
+                elif not start <= stop <= file.size:
                     problems.add(f"chunk {key} data range [{start}, {stop}) lies outside the file")
                 else:
                     chunks += 1
@@ -131,7 +131,7 @@ def check_zarr(array: ZarrArray, path: str) -> tuple[int, Problems]:
     """The listing's own walk, told to verify every entry: any bad index level makes the shard unreadable."""
     problems = Problems()
     try:
-        return len(array.stored(path, verify=True)), problems
+        return len(array.stored(array.store.open(path), verify=True)), problems
     except CorruptChunk as e:
         problems.add(reason(e))
         return 0, problems

@@ -20,7 +20,8 @@ from shardfs.source import Source, open_source
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
-SETTINGS = {"view", "cache_size", "log_level", "log_file", "metrics"}  # mount options that are ours
+DEFAULT_MAX_FILE = "256M"
+SETTINGS = {"view", "cache_size", "max_file_size", "log_level", "log_file", "metrics"}  # mount options that are ours
 IGNORED = {"rw", "defaults", "comment"}  # fstab words that mean nothing to a read-only mount
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -41,6 +42,10 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
         s = sub.add_parser(name, help=help)
         s.add_argument("source", type=Path, help="the sharded dataset's directory")
         s.add_argument("--cache-size", type=byte_size, default=DEFAULT_CACHE, help="byte budget for all caches")
+        s.add_argument(
+            "--max-file-size", type=byte_size, default=DEFAULT_MAX_FILE, metavar="SIZE",
+            help="the largest file decoded (a chunk, a shard under a whole-shard codec); larger ones are EIO",
+        )  # fmt: skip
         s.add_argument(
             "--view", choices=["native", "n5", "zarr2"], default="native",
             help="native: the source's own format, unsharded; n5 or zarr2: its arrays in that format",
@@ -105,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "stats":
             print(stats(args.mountpoint.absolute()), end="")
             return 0
-        source = open_source(args.source, args.cache_size, "native" if args.command == "check" else args.view)
+        view = "native" if args.command == "check" else args.view
+        source = open_source(args.source, args.cache_size, view, args.max_file_size)
         if args.command == "mount":
             options = fuse_options(str(source.path), parse_options(args.options))
             log_file = args.log_file.absolute() if args.log_file else None

@@ -3,6 +3,8 @@ hundred KB of gzip or zstd can claim gigabytes, so output is made piecewise and 
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import zlib
 from collections.abc import Iterator
 
@@ -10,43 +12,67 @@ import crc32c
 import numcodecs
 import zstandard
 
+from shardfs.cache import LARGE_VALUE, large_value_turn
+
 STEP = 1 << 20
+_request = threading.local()
 
 
-def _bounded(pieces: Iterator[bytes], limit: int, codec: str) -> bytes:
-    """Join decoded pieces, refusing as soon as they pass limit bytes."""
-    out, size = [], 0
-    for piece in pieces:
-        size += len(piece)
-        if size > limit:
-            raise ValueError(f"{codec} data decodes to more than the {limit}-byte limit")
-        out.append(piece)
-    return b"".join(out)
+def start_request(limit: int | None) -> None:
+    """Count every byte this thread decodes from now on against limit (None: no limit), so that no one
+    request, however its metadata and indexes are crafted, decodes without end."""
+    _request.left = limit
 
 
-def gunzip(data: bytes, limit: int) -> bytes:
+def _spend(nbytes: int) -> None:
+    left = getattr(_request, "left", None)
+    if left is not None:
+        _request.left = left - nbytes
+        if left < nbytes:
+            raise ValueError("this request has decoded more than its limit (4 times --max-file-size)")
+
+
+def _bounded(pieces: Iterator[bytes], limit: int, codec: str) -> bytearray:
+    """Decoded pieces gathered in one growing buffer (no second copy at the end), refused as soon as they
+    pass limit bytes."""
+    out = bytearray()
+    with contextlib.ExitStack() as large:
+        for piece in pieces:
+            _spend(len(piece))
+            if len(out) + len(piece) > limit:
+                raise ValueError(f"{codec} data decodes to more than the {limit}-byte limit")
+            if len(out) + len(piece) > LARGE_VALUE >= len(out):
+                large.enter_context(large_value_turn(len(out) + len(piece)))
+            out += piece
+    return out
+
+
+def gunzip(data: bytes, limit: int) -> bytearray:
     """Every gzip member of data. ValueError on bad gzip, trailing junk, or output beyond limit bytes; a
     refused bomb costs at most limit bytes, briefly."""
     # Pieces of at most 1 MiB: a small limit is one call, a large one cannot double its buffer past it.
     return _bounded(_gzip_pieces(data, min(limit + 1, STEP)), limit, "gzip")
 
 
-def _gzip_pieces(data: bytes, step: int) -> Iterator[bytes]:
-    rest = data
-    while rest:
+def _gzip_pieces(data: bytes | bytearray, step: int) -> Iterator[bytes]:
+    """Output pieces of at most step bytes, the input fed STEP bytes at a time: no copy of the rest of a
+    large input is made per piece."""
+    view, at = memoryview(data), 0
+    while at < len(view):
         member = zlib.decompressobj(wbits=31)
         try:
-            while not member.eof and (rest or member.unconsumed_tail):
-                yield member.decompress(rest or member.unconsumed_tail, step)
-                rest = b""
+            while not member.eof:
+                piece = member.unconsumed_tail or view[at : at + STEP]
+                if not piece:
+                    raise ValueError("gzip data ends before its stream does")
+                at += 0 if member.unconsumed_tail else len(piece)
+                yield member.decompress(piece, step)
         except zlib.error as e:
             raise ValueError(f"bad gzip data: {e}") from None
-        if not member.eof:
-            raise ValueError("gzip data ends before its stream does")
-        rest = member.unused_data
+        at -= len(member.unused_data)  # the next member starts within the piece just fed
 
 
-def unzstd(data: bytes, limit: int) -> bytes:
+def unzstd(data: bytes, limit: int) -> bytearray:
     """Every zstd frame of data, read piecewise; ValueError on bad data or output beyond limit bytes."""
     try:
         with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as reader:
@@ -62,10 +88,12 @@ def unblosc(data: bytes, limit: int) -> bytes:
     declared = int.from_bytes(data[4:8], "little")
     if declared > limit:
         raise ValueError(f"blosc data claims {declared} bytes, more than the {limit}-byte limit")
-    try:
-        return bytes(numcodecs.Blosc().decode(data))
-    except Exception as e:  # numcodecs raises RuntimeError and others on corrupt input
-        raise ValueError(f"bad blosc data: {e}") from None
+    _spend(declared)
+    with large_value_turn(declared):
+        try:
+            return bytes(numcodecs.Blosc().decode(data))
+        except Exception as e:  # numcodecs raises RuntimeError and others on corrupt input
+            raise ValueError(f"bad blosc data: {e}") from None
 
 
 def strip_crc32c(data: bytes) -> bytes:

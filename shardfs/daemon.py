@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import re
@@ -23,6 +24,7 @@ import mfusepy
 from cysystemd.daemon import Notification
 
 from shardfs import metrics, service
+from shardfs.cache import return_freed_memory
 from shardfs.fuse_adapter import ShardFS
 from shardfs.logs import log_to
 from shardfs.source import Source
@@ -139,6 +141,7 @@ def serve(
             on_ready()
 
     service.handle_signals(tree)  # first: every thread started after it inherits the blocked signals
+    return_freed_memory()
     try:
         service.serve_stats(mountpoint)
         if metrics_at is not None:
@@ -183,8 +186,10 @@ def mount(
     os.close(ready_r)
     os.setsid()
     source.tree.store.forget()  # its files would be closed under it next
-    os.closerange(3, ready_w)  # nothing the caller left open keeps its pipes or files alive
-    os.closerange(ready_w + 1, os.sysconf("SC_OPEN_MAX"))
+    # Nothing the caller left open keeps its pipes or files alive; the pipe and the source's root stay.
+    keep = sorted({2, ready_w, *source.tree.store.descriptors()})
+    for low, high in itertools.pairwise([*keep, os.sysconf("SC_OPEN_MAX")]):
+        os.closerange(low + 1, high)
     _detach_stdio(log_file)
     log_to(log_file)
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import mfusepy
 
 from shardfs import metrics
+from shardfs.codecs import start_request
 from shardfs.errors import CorruptChunk
 from shardfs.tree import Dir, Node, Owner, Tree
 
@@ -27,6 +28,7 @@ log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
 
 BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
+REQUEST_FILES = 4  # a request may decode as much as this many of the largest files (nested shards, a view)
 READDIR = metrics.OPS.labels("readdir")
 
 
@@ -50,6 +52,7 @@ def errors_to_errno(op: F) -> F:
     @functools.wraps(op)
     def wrapper(*args: Any) -> Any:
         pin_thread_state()
+        start_request(args[0].request_limit)
         start = time.perf_counter()
         try:
             return op(*args)
@@ -120,14 +123,15 @@ class ShardFS(mfusepy.Operations):
     def __init__(self, tree: Tree, mtime_ns: int, on_ready: Callable[[], None] | None = None) -> None:
         self.tree = tree
         self.on_ready = on_ready
+        self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
         self._dirs: dict[int, DirCursor] = {}
         self._handles = itertools.count(1)
         self._times = {"st_mtime": mtime_ns, "st_ctime": mtime_ns, "st_atime": mtime_ns, "st_blksize": BLOCK_SIZE}
-        self._dir_attrs = self._attrs(stat.S_IFDIR, tree.owner)
-        self._file_attrs = self._attrs(stat.S_IFREG, tree.owner)
+        self._attrs = functools.lru_cache(maxsize=1024)(self._attributes)
 
-    def _attrs(self, kind: int, owner: Owner) -> dict[str, int]:
-        """Attributes of a node owned by owner. Files get read bits only; directories read and search."""
+    def _attributes(self, kind: int, owner: Owner) -> dict[str, int]:
+        """Attributes of a node owned by owner (few distinct ones: cached). Files get read bits only;
+        directories read and search."""
         mode = owner.mode if kind == stat.S_IFDIR else owner.mode & 0o444
         nlink = 2 if kind == stat.S_IFDIR else 1
         return {"st_mode": kind | mode, "st_nlink": nlink, "st_uid": owner.uid, "st_gid": owner.gid, **self._times}
@@ -143,10 +147,9 @@ class ShardFS(mfusepy.Operations):
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         node = self._lookup(path)
         if isinstance(node, Dir):
-            return self._dir_attrs if node.owner is None else self._attrs(stat.S_IFDIR, node.owner)
+            return self._attrs(stat.S_IFDIR, node.owner)
         size = node.size()
-        base = self._file_attrs if node.owner is None else self._attrs(stat.S_IFREG, node.owner)
-        return {**base, "st_size": size, "st_blocks": (size + 511) // 512}
+        return {**self._attrs(stat.S_IFREG, node.owner), "st_size": size, "st_blocks": (size + 511) // 512}
 
     # No open/release: libfuse then answers OPEN itself, in C, still with keep_cache from `kernel_cache`,
     # so a warm open never enters Python. Writes are refused by the `ro` mount before they reach us.
@@ -170,6 +173,7 @@ class ShardFS(mfusepy.Operations):
     def readdir_with_offset(self, path: str, offset: int, fh: int) -> Iterator[tuple[str, int, int]]:
         """Entries are made while libfuse consumes them, so errors are mapped here, not by the decorator."""
         cursor = self._dirs[fh]
+        start_request(self.request_limit)
         start = time.perf_counter()
         try:
             yield from cursor.entries(offset)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardfs.cache import ByteCache
+from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
 from shardfs.errors import SourceError
 from shardfs.formats.plan import Plan
 from shardfs.formats.precomputed import open_precomputed
@@ -26,17 +26,21 @@ class Source:
     cache: ByteCache
 
 
-def open_source(path: str | Path, cache_bytes: int, view: str = "native") -> Source:
+def open_source(
+    path: str | Path, cache_bytes: int, view: str = "native", max_file_size: int = DEFAULT_MAX_VALUE
+) -> Source:
     """Detect the source's format and plan its mount, in the view asked for; SourceError, in one sentence,
     if it makes no sense."""
     root = Path(path).resolve()
+    if not root.exists():
+        raise SourceError(f"{root}: does not exist")
     if not root.is_dir():
         raise SourceError(f"{root}: not a directory")
     store = LocalStore(root)
-    cache = ByteCache(cache_bytes)
-    if (root / "zarr.json").exists():
+    cache = ByteCache(cache_bytes, max_file_size)
+    if store.kind("zarr.json") == "file":
         plan: Plan = open_zarr(store, cache)
-    elif (root / "info").exists():
+    elif store.kind("info") == "file":
         plan = open_precomputed(store, cache)
     else:
         raise SourceError(f"{root}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")

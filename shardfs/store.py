@@ -1,67 +1,301 @@
-"""Where bytes live. Every read is a byte range, so a chunk never costs a whole shard."""
+"""Where bytes live. Every read is a byte range of one version of one file, so a chunk never costs a
+whole shard and an index is never applied to bytes it was not read from.
+
+A mount is a service other users reach, so the local store resolves every path beneath its root one
+component at a time, each opened relative to its parent's descriptor with `O_NOFOLLOW`: a link is never
+followed, and swapping a directory for a link between a check and a use has no window to exploit. The
+owner and mode a node is shown with are narrowed by every directory on the way to it, so the mount lets
+read exactly what the source would, never more.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import io
 import os
 import stat
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from shardfs import metrics
 
+# The bits a class of users needs on a directory to pass it: search for owner, group, others.
+_SEARCH = (0o100, 0o010, 0o001)
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """Who may read a node: uid, gid and the read/search bits it is shown with (never write)."""
+
+    uid: int
+    gid: int
+    mode: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> Owner:
+        bits = 0o555 if stat.S_ISDIR(st.st_mode) else 0o444
+        return cls(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & bits)
+
+    def beneath(self, directories: tuple[Owner, ...]) -> Owner:
+        """This node as reached through directories: a class of users keeps its bits only if every one of
+        them surely lets that class search it. Unknown group memberships count against, so this never
+        grants more than the source does, and for the usual modes (0755, 0750, 0700) it grants the same."""
+        mode = self.mode
+        for d in directories:
+            ux, gx, ox = (bool(d.mode & bit) for bit in _SEARCH)
+            if not (ux and gx and ox):
+                mode &= ~0o007  # anyone may be its owner, in its group or neither
+            if not (ux and gx and (ox or d.gid == self.gid)):
+                mode &= ~0o070  # a member of our group may be its owner, or outside its group
+            if not ((d.uid == self.uid and ux) or (gx and ox)):
+                mode &= ~0o700
+        return Owner(self.uid, self.gid, mode)
+
+
+class StoreChanged(OSError):
+    """A file changed under the mount: what an index says of it no longer holds. The read is EIO."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(errno.EIO, f"changed under the mount ({why})", path)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    """One version of one file of the source. An index read from it is cached under its version, and
+    data read through that index comes from the same version, or the read fails."""
+
+    path: str
+    size: int
+    version: tuple
+    owner: Owner
+    store: Store = field(compare=False, repr=False)
+
+    def read(self, start: int, stop: int) -> bytes:
+        """Exactly bytes [start, stop) of this version; StoreChanged if they cannot be had."""
+        return self.store.read(self, start, stop) if stop > start else b""
+
+    def next_data(self, offset: int) -> int:
+        """The first offset at or after offset that may hold data (sparse files skip their holes)."""
+        return self.store.next_data(self, offset)
+
+
+class Store(Protocol):
+    """What formats, views and the tree know of where bytes live."""
+
+    def open(self, path: str) -> StoredFile:
+        """The current version of a regular file; FileNotFoundError if there is none."""
+
+    def read(self, file: StoredFile, start: int, stop: int) -> bytes: ...
+
+    def next_data(self, file: StoredFile, offset: int) -> int: ...
+
+    def list(self, path: str) -> Iterator[tuple[str, bool]]:
+        try:
+            fd = self._opendir(self._parts(path), os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            with os.scandir(fd) as entries:
+                for e in entries:
+                    if e.is_dir(follow_symlinks=False):
+                        yield e.name, True
+                    elif e.is_file(follow_symlinks=False):
+                        yield e.name, False
+        finally:
+            os.close(fd)
+
+    def kind(self, path: str) -> str | None:
+        """'file', 'dir', or None for anything else (absent, a link, a device)."""
+
+    def owner(self, path: str) -> Owner:
+        kind = self.kind(path)
+        if kind == "file":
+            return self.open(path).owner
+        parts = self._parts(path)
+        chain = self._nearest_directory(parts if kind == "dir" else parts[:-1])
+        return chain[-1].beneath(chain[:-1])
+
+    def _nearest_directory(self, parts: list[str]) -> tuple[Owner, ...]:
+        for n in range(len(parts), 0, -1):
+            with contextlib.suppress(FileNotFoundError):
+                return self._dirs("/".join(parts[:n]))
+        return self._dirs("")
+
+    def where(self, path: str) -> str:
+        """path as a user would name it, for messages."""
+
+    def forget(self) -> None:
+        """Close what is open and forget what was learned, so that the source is read afresh."""
+
+    def descriptors(self) -> list[int]:
+        """File descriptors the store needs kept open across a daemon's detaching."""
+
 
 class LocalStore:
-    """Byte ranges from files under one root directory, read with `os.pread`.
-
-    Open shard files are kept in a small LRU (functools', which is thread-safe and costs no Python
-    frames). An evicted file closes by refcounting once no reader still holds it, so eviction never
-    races a concurrent `pread`.
-    """
+    """Byte ranges from files under one root directory, read with `os.pread` on descriptors kept in an
+    LRU (functools', thread-safe and frameless). An evicted file closes by refcounting once no reader
+    still holds it, so eviction never races a concurrent `pread`."""
 
     def __init__(self, root: str | Path, max_open: int = 256) -> None:
-        self.root = Path(root).resolve()
+        self.root = Path(root).absolute()
+        self._root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        st = os.fstat(self._root)
+        self._root_owner = Owner.of(st)
+        # The directories above the root count too: the mount must not open what they close.
+        self._above = tuple(Owner.of(os.stat(p)) for p in reversed(self.root.parents))
         self._file = functools.lru_cache(maxsize=max_open)(self._open)
+        self._dirs = functools.lru_cache(maxsize=4096)(self._directories)
 
-    def _open(self, path: str) -> tuple[io.FileIO, int]:
-        """Only regular files inside the root are data. Opening is non-blocking, so a FIFO where a shard
-        should be cannot hang a FUSE thread; a link that leads out of the root is as good as absent."""
-        full = self.root / path
-        if not os.path.realpath(full).startswith(f"{self.root}/"):
-            raise FileNotFoundError(errno.ENOENT, "outside the source", str(full))
-        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    # -- resolving beneath the root -----------------------------------------------------------------------------------
+
+    def _parts(self, path: str) -> list[str]:
+        path = path.strip("/")  # "a/" and "a" are one directory
+        parts = path.split("/") if path else []
+        if any(p in ("", ".", "..") for p in parts):
+            raise FileNotFoundError(errno.ENOENT, "not a path beneath the source", self.where(path))
+        return parts
+
+    def _opendir(self, parts: list[str], flags: int = os.O_PATH) -> int:
+        """A descriptor of the directory parts lead to, every component opened with O_NOFOLLOW relative to
+        the one before. A link, or anything but a directory, on the way is as good as absent."""
+        fd = os.dup(self._root)
+        steps = parts if parts or flags == os.O_PATH else ["."]
+        try:
+            for i, part in enumerate(steps):
+                opened = os.open(part, (flags if i == len(steps) - 1 else os.O_PATH) | _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = opened
+        except OSError as e:
+            os.close(fd)
+            raise _absent(e, self.where("/".join(parts))) from None
+        return fd
+
+    def _directories(self, path: str) -> tuple[Owner, ...]:
+        """Owners of every directory from / down to path (cached: directories are few)."""
+        if not path:
+            return (*self._above, self._root_owner)
+        parent, _, _ = path.rpartition("/")
+        fd = self._opendir(self._parts(path))
+        try:
+            return (*self._dirs(parent), Owner.of(os.fstat(fd)))
+        finally:
+            os.close(fd)
+
+    def _open(self, path: str) -> tuple[io.FileIO, StoredFile]:
+        """Only regular files are data. Opening is non-blocking, so a FIFO where a shard should be cannot
+        hang a FUSE thread."""
+        parts = self._parts(path)
+        if not parts:
+            raise FileNotFoundError(errno.ENOENT, "not a file", self.where(path))
+        parent = self._opendir(parts[:-1])
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+        except OSError as e:
+            raise _absent(e, self.where(path)) from None
+        finally:
+            os.close(parent)
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
-            raise FileNotFoundError(errno.ENOENT, "not a regular file", str(full))
-        return io.FileIO(fd, "r"), st.st_size
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", self.where(path))
+        owner = Owner.of(st).beneath(self._dirs("/".join(parts[:-1])))
+        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return io.FileIO(fd, "r"), StoredFile(path, st.st_size, version, owner, self)
 
-    def size(self, path: str) -> int:
-        """Size of a file; FileNotFoundError when it is absent."""
+    def _lstat(self, path: str) -> os.stat_result | None:
+        parts = self._parts(path)
+        if not parts:
+            return os.fstat(self._root)
+        try:
+            parent = self._opendir(parts[:-1])
+        except FileNotFoundError:
+            return None
+        try:
+            return os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        finally:
+            os.close(parent)
+
+    # -- the Store protocol -------------------------------------------------------------------------------------------
+
+    def open(self, path: str) -> StoredFile:
         return self._file(path)[1]
 
-    def read(self, path: str, start: int, stop: int) -> bytes:
-        """Bytes [start, stop) of a file; shorter only if the file is shorter."""
-        f, _ = self._file(path)
-        data = os.pread(f.fileno(), stop - start, start) if stop > start else b""
+    def read(self, file: StoredFile, start: int, stop: int) -> bytes:
+        f, current = self._file(file.path)
+        if current.version != file.version:
+            raise StoreChanged(self.where(file.path), "replaced since its index was read")
+        data = os.pread(f.fileno(), stop - start, start)
         metrics.STORE_READS.inc()
         metrics.STORE_BYTES.inc(len(data))
+        if len(data) != stop - start:
+            raise StoreChanged(self.where(file.path), f"{len(data)} bytes at {start}, not {stop - start}: truncated")
         return data
 
-    def stat(self, path: str) -> os.stat_result:
-        """The entry itself, not what a link points to: links are not part of the presented tree."""
-        return os.lstat(self.root / path)
-
-    def scandir(self, path: str) -> Iterator[os.DirEntry[str]]:
-        """Entries of a directory, streamed; nothing if it does not exist."""
+    def next_data(self, file: StoredFile, offset: int) -> int:
+        f, current = self._file(file.path)
+        if current.version != file.version:
+            raise StoreChanged(self.where(file.path), "replaced since it was opened")
         try:
-            with os.scandir(self.root / path) as entries:
-                yield from entries
-        except (FileNotFoundError, NotADirectoryError):
+            return os.lseek(f.fileno(), offset, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data at or after offset: the rest is a hole
+                return file.size
+            raise
+
+    def list(self, path: str) -> Iterator[tuple[str, bool]]:
+        try:
+            fd = self._opendir(self._parts(path), os.O_RDONLY)
+        except FileNotFoundError:
             return
+        with os.scandir(fd) as entries:  # closes fd too
+            for e in entries:
+                if e.is_dir(follow_symlinks=False):
+                    yield e.name, True
+                elif e.is_file(follow_symlinks=False):
+                    yield e.name, False
+
+    def kind(self, path: str) -> str | None:
+        st = self._lstat(path)
+        if st is None:
+            return None
+        return "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else None
+
+    def owner(self, path: str) -> Owner:
+        parts = self._parts(path)
+        for n in range(len(parts), -1, -1):  # the path itself, else its nearest directory
+            here = "/".join(parts[:n])
+            try:
+                if n < len(parts) or self.kind(here) == "dir":
+                    return self._dirs(here)[-1].beneath(self._dirs(here)[:-1])
+                if self.kind(here) == "file":
+                    return self.open(here).owner
+            except FileNotFoundError:
+                continue
+        return self._root_owner.beneath(self._above)
+
+    def where(self, path: str) -> str:
+        return str(self.root / path) if path else str(self.root)
 
     def forget(self) -> None:
-        """Close the open files, before the daemon closes every inherited descriptor."""
         self._file.cache_clear()
+        self._dirs.cache_clear()
+
+    def descriptors(self) -> list[int]:
+        return [self._root]
+
+
+_DIR_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _absent(e: OSError, path: str) -> OSError:
+    """A link (ELOOP), a non-directory on the way (ENOTDIR) or nothing (ENOENT) all mean: not in the
+    source. Anything else (EACCES, EIO) is a real error and stays one."""
+    if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+        return FileNotFoundError(errno.ENOENT, "not in the source", path)
+    return OSError(e.errno, e.strerror, path)

@@ -7,20 +7,17 @@ The FUSE adapter, `shardfs ls`/`cat` and the tests all use this, so FUSE knows n
 
 from __future__ import annotations
 
-import os
-import posixpath
-import stat
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from shardfs.cache import ByteCache
-from shardfs.store import LocalStore
+from shardfs.cache import LARGE_VALUE, ByteCache
+from shardfs.store import Owner, Store, StoredFile
 
 
 class File(Protocol):
-    owner: Owner | None
+    owner: Owner
 
     def size(self) -> int: ...
 
@@ -28,30 +25,13 @@ class File(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Owner:
-    """Who may read a node, as the source says: its uid, gid and read/search bits (never write)."""
-
-    uid: int
-    gid: int
-    mode: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> Owner:
-        return cls(st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode) & 0o555)
-
-
 class Dir:
-    """A directory node; what it lists comes from `Tree.listdir`. Virtual ones have no owner of their own."""
+    """A directory node, searchable as the source directory it stands for; what it lists comes from
+    `Tree.listdir`."""
 
-    owner: Owner | None = None
-
-
-class SourceDir(Dir):
-    def __init__(self, owner: Owner) -> None:
-        self.owner = owner
+    owner: Owner
 
 
-DIR = Dir()
 Node = File | Dir
 
 
@@ -77,9 +57,11 @@ class Provider(Protocol):
 
 @dataclass(slots=True)
 class BytesFile:
-    data: bytes
-    owner: Owner | None = None  # None: virtual, readable as the source directory is
-    path: str = ""  # the source file the bytes were decoded from, if any: errors name it
+    """Bytes made once (rewritten metadata, a decoded chunk), kept as decoded: a large value is not copied."""
+
+    data: bytes | bytearray
+    owner: Owner  # the source file's the bytes come from
+    path: str = ""  # that source file, if the bytes were decoded from it: errors name it
 
     @property
     def nbytes(self) -> int:
@@ -89,32 +71,39 @@ class BytesFile:
         return len(self.data)
 
     def read(self, offset: int, length: int) -> bytes:
-        return self.data[offset : offset + length]
+        return bytes(memoryview(self.data)[offset : offset + length])
 
 
 @dataclass(slots=True)
 class RangeFile:
-    """A byte range of a source file: a raw chunk read straight from its shard, nothing copied in between."""
+    """A byte range of one version of a source file: a raw chunk read straight from its shard, nothing
+    copied in between; if the file changed since the range was found, the read fails."""
 
-    store: LocalStore
-    path: str
+    file: StoredFile
     start: int
     stop: int
-    owner: Owner | None = None
+
+    @property
+    def owner(self) -> Owner:
+        return self.file.owner
+
+    @property
+    def path(self) -> str:
+        return self.file.path
 
     def size(self) -> int:
         return self.stop - self.start
 
     def read(self, offset: int, length: int) -> bytes:
         start = self.start + offset
-        return self.store.read(self.path, start, min(start + length, self.stop))
+        return self.file.read(start, min(start + length, self.stop))
 
 
 class Tree:
     """Paths are relative to the mount root, '' being the root itself, with '/' separators."""
 
     def __init__(
-        self, store: LocalStore, cache: ByteCache, files: dict[str, bytes], providers: dict[str, Provider],
+        self, store: Store, cache: ByteCache, files: dict[str, bytes], providers: dict[str, Provider],
         passthrough: bool = True,
     ) -> None:  # fmt: skip
         """passthrough: whether source files the overlay and providers do not name are shown as they are
@@ -122,10 +111,10 @@ class Tree:
         self.passthrough = passthrough
         self.store = store
         self.cache = cache
-        self.owner = Owner.of(store.stat(""))  # virtual nodes are readable as the source directory is
-        self.files = {path: BytesFile(data) for path, data in files.items()}
+        self.owner = store.owner("")
+        self.files = {path: BytesFile(data, store.owner(path)) for path, data in files.items()}
         self.providers = providers
-        self._last: tuple[str | None, Node] = (None, DIR)
+        self._last: tuple[str | None, Node | None] = (None, None)
         # Overlay entries by parent directory, including the ancestors that the source may lack.
         self._overlay: dict[str, set[str]] = defaultdict(set)
         for path in (*files, *providers):
@@ -138,17 +127,18 @@ class Tree:
         """The node at path; FileNotFoundError if there is none. Nodes are cached, since every read looks
         up again; the last one is also kept apart, since a read mostly follows the lookup of its file."""
         last = self._last
-        if last[0] == path:
+        if last[0] == path and last[1] is not None:
             return last[1]
         node = self.cache.get_or_make(("node", path), lambda: self._lookup(path))
-        self._last = (path, node)
+        if getattr(node, "nbytes", 0) <= LARGE_VALUE:  # a large one is the cache's alone to keep or let go
+            self._last = (path, node)
         return node
 
     def drop_caches(self) -> None:
         """Forget looked-up nodes, indexes, decoded chunks and open shard files, so a source rewritten
         in place is read afresh. Metadata read at mount time (`info`, `zarr.json`) stays as it was."""
         self.cache.clear()
-        self._last = (None, DIR)
+        self._last = (None, None)
         self.store.forget()
 
     def _lookup(self, path: str) -> Node:
@@ -156,7 +146,7 @@ class Tree:
         if found is not None:
             return found
         if not path or path in self._overlay or path in self.providers:
-            return DIR
+            return Dir(self.store.owner(path))
         provider, rel = self._provider_of(path)
         if provider is not None:
             node = provider.child(rel)
@@ -179,14 +169,13 @@ class Tree:
         return None, path
 
     def _source(self, path: str) -> Node:
-        if posixpath.normpath(path) != path or path == ".." or path.startswith("../"):
-            raise FileNotFoundError(path)
-        st = self.store.stat(path)
-        if stat.S_ISDIR(st.st_mode):
-            return SourceDir(Owner.of(st))
-        if stat.S_ISREG(st.st_mode):
-            return RangeFile(self.store, path, 0, st.st_size, Owner.of(st))
-        raise FileNotFoundError(path)  # sockets, devices and links are not part of a dataset
+        kind = self.store.kind(path)  # sockets, devices and links are not part of a dataset
+        if kind == "dir":
+            return Dir(self.store.owner(path))
+        if kind == "file":
+            file = self.store.open(path)
+            return RangeFile(file, 0, file.size)
+        raise FileNotFoundError(path)
 
     def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
         """(name, is_dir) of a directory's entries, streamed: overlay, then the provider's, then the
@@ -201,11 +190,6 @@ class Tree:
         if not self.passthrough:
             return
         prefix = f"{rel}/" if rel else ""
-        for entry in self.store.scandir(path):
-            name = entry.name
-            if name in overlay or (provider is not None and provider.hides(prefix + name)):
-                continue
-            if entry.is_dir(follow_symlinks=False):
-                yield name, True
-            elif entry.is_file(follow_symlinks=False):
-                yield name, False
+        for name, is_dir in self.store.list(path):
+            if name not in overlay and not (provider is not None and provider.hides(prefix + name)):
+                yield name, is_dir

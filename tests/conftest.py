@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -38,10 +40,15 @@ def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mo
     """mount(source, *options) -> Mount, unmounted at teardown."""
     made: list[Path] = []
 
-    def make(source: Path, *options: str) -> Mount:
+    def make(source: Path, *options: str, under: Path | None = None) -> Mount:
+        """under: a directory to mount in (one other users can reach, for tests of what they may do)."""
         where = tmp_path_factory.mktemp("mnt")
         point, log = where / "m", where / "shardfs.log"
-        point.mkdir()
+        if under is not None:
+            point = Path(tempfile.mkdtemp(prefix="m", dir=under))
+            point.chmod(0o755)
+        else:
+            point.mkdir()
         shardfs("mount", source, point, "--log-file", log, *options)
         assert os.path.ismount(point), "mount returned before the mount was live"
         made.append(point)
@@ -51,3 +58,32 @@ def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mo
     for point in made:
         if os.path.ismount(point):
             shardfs("unmount", point)
+
+
+USER = "shardfs-test"  # an unprivileged local user: the other users a root `allow_other` mount serves
+
+
+@pytest.fixture(scope="session")
+def user() -> tuple[int, int]:
+    """(uid, gid) of an unprivileged user, created if missing."""
+    if subprocess.run(["id", "-u", USER], capture_output=True).returncode:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
+    uid, gid = (int(subprocess.run(["id", f, USER], capture_output=True, text=True).stdout) for f in ("-u", "-g"))
+    return uid, gid
+
+
+def as_user(user: tuple[int, int], *command: str | Path) -> subprocess.CompletedProcess[str]:
+    """A command run as the unprivileged user, with no supplementary groups: coreutils only, since the
+    user cannot reach the test's Python."""
+    drop = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--"]
+    return subprocess.run([*drop, *map(str, command)], capture_output=True, text=True, errors="replace", timeout=60)
+
+
+@pytest.fixture
+def public_tmp() -> Iterator[Path]:
+    """A directory every user can search, outside pytest's private temp root: a source under it is shared
+    only as far as its own modes say."""
+    path = Path(tempfile.mkdtemp(prefix="shardfs-public-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

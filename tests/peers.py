@@ -8,12 +8,14 @@ unsharded content, so tests compare shardfs against an independent implementatio
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import math
 import pathlib
 import struct
 from typing import Any
 
+import mmh3
 import numpy as np
 import tensorstore as ts
 
@@ -452,3 +454,25 @@ def write_cloudvolume_multires_meshes(root: pathlib.Path, *, data_encoding: str 
         },
     )
     return expected
+
+
+def volume_chunk_shards(root: pathlib.Path, key: str) -> dict[str, str]:
+    """Unsharded chunk name -> the shard file holding it, for a sharded volume scale, by the spec's maths
+    written out here (compressed Morton code, murmurhash3_x86_128 of the preshifted key, minishard and
+    shard bits): an account of where chunks live that owes nothing to shardfs."""
+    info = json.loads((root / "info").read_text())
+    scale = next(s for s in info["scales"] if s["key"] == key)
+    size, chunk, offset = scale["size"], scale["chunk_sizes"][0], scale.get("voxel_offset", [0, 0, 0])
+    spec = scale["sharding"]
+    grid = tuple(-(-s // c) for s, c in zip(size, chunk, strict=True))
+    digits = max(1, -(-spec["shard_bits"] // 4))
+    out = {}
+    for pos in itertools.product(*map(range, grid)):
+        bounds = zip(pos, chunk, offset, size, strict=True)
+        name = "_".join(f"{o + p * c}-{o + min((p + 1) * c, s)}" for p, c, o, s in bounds)
+        hashed = compressed_morton_code(pos, grid) >> spec["preshift_bits"]
+        if spec["hash"] == "murmurhash3_x86_128":
+            hashed = mmh3.hash64(hashed.to_bytes(8, "little"), 0, False, False)[0]
+        shard = (hashed >> spec["minishard_bits"]) & ((1 << spec["shard_bits"]) - 1)
+        out[name] = f"{shard:0{digits}x}.shard"
+    return out

@@ -101,23 +101,32 @@ def test_foreground_stays_attached_and_exits_on_sigterm(source, tmp_path) -> Non
 def test_source_that_is_not_a_dataset_refuses(tmp_path) -> None:
     (tmp_path / "m").mkdir()
     result = shardfs("mount", tmp_path / "nothing", tmp_path / "m", check=False)
-    assert result.returncode == 2 and "not a directory" in result.stderr
+    assert result.returncode == 2 and "does not exist" in result.stderr
     (tmp_path / "empty").mkdir()
     result = shardfs("mount", tmp_path / "empty", tmp_path / "m", check=False)
     assert result.returncode == 2 and "neither 'zarr.json' (zarr v3) nor 'info'" in result.stderr
 
 
-def test_permissions_follow_the_source(tmp_path, mount) -> None:
-    """Virtual files are readable as the source directory is; passthrough files keep their own bits."""
-    root = tmp_path / "vol"
+def test_permissions_follow_the_source(public_tmp, mount) -> None:
+    """Every node carries the owner and read/search bits of what it stands for (a chunk its shard's, a
+    directory its source directory's, never write bits), narrowed by the directories above: the source's
+    0750 root takes every bit of others away (tests/test_isolation.py tries them as another user)."""
+    root = public_tmp / "vol"
     peers.write_tensorstore_volume(root, extra_unsharded_scale=True)
     (root / "private.txt").write_text("secret")
     os.chmod(root / "private.txt", 0o600)
     os.chmod(root, 0o750)
+    os.chown(root / "4_4_40", 1234, 5678)
     m = mount(root)
     chunk = next((m.path / "4_4_40").iterdir())
     owner = root.stat()
-    for path, mode in [(chunk, 0o440), (m.path / "4_4_40", 0o550), (m.path / "info", 0o440),
-                       (m.path / "private.txt", 0o400), (m.path / "8_8_40", 0o555)]:  # fmt: skip
+    for path, mode, uid, gid in [
+        (chunk, 0o440, owner.st_uid, owner.st_gid),  # its shard's
+        (m.path / "4_4_40", 0o000, 1234, 5678),  # its owner and group cannot pass the 0750 root: nobody may
+        (m.path / "info", 0o440, owner.st_uid, owner.st_gid),
+        (m.path / "private.txt", 0o400, owner.st_uid, owner.st_gid),
+        (m.path / "8_8_40", 0o550, owner.st_uid, owner.st_gid),
+        (m.path, 0o550, owner.st_uid, owner.st_gid),
+    ]:
         st = path.stat()
-        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (mode, owner.st_uid, owner.st_gid), path
+        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (mode, uid, gid), path

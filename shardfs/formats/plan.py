@@ -3,6 +3,7 @@ for the cross-format views, its groups and arrays described in one common shape.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,8 +11,12 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
-from shardfs.store import LocalStore
+from shardfs.errors import SourceError
+from shardfs.store import Owner, Store
 from shardfs.tree import File, Provider
+
+METADATA_LIMIT = 64 << 20  # bytes of one metadata file (`info`, `zarr.json`) parsed
+METADATA_DEPTH = 64  # nesting of its JSON: real metadata has under 10
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class Array:
     chunk: Callable[[tuple[int, ...]], File | None]  # a stored chunk, or None if it was never written
     stored: Callable[[], Iterable[tuple[int, ...]]]  # positions of the stored chunks, streamed
     decode: Callable[[bytes, tuple[int, ...]], np.ndarray]  # stored bytes, stored shape → C-order array
+    owner: Owner  # the array directory's: who may search the directories a view makes for it
     multiscale: dict[str, Any] = field(default_factory=dict)  # precomputed: resolution and voxel_offset (x, y, z)
 
 
@@ -50,9 +56,39 @@ def grid_position(parts: list[str]) -> tuple[int, ...] | None:
     return tuple(map(int, parts))
 
 
+def load_json(store: Store, path: str) -> Any:
+    """A metadata file parsed, bounded in size and nesting so that no file can exhaust the parser or the
+    code that walks its result; SourceError naming the file otherwise. FileNotFoundError if absent."""
+    file = store.open(path)
+    where = store.where(path)
+    if file.size > METADATA_LIMIT:
+        raise SourceError(f"{where}: {file.size} bytes, more than the {METADATA_LIMIT}-byte limit for metadata")
+    try:
+        value = json.loads(file.read(0, file.size))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SourceError(f"{where}: not valid JSON ({e})") from None
+    except RecursionError:
+        value = None  # deeper than the parser goes, so deeper than allowed
+    else:
+        if _depth(value) <= METADATA_DEPTH:
+            return value
+    raise SourceError(f"{where}: JSON nested more than {METADATA_DEPTH} levels deep")
+
+
+def _depth(value: Any) -> int:
+    """Nesting of a parsed JSON value, walked without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 @dataclass
 class Plan:
-    store: LocalStore
+    store: Store
     cache: ByteCache
     files: dict[str, bytes] = field(default_factory=dict)  # metadata rewritten without sharding
     providers: dict[str, Provider] = field(default_factory=dict)  # sharded directories, by path

@@ -3,7 +3,6 @@ and every `info` rewritten without `sharding`, so that readers take the unsharde
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -15,14 +14,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from shardfs.cache import ByteCache
+from shardfs.cache import ByteCache, large_value_turn
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.formats.encodings import decode_precomputed
-from shardfs.formats.plan import Array, Plan
+from shardfs.formats.plan import Array, Plan, load_json
 from shardfs.shards.morton import MortonCode
 from shardfs.shards.neuroglancer import UINT64_MAX, Chunk, ShardedKV, ShardingSpec
-from shardfs.store import LocalStore
+from shardfs.store import Store
 from shardfs.tree import BytesFile, File, RangeFile
 
 log = logging.getLogger("shardfs")
@@ -119,8 +118,8 @@ def chunk_file(kv: ShardedKV, chunk: Chunk) -> File:
     """A raw chunk is read straight from its shard; a gzip one is decoded now, because its size is
     needed for stat anyway, and the node cache then serves every read of it."""
     if kv.spec.data_encoding == "raw":
-        return RangeFile(kv.store, chunk.shard, chunk.start, chunk.stop)
-    return BytesFile(kv.value(chunk), path=chunk.shard)
+        return RangeFile(chunk.file, chunk.start, chunk.stop)
+    return BytesFile(kv.value(chunk), chunk.file.owner, chunk.shard)
 
 
 @dataclass
@@ -181,7 +180,7 @@ class MeshDir(ChunkDir):
         length = fragment_bytes(self.kv.value(chunk))
         if length is None or length > chunk.start - self.kv.spec.shard_index_size:
             raise CorruptChunk(chunk.shard, key, "manifest's fragment sizes overrun the data before it")
-        return RangeFile(self.kv.store, chunk.shard, chunk.start - length, chunk.start)
+        return RangeFile(chunk.file, chunk.start - length, chunk.start)
 
     def names(self) -> Iterator[str]:
         for name in super().names():
@@ -216,13 +215,14 @@ class VolumeScale:
     """A volume scale as an array in C order: (z, y, x), or (c, z, y, x) with several channels. That is
     the memory order of a raw precomputed chunk, so raw chunks need no reordering anywhere."""
 
-    store: LocalStore
+    store: Store
     directory: str
     naming: VolumeChunks
     kv: ShardedKV | None  # None: an unsharded scale, one source file per chunk
     data_type: str
     channels: int
     scale: dict[str, Any]
+    chunk_limit: int  # the most one chunk may decode to
 
     def array(self) -> Array:
         lead = (self.channels,) if self.channels > 1 else ()
@@ -238,6 +238,7 @@ class VolumeScale:
             chunk=self.chunk,
             stored=self.stored,
             decode=self.decode,
+            owner=self.store.owner(self.directory),
             multiscale={"resolution": self.scale.get("resolution", [1, 1, 1]), "voxel_offset": self.naming.offset},
         )
 
@@ -249,14 +250,14 @@ class VolumeScale:
         path = posixpath.join(self.directory, self.naming.name_of(xyz))
         for name, gzipped in ((path, False), (f"{path}.gz", True)):
             try:
-                size = self.store.size(name)
-            except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                file = self.store.open(name)
+            except FileNotFoundError:
                 continue
             if not gzipped:
-                return RangeFile(self.store, name, 0, size)
+                return RangeFile(file, 0, file.size)
             try:
-                limit = 2 * math.prod(self.naming.chunk) * self.channels * VOXEL_BYTES[self.data_type] + 65536
-                return BytesFile(gunzip(self.store.read(name, 0, size), limit), path=name)
+                with large_value_turn(file.size):
+                    return BytesFile(gunzip(file.read(0, file.size), self.chunk_limit), file.owner, name)
             except ValueError as e:
                 raise CorruptChunk(name, xyz, str(e)) from e
         return None
@@ -266,7 +267,7 @@ class VolumeScale:
         if self.kv is not None:
             codes: Iterator[int | None] = iter(self.kv.stored_keys())
         else:
-            codes = (self.naming.key(e.name.removesuffix(".gz")) for e in self.store.scandir(self.directory))
+            codes = (self.naming.key(name.removesuffix(".gz")) for name, _ in self.store.list(self.directory))
         for code in codes:
             xyz = None if code is None else self.naming.morton.decode(code)
             if xyz is not None:
@@ -295,20 +296,15 @@ class Precomputed(Plan):
         if path in self.seen:
             return  # a mesh or skeletons key that points back at a directory already planned
         self.seen.add(path)
+        where = self.store.where(path)
         try:
-            raw = self.store.read(path, 0, self.store.size(path))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            info = load_json(self.store, path)
+        except FileNotFoundError:
             if required:
-                raise SourceError(f"{self.store.root / path}: missing; a precomputed dataset starts with it") from None
+                raise SourceError(f"{where}: missing; a precomputed dataset starts with it") from None
             return
-        where = str(self.store.root / path)
-        try:
-            info = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SourceError(f"{where}: not valid JSON ({e})") from None
         if not isinstance(info, dict):
             raise SourceError(f"{where}: must hold a JSON object")
-        info = copy.deepcopy(info)
         kind = info.get("@type")
         handlers = {
             "neuroglancer_multiscale_volume": self._volume,
@@ -367,11 +363,13 @@ class Precomputed(Plan):
                 if kv is not None:
                     raise
                 continue  # an unsharded scale passes through as stored, whatever it holds; no view shows it
-            scale_array = VolumeScale(self.store, scale_dir, naming, kv, info["data_type"], channels, scale)
+            # Any encoding of a chunk is smaller than twice its raw size; none may pass one file's cap.
+            limit = min(2 * math.prod(naming.chunk) * voxel_bytes + 65536, self.cache.max_value)
+            scale_array = VolumeScale(self.store, scale_dir, naming, kv, info["data_type"], channels, scale, limit)
             self.arrays[scale_dir] = scale_array.array()
             if kv is None:
                 continue
-            kv.value_limit = 2 * math.prod(naming.chunk) * voxel_bytes + 65536  # any encoding of a chunk is smaller
+            kv.value_limit = limit
             details = {
                 "size": naming.size, "chunk_size": naming.chunk, "voxel_offset": naming.offset,
                 "encoding": scale.get("encoding"),
@@ -435,7 +433,7 @@ def _ints(obj: dict, key: str, where: str, prefix: str, *, positive: bool = Fals
     return value
 
 
-def open_precomputed(store: LocalStore, cache: ByteCache) -> Precomputed:
+def open_precomputed(store: Store, cache: ByteCache) -> Precomputed:
     plan = Precomputed(store, cache, format="precomputed")
     plan.add_info("", required=True)
     return plan

@@ -21,17 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from shardfs.cache import ByteCache
+from shardfs.cache import ByteCache, large_value_turn
 from shardfs.codecs import UNDO
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.formats.plan import Array, Compressor, Plan, grid_position
+from shardfs.formats.plan import Array, Compressor, Plan, grid_position, load_json
 from shardfs.shards.zarr import IndexLayout
-from shardfs.store import LocalStore
-from shardfs.tree import DIR, BytesFile, File, Node, RangeFile
+from shardfs.store import Store, StoredFile
+from shardfs.tree import BytesFile, Dir, File, Node, RangeFile
 
 log = logging.getLogger("shardfs")
 
 DRAFT_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
+MAX_NESTING = 8  # sharding levels; writers use one or two, and each level is work for every lookup
 
 
 class Unsupported(Exception):
@@ -78,6 +79,8 @@ def unshard(codecs: list, chunk_shape: tuple[int, ...]) -> tuple[list[Level], li
         inner = tuple(config.get("chunk_shape") or ()) if isinstance(config, dict) else ()
         if not positive_ints(inner, len(shape)) or any(s % i for s, i in zip(shape, inner, strict=True)):
             raise Unsupported(f"inner chunk shape {list(inner)} does not divide the shard shape {list(shape)}")
+        if len(levels) == MAX_NESTING:
+            raise Unsupported(f"sharding is nested more than {MAX_NESTING} levels deep")
         cps = tuple(s // i for s, i in zip(shape, inner, strict=True))
         levels.append(Level(shape, inner, _index_layout(config, cps), post))
         codecs, shape = config.get("codecs", []), inner
@@ -194,30 +197,42 @@ class Present:
 class Blob:
     """One shard's bytes at some nesting level: a range of its file, or decoded bytes in the cache."""
 
-    shard: str
+    file: StoredFile
     start: int
     stop: int
-    data: bytes | None = None
-    # Which blob this is: the shard, then the index entry numbers leading down to it. Cache keys use it,
-    # because offsets inside decoded bytes repeat from one inner shard to the next.
+    data: bytes | bytearray | None = None
+    # Which blob this is: the shard and its version, then the index entry numbers leading down to it. Cache
+    # keys use it, because offsets inside decoded bytes repeat from one inner shard to the next.
     key: tuple = ()
+
+    @classmethod
+    def whole(cls, file: StoredFile) -> Blob:
+        return cls(file, 0, file.size, key=(file.path, file.version))
+
+    @property
+    def shard(self) -> str:
+        return self.file.path
 
 
 class ZarrArray:
     """A sharded zarr v3 array presented with its innermost chunks (a tree Provider)."""
 
     def __init__(
-        self, store: LocalStore, cache: ByteCache, directory: str, shape: tuple[int, ...], levels: list[Level],
+        self, store: Store, cache: ByteCache, directory: str, shape: tuple[int, ...], levels: list[Level],
         keys: ChunkKeys, itemsize: int | None,
     ) -> None:  # fmt: skip
         self.store, self.cache, self.directory = store, cache, directory
         # The most a shard blob of each level may decode to: its raw size twice over (no codec expands
-        # more), its index, and codec headers. Variable-size types have no such bound: the cache budget.
+        # more), its index, and codec headers; never more than one file's cap, the only bound of
+        # variable-size types.
         self.limits = [
-            2 * math.prod(lv.shape) * itemsize + lv.layout.size + (1 << 20) if itemsize else cache.budget
+            min(2 * math.prod(lv.shape) * itemsize + lv.layout.size + (1 << 20), cache.max_value)
+            if itemsize
+            else cache.max_value
             for lv in levels
         ]
         self.levels, self.keys, self.shape = levels, keys, shape
+        self._nothing = Present.of(np.empty((0, len(shape)), np.int64))
         self.inner = levels[-1].inner
         self.grid = tuple(-(-s // c) for s, c in zip(shape, self.inner, strict=True))
         self.per_shard = tuple(s // c for s, c in zip(levels[0].shape, self.inner, strict=True))
@@ -263,9 +278,11 @@ class ZarrArray:
         if not all(p < g for p, g in zip(pos, self.grid, strict=False)):
             raise FileNotFoundError(rel)
         if not whole:
-            if not any(pos in self._present(path).prefixes for path in self._candidate_shards(self._shard_of(pos))):
+            shard_prefix = self._shard_of(pos)
+            if not any(pos in self._present(path).prefixes for path in self._candidate_shards(shard_prefix)):
                 raise FileNotFoundError(rel)
-            return DIR
+            # It stands for the directory of the shards it draws on (c/1 for c/5 with 4 chunks a shard).
+            return Dir(self.store.owner(self._shard_path(shard_prefix).rstrip("/.")))
         found = self.locate(pos)
         if found is None:
             raise FileNotFoundError(rel)
@@ -275,10 +292,9 @@ class ZarrArray:
 
     def locate(self, pos: tuple[int, ...]) -> File | None:
         """The inner chunk at global grid position pos, or None if it is absent."""
-        path = self._shard_path(self._shard_of(pos))
         try:
-            blob = Blob(path, 0, self.store.size(path), key=(path,))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            blob = Blob.whole(self.store.open(self._shard_path(self._shard_of(pos))))
+        except FileNotFoundError:
             return None  # a missing shard holds no chunks
         for depth, (level, steps) in enumerate(zip(self.levels, self._steps, strict=True)):
             blob = self._decoded(blob, level, depth)
@@ -290,20 +306,20 @@ class ZarrArray:
                 return None
             blob = self._sub(blob, number, *found, pos)
         if blob.data is None:
-            return RangeFile(self.store, blob.shard, blob.start, blob.stop)
-        return BytesFile(blob.data[blob.start : blob.stop], path=blob.shard)
+            return RangeFile(blob.file, blob.start, blob.stop)
+        return BytesFile(bytes(blob.data[blob.start : blob.stop]), blob.file.owner, blob.shard)
 
     def _sub(self, blob: Blob, number: int, offset: int, nbytes: int, what: object) -> Blob:
         """The blob of index entry number in blob, at [offset, offset + nbytes)."""
         if offset + nbytes > blob.stop - blob.start:
             raise CorruptChunk(blob.shard, what, f"index entry [{offset}, +{nbytes}) lies outside the shard")
         start = blob.start + offset
-        return Blob(blob.shard, start, start + nbytes, blob.data, (*blob.key, number))
+        return Blob(blob.file, start, start + nbytes, blob.data, (*blob.key, number))
 
     def _read(self, blob: Blob, start: int, stop: int) -> bytes:
         if blob.data is not None:
             return blob.data[blob.start + start : blob.start + stop]
-        return self.store.read(blob.shard, blob.start + start, blob.start + stop)
+        return blob.file.read(blob.start + start, blob.start + stop)
 
     def _decoded(self, blob: Blob, level: Level, depth: int) -> Blob:
         if not level.post:
@@ -311,12 +327,13 @@ class ZarrArray:
 
         def make() -> bytes:
             try:
-                return decode_blob(self._read(blob, 0, blob.stop - blob.start), level.post, self.limits[depth])
+                with large_value_turn(blob.stop - blob.start):
+                    return decode_blob(self._read(blob, 0, blob.stop - blob.start), level.post, self.limits[depth])
             except ValueError as e:
                 raise CorruptChunk(blob.shard, f"level {depth} shard blob", f"cannot decode {level.post}: {e}") from e
 
         data = self.cache.get_or_make(("zarr-blob", blob.key), make)
-        return Blob(blob.shard, 0, len(data), data, blob.key)
+        return Blob(blob.file, 0, len(data), data, blob.key)
 
     def _index(self, blob: Blob, level: Level, depth: int) -> bytes:
         def make() -> bytes:
@@ -381,22 +398,16 @@ class ZarrArray:
                     files_below(self.store, posixpath.join(self.directory, self.keys.key(shard_prefix)))
                 )
                 return
-            for e in self.store.scandir(posixpath.join(self.directory, self.keys.top)):
-                child = posixpath.join(self.directory, self.keys.top, e.name)
+            top = posixpath.join(self.directory, self.keys.top)
+            for name, is_dir in self.store.list(top):
+                child = posixpath.join(top, name)
                 if self.keys.owns(child[len(self.directory) :].lstrip("/")):
-                    yield from self._whole_keys(
-                        [child] if e.is_file(follow_symlinks=False) else files_below(self.store, child)
-                    )
+                    yield from self._whole_keys(files_below(self.store, child) if is_dir else [child])
             return
-        for e in self.store.scandir(self.directory):
-            parsed = self.keys.parse(e.name)
-            if (
-                parsed is not None
-                and parsed[1]
-                and parsed[0][: len(shard_prefix)] == shard_prefix
-                and e.is_file(follow_symlinks=False)
-            ):
-                yield posixpath.join(self.directory, e.name)
+        for name, is_dir in self.store.list(self.directory):
+            parsed = self.keys.parse(name)
+            if parsed is not None and parsed[1] and parsed[0][: len(shard_prefix)] == shard_prefix and not is_dir:
+                yield posixpath.join(self.directory, name)
 
     def _whole_keys(self, paths: Iterable[str]) -> Iterator[str]:
         """Only files named by a whole chunk key are shards (a stray file at c/1 in a 2-d array is not)."""
@@ -406,46 +417,50 @@ class ZarrArray:
                 yield path
 
     def _present(self, path: str) -> Present:
-        """The inner chunks stored in one shard file, for listing: computed once per shard and cached; a
-        corrupt shard is logged and lists as empty."""
-
-        def make() -> Present:
-            try:
-                return Present.of(self.stored(path))
-            except CorruptChunk as e:
-                log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
-            return Present.of(np.empty((0, len(self.shape)), np.int64))
-
-        return self.cache.get_or_make(("zarr-present", path), make)
-
-    def stored(self, path: str, verify: bool = False) -> np.ndarray:
-        """Global positions (n, ndim) of the inner chunks stored in one shard file inside the array (none
-        if it is absent), vectorized through every nesting level. CorruptChunk if an index cannot be read
-        or, with verify (`shardfs check`), if any innermost entry lies outside its blob: listing shows
-        such a chunk and its read fails, as precomputed does."""
-        shard = self.keys.parse(path[len(self.directory) :].lstrip("/"))
+        """The inner chunks stored in one shard file, for listing: computed once per version of the shard
+        and cached. A missing shard lists as empty; a corrupt or unreadable one too, and is logged."""
         try:
-            if shard is None or not shard[1]:
-                raise FileNotFoundError(path)
-            blob = Blob(path, 0, self.store.size(path), key=(path,))
-            origin = np.multiply(shard[0], self.levels[0].shape, dtype=np.int64)
-            return self._walk(blob, 0, origin, verify)
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            return np.empty((0, len(self.shape)), np.int64)
+            file = self.store.open(path)
+            return self.cache.get_or_make(("zarr-present", path, file.version), lambda: Present.of(self.stored(file)))
+        except FileNotFoundError:
+            pass
+        except CorruptChunk as e:
+            log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
+        except OSError as e:  # EACCES, EIO from the disk, changed under the mount
+            log.error("listing skips a shard: %s", e, extra={"event": "listing_skip", "shard": path})
+        return self._nothing
+
+    def stored(self, file: StoredFile, verify: bool = False) -> np.ndarray:
+        """Global positions (n, ndim) of the inner chunks stored in one shard file inside the array,
+        vectorized through every nesting level. CorruptChunk if an index cannot be read or, with verify
+        (`shardfs check`), if any innermost entry lies outside its blob: listing shows such a chunk and its
+        read fails, as precomputed does."""
+        shard = self.keys.parse(file.path[len(self.directory) :].lstrip("/"))
+        if shard is None or not shard[1]:
+            return self._nothing.positions
+        origin = np.multiply(shard[0], self.levels[0].shape, dtype=np.int64)
+        return self._walk(Blob.whole(file), 0, origin, verify)
 
     def _walk(self, blob: Blob, depth: int, origin: np.ndarray, verify: bool) -> np.ndarray:
         level = self.levels[depth]
         blob = self._decoded(blob, level, depth)
         numbers, within, rows = level.layout.present(self._index(blob, level, depth))
         starts = origin + within * np.asarray(level.inner, dtype=np.int64)  # element coordinates of each chunk
-        if depth + 1 == len(self.levels):
-            if verify:
-                size = np.uint64(blob.stop - blob.start)
-                offsets, sizes = rows[:, 0], rows[:, 1]
-                for i in np.flatnonzero((sizes > size) | (offsets > size - np.minimum(sizes, size)))[:1].tolist():
-                    self._sub(blob, numbers[i], *rows[i].tolist(), path_key(starts[i]))  # raises CorruptChunk
+        last = depth + 1 == len(self.levels)
+        if verify or not last:
+            size = np.uint64(blob.stop - blob.start)
+            offsets, sizes = rows[:, 0], rows[:, 1]
+            for i in np.flatnonzero((sizes > size) | (offsets > size - np.minimum(sizes, size)))[:1].tolist():
+                self._sub(blob, numbers[i], *rows[i].tolist(), path_key(starts[i]))  # raises CorruptChunk
+        if last:
             pos = starts // np.asarray(self.inner, dtype=np.int64)
             return pos[(pos < np.asarray(self.grid, dtype=np.int64)).all(axis=1)]
+        # Inner shards own disjoint bytes. Were two entries to share some, a walk could visit the same
+        # bytes over and over, exponentially in the depth: refused, so listing is bounded by bytes stored.
+        order = np.argsort(rows[:, 0], kind="stable")
+        ends = (rows[order, 0] + rows[order, 1]).astype(np.int64)
+        if len(order) > 1 and (rows[order[1:], 0].astype(np.int64) < ends[:-1]).any():
+            raise CorruptChunk(blob.shard, f"level {depth} index", "inner shards overlap")
         below = [
             self._walk(self._sub(blob, number, offset, nbytes, path_key(start)), depth + 1, start, verify)
             for number, start, (offset, nbytes) in zip(numbers.tolist(), starts, rows.tolist(), strict=True)
@@ -461,13 +476,13 @@ def itemsize(data_type: Any) -> int | None:
         return None
 
 
-def files_below(store: LocalStore, path: str) -> Iterator[str]:
+def files_below(store: Store, path: str) -> Iterator[str]:
     """Every file below a source directory, streamed."""
-    for e in store.scandir(path):
-        child = posixpath.join(path, e.name)
-        if e.is_dir(follow_symlinks=False):
+    for name, is_dir in store.list(path):
+        child = posixpath.join(path, name)
+        if is_dir:
             yield from files_below(store, child)
-        elif e.is_file(follow_symlinks=False):
+        else:
             yield child
 
 
@@ -482,37 +497,41 @@ def path_key(origin: Iterable[int]) -> str:
 class ZarrPlan(Plan):
     """The mount plan for a zarr v3 hierarchy: rewritten array metadata and sharded arrays."""
 
-    def walk(self, directory: str, root: bool) -> None:
+    def walk(self) -> None:
+        """Every node from the root down, depth first, without recursion: nesting is the source's to choose."""
+        pending = [""]
+        while pending:
+            pending += reversed(self._node(pending.pop()))
+
+    def _node(self, directory: str) -> list[str]:
+        """Plan the node in directory; the directories of its children, for a group. A malformed node below
+        the root is served as stored; a malformed root refuses the mount."""
+        root = not directory
         path = posixpath.join(directory, "zarr.json")
-        where = str(self.store.root / path)
+        where = self.store.where(path)
         try:
-            meta = json.loads(self.store.read(path, 0, self.store.size(path)))
+            meta = load_json(self.store, path)
             if root and isinstance(meta, dict) and meta.get("zarr_format") == DRAFT_FORMAT:
                 self.walk_draft()
-                return
+                return []
             if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
                 raise SourceError(f"{where}: field 'zarr_format' must be 3")
             node_type = meta.get("node_type")
             if node_type == "array":
                 self._array(directory, meta, where)
-            elif node_type != "group":
+                return []
+            if node_type != "group":
                 raise SourceError(f"{where}: field 'node_type' must be 'group' or 'array', not {node_type!r}")
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            self._refuse(SourceError(f"{where}: not valid JSON ({e})"), root)
-            return
         except SourceError as e:
             self._refuse(e, root)
-            return
+            return []
         except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
             self._refuse(SourceError(f"{where}: cannot make sense of it ({type(e).__name__}: {e})"), root)
-            return
-        if node_type == "group":
-            self.kinds.append(f"{directory or '.'}: zarr v3 group")
-            self.groups[directory] = meta.get("attributes") or {}
-            for e in self.store.scandir(directory):
-                child = posixpath.join(directory, e.name)
-                if e.is_dir(follow_symlinks=False) and (self.store.root / child / "zarr.json").is_file():
-                    self.walk(child, root=False)
+            return []
+        self.kinds.append(f"{directory or '.'}: zarr v3 group")
+        self.groups[directory] = meta.get("attributes") or {}
+        children = (posixpath.join(directory, name) for name, is_dir in self.store.list(directory) if is_dir)
+        return [child for child in children if self.store.kind(posixpath.join(child, "zarr.json")) == "file"]
 
     def walk_draft(self) -> None:
         """The 2022 sharding storage transformer draft (zarr-python 2.14-2.18): metadata at
@@ -526,15 +545,14 @@ class ZarrPlan(Plan):
                 except SourceError as e:
                     self._refuse(e, root=False)
                 except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
-                    where = self.store.root / path
+                    where = self.store.where(path)
                     self._refuse(SourceError(f"{where}: cannot make sense of it ({type(e).__name__}: {e})"), False)
 
     def _draft_array(self, path: str) -> None:
-        where = str(self.store.root / path)
-        try:
-            meta = json.loads(self.store.read(path, 0, self.store.size(path)))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise SourceError(f"{where}: not valid JSON ({e})") from None
+        where = self.store.where(path)
+        meta = load_json(self.store, path)
+        if not isinstance(meta, dict):
+            raise SourceError(f"{where}: must hold a JSON object")
         name = path[len("meta/root") : -len(".array.json")].strip("/")
         transformers = meta.get("storage_transformers") or []
         if not transformers:
@@ -623,15 +641,16 @@ class ZarrPlan(Plan):
             return
         attributes = meta.get("attributes") or {}
         self.arrays[directory] = Array(
-            tuple(meta["shape"]), chunks, dtype, fill, attributes, compressor, opaque, False, chunk, stored, decode
-        )
+            tuple(meta["shape"]), chunks, dtype, fill, attributes, compressor, opaque, False, chunk, stored, decode,
+            self.store.owner(directory),
+        )  # fmt: skip
 
 
 @dataclass
 class SourceChunks:
     """An unsharded array's chunks: one source file per chunk key."""
 
-    store: LocalStore
+    store: Store
     directory: str
     keys: ChunkKeys
     chunks: tuple[int, ...]
@@ -640,9 +659,10 @@ class SourceChunks:
     def chunk(self, pos: tuple[int, ...]) -> File | None:
         path = posixpath.join(self.directory, self.keys.key(pos))
         try:
-            return RangeFile(self.store, path, 0, self.store.size(path))
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            file = self.store.open(path)
+        except FileNotFoundError:
             return None
+        return RangeFile(file, 0, file.size)
 
     def stored(self) -> Iterator[tuple[int, ...]]:
         grid = [-(-s // c) for s, c in zip(self.shape, self.chunks, strict=True)]
@@ -691,7 +711,7 @@ def fill_value(value: Any, dtype: np.dtype) -> Any:
     raise Unsupported(f"fill_value {value!r} is not a plain number for {dtype.name}")
 
 
-def open_zarr(store: LocalStore, cache: ByteCache) -> ZarrPlan:
+def open_zarr(store: Store, cache: ByteCache) -> ZarrPlan:
     plan = ZarrPlan(store, cache, format="zarr")
-    plan.walk("", root=True)
+    plan.walk()
     return plan

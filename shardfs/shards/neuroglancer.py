@@ -17,10 +17,10 @@ from functools import cached_property
 import mmh3
 import numpy as np
 
-from shardfs.cache import ByteCache
+from shardfs.cache import ByteCache, large_value_turn
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.store import LocalStore
+from shardfs.store import Store, StoredFile
 
 log = logging.getLogger("shardfs")
 
@@ -139,30 +139,29 @@ EMPTY = MinishardIndex({})
 
 @dataclass(slots=True)
 class Chunk:
-    """Where one key's stored bytes are."""
+    """Where one key's stored bytes are, in one version of its shard."""
 
-    shard: str
+    file: StoredFile
     key: int
     start: int
     stop: int
 
+    @property
+    def shard(self) -> str:
+        return self.file.path
+
 
 class ShardedKV:
-    """A sharded key-value directory read through a store, with its minishard indexes in the shared cache."""
+    """A sharded key-value directory read through a store, with its minishard indexes in the shared cache,
+    each under the version of the shard it was read from."""
 
-    def __init__(
-        self,
-        store: LocalStore,
-        directory: str,
-        spec: ShardingSpec,
-        cache: ByteCache,
-    ) -> None:
+    def __init__(self, store: Store, directory: str, spec: ShardingSpec, cache: ByteCache) -> None:
         self.store = store
         self.directory = directory
         self.spec = spec
         self.cache = cache
-        # The largest decoded value: the whole cache budget, unless the format knows better (volumes do).
-        self.value_limit = cache.budget
+        # The largest decoded value: one file's cap, unless the format knows better (volumes do).
+        self.value_limit = cache.max_value
 
     def shard_path(self, shard: int) -> str:
         name = self.spec.shard_name(shard)
@@ -171,49 +170,54 @@ class ShardedKV:
     def locate(self, key: int) -> Chunk | None:
         """Where key's bytes are, or None if it is absent. CorruptChunk if the index contradicts the file."""
         shard, minishard = self.spec.shard_and_minishard(key)
-        path = self.shard_path(shard)
-        found = self.minishard(path, minishard, key).find(key)
+        try:
+            file = self.store.open(self.shard_path(shard))
+        except FileNotFoundError:
+            return None  # a missing shard holds no keys
+        found = self.minishard(file, minishard, key).find(key)
         if found is None:
             return None
         start, stop = found
-        if not start <= stop <= self.store.size(path):
-            raise CorruptChunk(path, key, f"data range [{start}, {stop}) lies outside the file")
-        return Chunk(path, key, start, stop)
+        if not start <= stop <= file.size:
+            raise CorruptChunk(file.path, key, f"data range [{start}, {stop}) lies outside the file")
+        return Chunk(file, key, start, stop)
 
-    def minishard(self, path: str, minishard: int, key: object = "?") -> MinishardIndex:
-        make = lambda: self._read_minishard(path, minishard, key)  # noqa: E731
-        return self.cache.get_or_make(("minishard", path, minishard), make)
+    def minishard(self, file: StoredFile, minishard: int, key: object = "?") -> MinishardIndex:
+        make = lambda: self._read_minishard(file, minishard, key)  # noqa: E731
+        return self.cache.get_or_make(("minishard", file.path, file.version, minishard), make)
 
-    def _read_minishard(self, path: str, minishard: int, key: object) -> MinishardIndex:
-        try:
-            size = self.store.size(path)
-        except FileNotFoundError:
-            return EMPTY  # a missing shard holds no keys
-        index_size = self.spec.shard_index_size
-        if size < index_size:
-            raise CorruptChunk(path, key, f"file is {size} bytes, shorter than its {index_size}-byte shard index")
-        start, stop = struct.unpack("<QQ", self.store.read(path, 16 * minishard, 16 * minishard + 16))
+    def _read_minishard(self, file: StoredFile, minishard: int, key: object) -> MinishardIndex:
+        index_size = self._index_size(file, key)
+        start, stop = struct.unpack("<QQ", file.read(16 * minishard, 16 * minishard + 16))
         start, stop = start + index_size, stop + index_size
-        if not start <= stop <= size:
-            raise CorruptChunk(path, key, f"minishard {minishard} index range [{start}, {stop}) lies outside the file")
+        if not start <= stop <= file.size:
+            why = f"minishard {minishard} index range [{start}, {stop}) lies outside the file"
+            raise CorruptChunk(file.path, key, why)
         if start == stop:
             return EMPTY
         try:
-            raw = self._read_encoded(path, start, stop, self.spec.minishard_index_encoding, MINISHARD_INDEX_LIMIT)
+            raw = self._read_encoded(file, start, stop, self.spec.minishard_index_encoding, MINISHARD_INDEX_LIMIT)
             return MinishardIndex.decode(raw, index_size)
         except ValueError as e:
-            raise CorruptChunk(path, key, f"minishard {minishard} index: {e}") from e
+            raise CorruptChunk(file.path, key, f"minishard {minishard} index: {e}") from e
 
-    def _read_encoded(self, path: str, start: int, stop: int, encoding: str, limit: int) -> bytes:
+    def _index_size(self, file: StoredFile, key: object) -> int:
+        size = self.spec.shard_index_size
+        if file.size < size:
+            raise CorruptChunk(file.path, key, f"file is {file.size} bytes, shorter than its {size}-byte shard index")
+        return size
+
+    def _read_encoded(self, file: StoredFile, start: int, stop: int, encoding: str, limit: int) -> bytes:
         """Read and decode a stored range; a range longer than its decoded limit is refused unread."""
         if stop - start > limit + 1024:
             raise ValueError(f"{stop - start} stored bytes exceed the {limit}-byte limit")
-        return decode(self.store.read(path, start, stop), encoding, limit)
+        with large_value_turn(stop - start):
+            return decode(file.read(start, stop), encoding, limit)
 
     def value(self, chunk: Chunk) -> bytes:
         """The stored value with `data_encoding` undone."""
         try:
-            return self._read_encoded(chunk.shard, chunk.start, chunk.stop, self.spec.data_encoding, self.value_limit)
+            return self._read_encoded(chunk.file, chunk.start, chunk.stop, self.spec.data_encoding, self.value_limit)
         except ValueError as e:
             raise CorruptChunk(chunk.shard, chunk.key, str(e)) from e
 
@@ -222,40 +226,39 @@ class ShardedKV:
         return (path for _, path in self._shards())
 
     def _shards(self) -> Iterator[tuple[int, str]]:
-        for entry in self.store.scandir(self.directory):
-            shard = self.spec.shard_number(entry.name)
+        for name, is_dir in self.store.list(self.directory):
+            shard = None if is_dir else self.spec.shard_number(name)
             if shard is not None:
                 yield shard, self.shard_path(shard)
 
-    def minishards(self, path: str) -> Iterator[tuple[int, MinishardIndex | CorruptChunk]]:
+    def minishards(self, file: StoredFile) -> Iterator[tuple[int, MinishardIndex | CorruptChunk]]:
         """Each non-empty minishard of one shard file with its index, or the CorruptChunk that keeps it from
         being read: listing skips those, `shardfs check` reports them. The shard index is read in blocks,
-        so empty minishards cost nothing. A missing file yields nothing; one shorter than its shard index
-        raises CorruptChunk."""
-        index_size = self.spec.shard_index_size
-        try:
-            size = self.store.size(path)
-        except FileNotFoundError:
-            return
-        if size < index_size:
-            raise CorruptChunk(path, "?", f"file is {size} bytes, shorter than its {index_size}-byte shard index")
-        for block in range(0, index_size, LISTING_BLOCK):
-            entries = np.frombuffer(self.store.read(path, block, min(block + LISTING_BLOCK, index_size)), "<u8")
+        only where the file holds data (a sparse file's holes are empty minishards), so the work is
+        bounded by the bytes stored, not by `minishard_bits`. A file shorter than its shard index raises
+        CorruptChunk."""
+        index_size = self._index_size(file, "?")
+        block = 0
+        while (block := file.next_data(block) // 16 * 16) < index_size:
+            stop = min(block + LISTING_BLOCK, index_size)
+            entries = np.frombuffer(file.read(block, stop), "<u8")
             for i in np.flatnonzero(entries[1::2] != entries[0::2]).tolist():
                 minishard = block // 16 + i
                 try:
-                    index: MinishardIndex | CorruptChunk = self.minishard(path, minishard)
+                    index: MinishardIndex | CorruptChunk = self.minishard(file, minishard)
                 except CorruptChunk as e:
                     index = e
                 yield minishard, index
+            block = stop
 
     def stored_keys(self) -> Iterator[int]:
         """Every stored key, shard by shard, holding one minishard index at a time. Keys that do not hash
-        to where they were found are left out, so that every listed name can be looked up. Corrupt parts
-        are logged and skipped: a listing shows what can be read."""
+        to where they were found are left out, so that every listed name can be looked up. Corrupt or
+        unreadable shards are logged and skipped: a listing shows what can be read."""
         for shard, path in self._shards():
             try:
-                for minishard, index in self.minishards(path):
+                file = self.store.open(path)
+                for minishard, index in self.minishards(file):
                     if isinstance(index, CorruptChunk):
                         log.error("listing skips part of a shard: %s", index, extra=index.log_fields("listing_skip"))
                         continue
@@ -264,3 +267,7 @@ class ShardedKV:
                             yield key
             except CorruptChunk as e:
                 log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
+            except FileNotFoundError:
+                continue  # removed since it was listed
+            except OSError as e:  # unreadable (EACCES, EIO from the disk, changed under the mount)
+                log.error("listing skips a shard: %s", e, extra={"event": "listing_skip", "shard": path})

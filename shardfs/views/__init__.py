@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from shardfs.errors import SourceError
 from shardfs.formats.plan import Plan
+from shardfs.views.chunks import nbytes
 from shardfs.views.n5 import n5_view
 from shardfs.views.zarr2 import zarr2_view
 
@@ -12,9 +13,13 @@ VIEWS = {"n5": n5_view, "zarr2": zarr2_view}
 
 def view_of(plan: Plan, view: str) -> Plan:
     """The plan of a view of the source; SourceError, in one sentence, if the view has nothing to show."""
+    root = plan.store.where("")
     if plan.format not in ("zarr", "precomputed"):
-        what = f"zarr v3 and precomputed volumes, not a {plan.format}"
-        raise SourceError(f"{plan.store.root}: --view {view} shows {what}")
+        raise SourceError(f"{root}: --view {view} shows zarr v3 and precomputed volumes, not a {plan.format}")
+    for path, array in list(plan.arrays.items()):  # a chunk decoded must fit one file's cap
+        if (size := nbytes(array.chunks, array.dtype)) > plan.cache.max_value:
+            plan.kinds.append(f"not in other views: {path or '.'}: chunks of {size} bytes exceed --max-file-size")
+            del plan.arrays[path]
     if not plan.arrays:
-        raise SourceError(f"{plan.store.root}: holds no array that --view {view} can show ({'; '.join(plan.kinds)})")
+        raise SourceError(f"{root}: holds no array that --view {view} can show ({'; '.join(plan.kinds)})")
     return VIEWS[view](plan)

@@ -14,7 +14,8 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk
 from shardfs.formats.plan import Array, Compressor
-from shardfs.tree import File, Owner
+from shardfs.store import Owner
+from shardfs.tree import File
 
 BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 
@@ -29,7 +30,7 @@ class LazyFile:
     key: tuple
     make: Callable[[], bytes | np.ndarray]
     nbytes: int  # what make holds until then (a stored chunk already in memory), for the node cache's budget
-    owner: Owner | None = None
+    owner: Owner  # the stored chunk's, or the array directory's for a block made of the fill value
 
     def size(self) -> int:
         return self.length
@@ -44,7 +45,10 @@ class PrefixedFile:
 
     head: bytes
     body: File
-    owner: Owner | None = None
+
+    @property
+    def owner(self) -> Owner:
+        return self.body.owner
 
     def size(self) -> int:
         return len(self.head) + self.body.size()

@@ -23,7 +23,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Plan, grid_position
-from shardfs.tree import DIR, BytesFile, File, Node
+from shardfs.tree import BytesFile, Dir, File, Node
 from shardfs.views.chunks import LazyFile, PrefixedFile, decoded, edge_shape, encode, nbytes, numcodecs_config
 
 VERSION = "4.0.0"
@@ -83,7 +83,9 @@ class Dataset:
             raise FileNotFoundError(rel)
         # A directory inside the grid is answered without looking (one index probe per level would cost
         # more than it saves); listings show only directories that hold blocks.
-        return DIR if len(at) < self.ndim else self.block(tuple(at[::-1]))
+        if len(at) < self.ndim:
+            return Dir(self.array.owner)  # the grid's directories stand for the array's
+        return self.block(tuple(at[::-1]))
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         at = self._grid_path(rel)
@@ -107,7 +109,8 @@ class Dataset:
         if stored is not None and self.zero_copy and (self.array.clipped or inside == self.array.chunks):
             return PrefixedFile(head, stored)
         if stored is not None and self.zero_copy and self.array.compressor:  # an edge block, compressed
-            return BytesFile(head + encode(self.array.compressor, decoded(self.array, pos, stored).astype(big)))
+            values = decoded(self.array, pos, stored).astype(big)
+            return BytesFile(head + encode(self.array.compressor, values), stored.owner)
         size = len(head) + nbytes(inside, big)
 
         def make() -> np.ndarray:
@@ -119,7 +122,8 @@ class Dataset:
             body[...] = self.array.fill_value if stored is None else decoded(self.array, pos, stored)
             return out
 
-        return LazyFile(size, self.cache, ("n5-block", self.directory, pos), make, getattr(stored, "nbytes", 0))
+        owner = self.array.owner if stored is None else stored.owner
+        return LazyFile(size, self.cache, ("n5-block", self.directory, pos), make, getattr(stored, "nbytes", 0), owner)
 
 
 def n5_view(plan: Plan) -> Plan:

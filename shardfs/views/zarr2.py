@@ -87,7 +87,8 @@ class Zarr2Array:
             return whole.tobytes()
 
         size = nbytes(array.chunks, array.dtype)
-        return LazyFile(size, self.cache, ("zarr2-chunk", self.directory, pos), make, getattr(stored, "nbytes", 0))
+        key = ("zarr2-chunk", self.directory, pos)
+        return LazyFile(size, self.cache, key, make, getattr(stored, "nbytes", 0), stored.owner)
 
 
 def _json_number(value: Any) -> Any:
