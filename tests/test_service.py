@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shardfs.cli import mount_argv, parser
+from shardfs.logs import BURST
 from tests import peers
 from tests.conftest import assert_eio, shardfs
 from tests.test_daemon import daemon_of, wait_until
@@ -215,6 +216,13 @@ def test_metrics_and_stats_count_what_was_read(kv, half_broken, mount) -> None:
 def test_stats_without_a_daemon_says_so(tmp_path) -> None:
     done = shardfs("stats", tmp_path, check=False)
     assert done.returncode == 1 and "no shardfs daemon serves this mountpoint" in done.stderr
+
+
+def test_repeated_errors_are_rate_limited(half_broken, mount) -> None:
+    m = mount(half_broken)
+    for key in range(1, 200, 2):  # 100 distinct corrupt chunks, each an error line today
+        assert_eio(m.path / str(key))
+    assert m.log_text().count("event=eio") == BURST
 
 
 def test_metrics_port_in_use_refuses_the_mount(kv, tmp_path) -> None:
