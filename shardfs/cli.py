@@ -12,10 +12,11 @@ import re
 import sys
 from pathlib import Path
 
+from shardfs import stats_socket
 from shardfs.check import check
 from shardfs.daemon import MountError, fuse_options, mount, parse_options, unmount
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.service import ServiceError, metrics_address, read_stats
+from shardfs.service import ServiceError, metrics_address
 from shardfs.source import Source, open_source
 from shardfs.tree import Dir
 
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def stats(mountpoint: Path) -> str:
     """The figures without Prometheus' comment lines: one `name{labels} value` a line."""
-    return "".join(line + "\n" for line in read_stats(mountpoint).splitlines() if not line.startswith("#"))
+    return "".join(line + "\n" for line in stats_socket.read(mountpoint).splitlines() if not line.startswith("#"))
 
 
 def ls(source: Source, path: str) -> None:

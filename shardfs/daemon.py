@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import shutil
-import stat
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -22,9 +21,10 @@ from pathlib import Path
 import mfusepy
 from cysystemd.daemon import Notification
 
-from shardfs import metrics, service
+from shardfs import metrics, service, stats_socket
 from shardfs.fuse_adapter import ShardFS
 from shardfs.logs import log_to
+from shardfs.rundir import own_dir
 from shardfs.source import Source
 from shardfs.tree import Tree
 
@@ -105,13 +105,10 @@ def unmount(mountpoint: Path) -> None:
 def default_log_file(mountpoint: Path) -> Path:
     """<temp dir>/shardfs-<uid>/<mountpoint>.log, in a directory only its owner can use, so that on a
     shared /tmp nobody else can plant a link where the daemon will write."""
-    directory = Path(tempfile.gettempdir()) / f"shardfs-{os.getuid()}"
-    directory.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise MountError(f"{directory}: not a directory of this user; pass --log-file")
-    if st.st_mode & 0o077:
-        os.chmod(directory, 0o700)  # ours, but made open by an earlier version: close it
+    try:
+        directory = own_dir(Path(tempfile.gettempdir()) / f"shardfs-{os.getuid()}", 0o700)
+    except PermissionError as e:
+        raise MountError(f"{e}; pass --log-file") from None
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(mountpoint).strip("/")) or "root"
     return directory / f"{slug}.log"
 
@@ -140,9 +137,9 @@ def serve(
 
     service.handle_signals(tree)  # first: every thread started after it inherits the blocked signals
     try:
-        service.serve_stats(mountpoint)
         if metrics_at is not None:
             service.serve_metrics(metrics_at)
+        remove_stats_socket = stats_socket.serve(mountpoint, metrics.text)
     except service.ServiceError as e:
         raise MountError(str(e)) from None
     metrics.watch_cache(tree.cache)
@@ -151,6 +148,8 @@ def serve(
     except RuntimeError:
         if not live:
             raise
+    finally:
+        remove_stats_socket()
     service.tell_systemd(Notification.STOPPING)
     log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
 

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
+REPO = Path(__file__).resolve().parent.parent
 
 
 def shardfs(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -51,3 +54,28 @@ def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mo
     for point in made:
         if os.path.ismount(point):
             shardfs("unmount", point)
+
+
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[list[str]]:
+    """The prefix that runs a module's main() as an unprivileged local user (made for the session if missing)."""
+    name = "shardfs-test"
+    made = subprocess.run(["id", "-u", name], capture_output=True, check=False).returncode != 0
+    if made:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    ids = [
+        subprocess.run(["id", flag, name], capture_output=True, text=True, check=True).stdout.strip()
+        for flag in ("-u", "-g")
+    ]
+    yield [sys.executable, "-m", "tests.as_user", *ids]
+    if made:
+        subprocess.run(["userdel", name], check=True)
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory every local user can reach (pytest's own are closed to all but root)."""
+    path = Path(tempfile.mkdtemp(dir="/tmp", prefix="shardfs-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

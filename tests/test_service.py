@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -18,13 +19,14 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shardfs import stats_socket
 from shardfs.cli import mount_argv, parser
 from shardfs.logs import BURST
+from shardfs.rundir import runtime_dir
 from tests import peers
-from tests.conftest import assert_eio, shardfs
+from tests.conftest import REPO, SHARDFS, assert_eio, shardfs
 from tests.test_daemon import daemon_of, wait_until
 
-REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "systemd" / "shardfs@.service"
 INSTALLED = "/usr/local/bin/shardfs"  # where the unit expects the console script
 CONSOLE_SCRIPT = Path(sys.prefix, "bin", "shardfs")
@@ -216,6 +218,63 @@ def test_metrics_and_stats_count_what_was_read(kv, half_broken, mount) -> None:
 def test_stats_without_a_daemon_says_so(tmp_path) -> None:
     done = shardfs("stats", tmp_path, check=False)
     assert done.returncode == 1 and "no shardfs daemon serves this mountpoint" in done.stderr
+
+
+def test_another_user_can_neither_block_a_mount_nor_fake_its_stats(kv, other_user, shared_dir) -> None:
+    source, stored = kv
+    point = shared_dir / "m"
+    point.mkdir()
+    old_name = "@shardfs-stats-" + hashlib.sha256(os.fsencode(point)).hexdigest()[:32]  # the abstract socket
+    new_name = stats_socket.socket_path(runtime_dir(0), point)
+    squatter = subprocess.Popen(
+        [*other_user, "tests.squatter", old_name, str(new_name)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert squatter.stdout is not None and int(squatter.stdout.readline()) >= 1  # the old name, at least
+        shardfs("mount", source, point, "--log-file", shared_dir / "log")
+        assert os.path.ismount(point)
+        served = sum(len((point / str(k)).read_bytes()) for k in (2, 4, 6))
+        assert served == sum(len(stored[k]) for k in (2, 4, 6))
+        for command in (SHARDFS, [*other_user, "shardfs.cli"]):
+            done = subprocess.run([*command, "stats", str(point)], capture_output=True,
+                                  text=True, timeout=60, cwd=REPO)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert scrape(done.stdout)["shardfs_served_bytes_total", frozenset()] == served
+        assert new_name.stat().st_uid == 0
+        shardfs("unmount", point)
+        assert not new_name.exists()  # removed on a clean exit
+    finally:
+        squatter.kill()
+        squatter.wait()
+        if os.path.ismount(point):
+            shardfs("unmount", point)
+
+
+def test_stats_trusts_only_the_mounts_own_user(kv, other_user, shared_dir) -> None:
+    """What root alone could set up, as the checks' own test: an open directory, then a stranger's socket."""
+    point = shared_dir / "m"
+    point.mkdir()
+    shardfs("mount", kv[0], point, "--log-file", shared_dir / "log")
+    directory = runtime_dir(0)
+    path = stats_socket.socket_path(directory, point)
+    squatter = None
+    try:
+        directory.chmod(0o777)
+        done = shardfs("stats", point, check=False)
+        assert done.returncode == 1 and f"{directory}: not a directory of uid 0 closed to others" in done.stderr
+        path.unlink()  # the daemon's socket gone, a stranger's in its place
+        command = [*other_user, "tests.squatter", str(path)]
+        squatter = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        assert squatter.stdout is not None and int(squatter.stdout.readline()) == 1
+        directory.chmod(0o755)
+        done = shardfs("stats", point, check=False)
+        assert done.returncode == 1 and "answered by uid" in done.stderr and "999999" not in done.stdout
+    finally:
+        directory.chmod(0o755)
+        if squatter is not None:
+            squatter.kill()
+            squatter.wait()
+        shardfs("unmount", point)
 
 
 def test_repeated_errors_are_rate_limited(half_broken, mount) -> None:
