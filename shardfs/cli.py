@@ -10,6 +10,7 @@ import argparse
 import logging
 import re
 import sys
+import time
 from pathlib import Path
 
 from shardfs import stats_socket
@@ -18,6 +19,7 @@ from shardfs.daemon import MountError, fuse_options, mount, parse_options, unmou
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.service import ServiceError, metrics_address
 from shardfs.source import Source, open_source
+from shardfs.summary import summary
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
@@ -57,8 +59,9 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     m.add_argument("--metrics", metavar="[HOST:]PORT", help="serve Prometheus metrics (host defaults to 127.0.0.1)")
     u = sub.add_parser("unmount", help="unmount a shardfs mount")
     u.add_argument("mountpoint", type=Path)
-    st = sub.add_parser("stats", help="a live mount's figures: operations, bytes, cache, errors")
+    st = sub.add_parser("stats", help="a live mount's figures: uptime, operations, bytes, cache hit rate, errors")
     st.add_argument("mountpoint", type=Path)
+    st.add_argument("--prometheus", action="store_true", help="every figure, in Prometheus' text format")
     ls = with_source("ls", "list a directory of the virtual tree without mounting")
     ls.add_argument("path", nargs="?", default="")
     cat = with_source("cat", "write a virtual file to stdout without mounting")
@@ -104,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             unmount(args.mountpoint.absolute())
             return 0
         if args.command == "stats":
-            print(stats(args.mountpoint.absolute()), end="")
+            text = stats_socket.read(args.mountpoint.absolute())
+            print(text if args.prometheus else summary(text, time.time()), end="")
             return 0
         source = open_source(args.source, args.cache_size, "native" if args.command == "check" else args.view)
         if args.command == "mount":
@@ -133,11 +137,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardfs: {args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     return 0
-
-
-def stats(mountpoint: Path) -> str:
-    """The figures without Prometheus' comment lines: one `name{labels} value` a line."""
-    return "".join(line + "\n" for line in stats_socket.read(mountpoint).splitlines() if not line.startswith("#"))
 
 
 def ls(source: Source, path: str) -> None:

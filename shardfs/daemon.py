@@ -130,6 +130,7 @@ def serve(
     def ready() -> None:
         nonlocal live
         live = True
+        metrics.START_TIME.set_to_current_time()
         log.info("mounted %s at %s", options.get("fsname"), mountpoint, extra={"event": "mounted"})
         service.tell_systemd(Notification.READY)
         if on_ready is not None:

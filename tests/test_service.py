@@ -156,7 +156,7 @@ def test_mount_helper_without_home_or_path(kv, tmp_path, helper_on_default_path,
         assert done.returncode == 0, done.stderr
         assert os.path.ismount(point)
         assert all((point / str(k)).read_bytes() == stored[k] for k in (0, 1, 42, 199))
-        figures = scrape(shardfs("stats", point).stdout)
+        figures = scrape(shardfs("stats", "--prometheus", point).stdout)
         assert figures["shardfs_cache_budget_bytes", frozenset()] == 3 << 20  # cache_size=3M reached us
         assert "level=info event=mounted" in log.read_text()  # and so did log_file and log_level
         line = next(ln for ln in Path("/proc/mounts").read_text().splitlines() if f" {point} " in ln)
@@ -211,7 +211,7 @@ def test_metrics_and_stats_count_what_was_read(kv, half_broken, mount) -> None:
     line = next(ln for ln in m.log_text().splitlines() if "event=eio" in ln)
     assert "level=error" in line and "shard=1.shard" in line and "key=13" in line and "path=/13" in line
 
-    stats = scrape(shardfs("stats", m.path).stdout)  # the same figures, without Prometheus
+    stats = scrape(shardfs("stats", "--prometheus", m.path).stdout)  # the same figures, without a Prometheus server
     assert stats["shardfs_served_bytes_total", frozenset()] == after["shardfs_served_bytes_total", frozenset()]
 
 
@@ -236,7 +236,7 @@ def test_another_user_can_neither_block_a_mount_nor_fake_its_stats(kv, other_use
         served = sum(len((point / str(k)).read_bytes()) for k in (2, 4, 6))
         assert served == sum(len(stored[k]) for k in (2, 4, 6))
         for command in (SHARDFS, [*other_user, "shardfs.cli"]):
-            done = subprocess.run([*command, "stats", str(point)], capture_output=True,
+            done = subprocess.run([*command, "stats", "--prometheus", str(point)], capture_output=True,
                                   text=True, timeout=60, cwd=REPO)  # fmt: skip
             assert done.returncode == 0, done.stderr
             assert scrape(done.stdout)["shardfs_served_bytes_total", frozenset()] == served
@@ -308,7 +308,7 @@ def test_sighup_drops_caches_so_a_rewritten_source_is_read_afresh(kv, tmp_path, 
     daemon = daemon_of(m.path)
     daemon.send_signal(signal.SIGHUP)
     wait_until(lambda: "event=caches_dropped" in m.log_text())
-    assert scrape(shardfs("stats", m.path).stdout)["shardfs_cache_entries", frozenset()] == 0
+    assert scrape(shardfs("stats", "--prometheus", m.path).stdout)["shardfs_cache_entries", frozenset()] == 0
     assert (m.path / "4").read_bytes() == rewritten[4]  # not yet looked up, so read afresh
     assert daemon.is_running() and os.path.ismount(m.path)
 
