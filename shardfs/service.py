@@ -23,7 +23,6 @@ from shardfs.tree import Tree
 log = logging.getLogger("shardfs")
 
 SIGNALS = {signal.SIGHUP, signal.SIGUSR1}
-DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 class ServiceError(Exception):
@@ -56,15 +55,6 @@ def handle_signals(tree: Tree) -> None:
                 log.warning("SIGUSR1: log level %s", logging.getLevelName(level), extra={"event": "log_level"})
 
     threading.Thread(target=wait, name="shardfs-signals", daemon=True).start()
-
-
-def metrics_address(text: str) -> tuple[str, int]:
-    """'9477' or ':9477' → localhost; 'HOST:PORT' and '[v6]:PORT' as given."""
-    host, _, port = text.rpartition(":")
-    host = host.strip("[]") or DEFAULT_METRICS_HOST
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ServiceError(f"--metrics {text!r}: expected PORT or HOST:PORT")
-    return host, int(port)
 
 
 def serve_metrics(address: tuple[str, int]) -> None:

@@ -1,19 +1,62 @@
-"""A new user's first hour, through the real CLI and the kernel."""
+"""A new user's first hour, through the real CLI and the kernel: every mistake is one clear line and the
+right exit status, never a traceback, a hang or a silent surprise."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from shardfs import __version__
 from tests import peers
 from tests.conftest import shardfs
+from tests.test_service import scrape
 
 
 @pytest.fixture(scope="module")
 def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes]]:
     root = tmp_path_factory.mktemp("cli") / "kv"
     return root, peers.write_tensorstore_kv(root, {k: bytes([k]) * (k + 1) for k in range(40)})
+
+
+def one_line_error(done: subprocess.CompletedProcess[str], status: int, *words: str) -> None:
+    """Exit status, a single line on stderr holding each of words, and no traceback."""
+    assert done.returncode == status, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert all(word in done.stderr for word in words), done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--log-level", "verbose"], ["--log-level", "DEBUG", "INFO", "WARNING", "ERROR"]),
+        (["-o", "log_level=verbose"], ["--log-level", "DEBUG", "ERROR"]),
+        (["--view", "bogus"], ["--view", "'bogus'", "native", "n5", "zarr2"]),
+        (["--metrics", "nonsense"], ["--metrics", "'nonsense'", "HOST:PORT"]),
+        (["--cache-size", "x"], ["--cache-size", "'x'", "512M"]),
+        (["--cache-size", "1000"], ["--cache-size", "too small", "64K"]),
+        (["--cache-size", "0"], ["--cache-size", "too small", "64K"]),
+    ],
+)
+def test_bad_option_is_one_line_naming_the_valid_values(kv, tmp_path, args, words) -> None:
+    for form in (["mount", kv[0], tmp_path], [kv[0], tmp_path]):  # the command, and the mount-helper form
+        one_line_error(shardfs(*form, *args, check=False), 2, *words)
+    assert not os.path.ismount(tmp_path)
+
+
+def test_decimal_cache_size(kv, mount) -> None:
+    m = mount(kv[0], "--cache-size", "1.5G")
+    figures = scrape(shardfs("stats", "--prometheus", m.path).stdout)
+    assert figures["shardfs_cache_budget_bytes", frozenset()] == 3 << 29
+
+
+def test_version_and_help_with_defaults() -> None:
+    assert shardfs("--version").stdout.strip() == f"shardfs {__version__}"
+    text = " ".join(shardfs("mount", "--help").stdout.split())
+    for said in ("MOUNTPOINT an existing", "(default: 64M)", "at least 64K", "(default: WARNING)"):
+        assert said in text
 
 
 def test_stats_is_a_short_summary_by_default(kv, mount) -> None:

@@ -116,7 +116,7 @@ def test_example_config_options_become_cli_options() -> None:
     )
     p, commands = parser()
     args = p.parse_args(mount_argv([conf["SOURCE"], conf["MOUNTPOINT"], "-o", conf["OPTIONS"]], commands))
-    assert args.command == "mount" and args.cache_size == 1 << 30 and args.metrics == "127.0.0.1:9477"
+    assert args.command == "mount" and args.cache_size == 1 << 30 and args.metrics == ("127.0.0.1", 9477)
     assert args.options == ["allow_other"]
     fstab_words = mount_argv(["s", "m", "-o", "rw,defaults,comment=x,x-systemd.automount,dev,log-level=info"], commands)
     assert fstab_words == ["mount", "s", "m", "--log-level", "info", "-o", "dev"]
