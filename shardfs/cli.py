@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from shardfs import __version__, stats_socket
 from shardfs.check import check
-from shardfs.daemon import MountError, fuse_options, mount, parse_options, unmount
+from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.service import ServiceError
 from shardfs.source import Source, open_source
@@ -26,6 +26,7 @@ from shardfs.tree import Dir
 DEFAULT_CACHE = "64M"
 MIN_CACHE = 64 << 10  # below it, a size is a slip (`--cache-size 512` for 512M): every read would decode again
 SETTINGS = {"view", "cache_size", "log_level", "log_file", "metrics"}  # mount options that are ours
+FLAGS = {"foreground": "--foreground", "nonempty": "--allow-non-empty"}  # `-o` words without a value
 IGNORED = {"rw", "defaults", "comment"}  # fstab words that mean nothing to a read-only mount
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -93,9 +94,16 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
         return s
 
     m = with_source("mount", "mount SOURCE at MOUNTPOINT; returns once the mount is live")
-    m.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="an existing directory")
+    m.add_argument(
+        "mountpoint", type=Path, metavar="MOUNTPOINT",
+        help="an existing empty directory, neither inside SOURCE nor holding it",
+    )  # fmt: skip
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached (systemd, debugging)")
-    m.add_argument("-o", dest="options", action="append", default=[], help="FUSE options, e.g. allow_other")
+    m.add_argument(
+        "-o", dest="options", action="append", default=[],
+        help="FUSE options, e.g. allow_other; nonempty is --allow-non-empty",
+    )  # fmt: skip
+    m.add_argument("--allow-non-empty", action="store_true", help="mount over a directory that has files in it")
     m.add_argument(
         "--log-file", type=Path, metavar="PATH",
         help="where the detached daemon logs (default: $TMPDIR/shardfs-UID/<mountpoint>.log)",
@@ -136,8 +144,8 @@ def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
             key = word.replace("-", "_")
             if key in SETTINGS and eq:
                 out += [f"--{key.replace('_', '-')}", value]
-            elif key == "foreground" and not eq:
-                out.append("--foreground")
+            elif key in FLAGS and not eq:
+                out.append(FLAGS[key])
             elif key not in IGNORED and not word.startswith("x-"):
                 kept.append(item)
         if kept:
@@ -162,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             options = fuse_options(str(source.path), parse_options(args.options))
             log_file = args.log_file.absolute() if args.log_file else None
             where = args.mountpoint.absolute()
-            mount(source, where, options, args.foreground, log_file, args.metrics)
+            mount(source, where, options, args.foreground, log_file, args.metrics, args.allow_non_empty)
         elif args.command == "ls":
             ls(source, args.path.strip("/"))
         elif args.command == "cat":
@@ -173,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             info(source)
     except (SourceError, MountError, CorruptChunk, ServiceError) as e:
         print(f"shardfs: {e}", file=sys.stderr)
-        return 2 if isinstance(e, SourceError) else 1
+        return 2 if isinstance(e, (SourceError, UsageError)) else 1
     except FileNotFoundError as e:
         print(f"shardfs: {e.filename or e}: no such file in the virtual tree", file=sys.stderr)
         return 1

@@ -37,6 +37,10 @@ class MountError(Exception):
     """The mount could not be made; the message says why in one sentence."""
 
 
+class UsageError(MountError):
+    """What was asked cannot work (a missing mountpoint, one inside the source); exit 2, as for bad options."""
+
+
 def fuse_options(fsname: str, extra: dict[str, str | bool]) -> dict[str, str | bool]:
     """Defaults for immutable data: the kernel caches pages across opens, and attributes, names and
     absences for a day. User `-o` options override them."""
@@ -84,19 +88,35 @@ def fusermount(lazy: bool, mountpoint: Path) -> subprocess.CompletedProcess[str]
     return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
-def prepare_mountpoint(mountpoint: Path) -> None:
+def prepare_mountpoint(mountpoint: Path, source: Path, allow_non_empty: bool) -> None:
+    """Clear a dead mount; refuse a mountpoint that cannot work. One inside the source (or holding it)
+    would deadlock: the daemon would read the source through its own mount."""
     if is_stale(mountpoint):
         log.warning("clearing the stale mount at %s", mountpoint, extra={"event": "stale_mount"})
         cleared = fusermount(True, mountpoint)
         if cleared.returncode != 0 or is_stale(mountpoint):
             raise MountError(f"{mountpoint}: a dead mount is there and could not be cleared ({cleared.stderr.strip()})")
+    if not mountpoint.exists():
+        raise UsageError(f"{mountpoint}: mountpoint does not exist")
     if not mountpoint.is_dir():
-        raise MountError(f"{mountpoint}: mountpoint is not a directory")
+        raise UsageError(f"{mountpoint}: mountpoint is not a directory")
     if os.path.ismount(mountpoint):
         raise MountError(f"{mountpoint}: something is already mounted here")
+    where, source = Path(os.path.realpath(mountpoint)), source.resolve()
+    if where.is_relative_to(source) or source.is_relative_to(where):
+        how = "is" if where == source else "is inside" if where.is_relative_to(source) else "holds"
+        raise UsageError(f"{mountpoint}: mountpoint {how} the source {source}; mount it elsewhere")
+    with os.scandir(mountpoint) as entries:
+        if not allow_non_empty and any(entries):
+            raise UsageError(f"{mountpoint}: mountpoint is not empty; pass --allow-non-empty to mount over it")
 
 
 def unmount(mountpoint: Path) -> None:
+    if not is_stale(mountpoint):
+        if not os.path.lexists(mountpoint):
+            raise UsageError(f"{mountpoint}: does not exist")
+        if not os.path.ismount(mountpoint):
+            raise MountError(f"{mountpoint}: not mounted")
     result = fusermount(False, mountpoint)
     if result.returncode != 0:
         raise MountError(result.stderr.strip() or f"{mountpoint}: unmount failed")
@@ -162,9 +182,10 @@ def mount(
     foreground: bool,
     log_file: Path | None,
     metrics_at: tuple[str, int] | None = None,
+    allow_non_empty: bool = False,
 ) -> None:
     """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise."""
-    prepare_mountpoint(mountpoint)
+    prepare_mountpoint(mountpoint, source.path, allow_non_empty)
     mtime_ns = os.stat(source.path).st_mtime_ns
     if foreground:
         log_to(log_file)

@@ -31,7 +31,7 @@ def open_source(path: str | Path, cache_bytes: int, view: str = "native") -> Sou
     if it makes no sense."""
     root = Path(path).resolve()
     if not root.is_dir():
-        raise SourceError(f"{root}: not a directory")
+        raise SourceError(f"{root}: {'not a directory' if root.exists() else 'does not exist'}")
     store = LocalStore(root)
     cache = ByteCache(cache_bytes)
     if (root / "zarr.json").exists():

@@ -28,6 +28,18 @@ def one_line_error(done: subprocess.CompletedProcess[str], status: int, *words: 
     assert all(word in done.stderr for word in words), done.stderr
 
 
+@pytest.mark.parametrize("where", ["source", "inside", "parent"])
+def test_mountpoint_that_is_the_source_inside_it_or_above_it_is_refused(tmp_path, where) -> None:
+    """Mounted there, the daemon would read its source through its own mount: `ls` would hang for ever."""
+    source = tmp_path / "parent" / "kv"
+    peers.write_tensorstore_kv(source, {1: b"one"})
+    (source / "mnt").mkdir()
+    point = {"source": source, "inside": source / "mnt", "parent": tmp_path / "parent"}[where]
+    done = shardfs("mount", source, point, "--allow-non-empty", check=False)
+    one_line_error(done, 2, str(point), "the source", "mount it elsewhere")
+    assert not os.path.ismount(point)
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
@@ -44,6 +56,27 @@ def test_bad_option_is_one_line_naming_the_valid_values(kv, tmp_path, args, word
     for form in (["mount", kv[0], tmp_path], [kv[0], tmp_path]):  # the command, and the mount-helper form
         one_line_error(shardfs(*form, *args, check=False), 2, *words)
     assert not os.path.ismount(tmp_path)
+
+
+def test_non_empty_mountpoint_is_refused_unless_allowed(kv, tmp_path, mount) -> None:
+    point = tmp_path / "m"
+    point.mkdir()
+    (point / "notes.txt").write_text("hidden by a mount")
+    one_line_error(shardfs("mount", kv[0], point, check=False), 2, str(point), "not empty", "--allow-non-empty")
+    assert not os.path.ismount(point)
+    for allow in (["--allow-non-empty"], ["-o", "nonempty"]):  # libfuse3 has no `nonempty`: ours to consume
+        shardfs("mount", kv[0], point, *allow)
+        assert (point / "3").read_bytes() == kv[1][3]
+        shardfs("unmount", point)
+    assert (point / "notes.txt").read_text() == "hidden by a mount"
+
+
+def test_unmount_and_mount_name_what_is_missing(kv, tmp_path) -> None:
+    one_line_error(shardfs("unmount", tmp_path, check=False), 1, str(tmp_path), "not mounted")
+    missing = tmp_path / "nowhere"
+    one_line_error(shardfs("unmount", missing, check=False), 2, str(missing), "does not exist")
+    one_line_error(shardfs("mount", missing, tmp_path, check=False), 2, str(missing), "does not exist")
+    one_line_error(shardfs("mount", kv[0], missing, check=False), 2, str(missing), "mountpoint does not exist")
 
 
 def test_decimal_cache_size(kv, mount) -> None:
@@ -64,9 +97,7 @@ def test_stats_is_a_short_summary_by_default(kv, mount) -> None:
     served = sum(len((m.path / str(k)).read_bytes()) for k in range(10))
     lines = shardfs("stats", m.path).stdout.splitlines()
     assert [line.split()[0] for line in lines] == ["uptime", "operations", "served", "cache", "errors"]
-    assert int(lines[1].split()[1]) >= 10 and "/s)" in lines[1]
     assert lines[2].split()[1:] == [str(served), "B"]
-    assert "hit rate" in lines[3] and "held of 64.0 MiB" in lines[3]
     assert lines[4].split()[1] == "0;"
     uptime = lines[0].split()[1:]
     assert uptime[0] == "0m" and int(uptime[1].rstrip("s")) < 60
