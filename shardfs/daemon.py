@@ -26,6 +26,7 @@ from shardfs.fuse_adapter import ShardFS
 from shardfs.logs import log_to
 from shardfs.rundir import own_dir
 from shardfs.source import Source
+from shardfs.stderr_capture import StderrCapture
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
@@ -144,12 +145,15 @@ def serve(
     """Run the multithreaded FUSE loop until unmounted or signalled; libfuse unmounts on SIGTERM/SIGINT.
 
     libfuse reports a loop ended by a signal as an error; once the mount was live, that is a clean stop.
+    Before that, what libfuse wrote to stderr is why the mount failed: it becomes the MountError.
     """
     live = False
+    capture = StderrCapture()
 
     def ready() -> None:
         nonlocal live
         live = True
+        os.write(2, capture.release().encode())  # libfuse's warnings, if any, where they always went
         metrics.START_TIME.set_to_current_time()
         log.info("mounted %s at %s", options.get("fsname"), mountpoint, extra={"event": "mounted"})
         service.tell_systemd(Notification.READY)
@@ -165,11 +169,14 @@ def serve(
         raise MountError(str(e)) from None
     metrics.watch_cache(tree.cache)
     try:
+        capture.start()
         mfusepy.FUSE(ShardFS(tree, mtime_ns, ready), str(mountpoint), foreground=True, nothreads=False, **options)
     except RuntimeError:
         if not live:
-            raise
+            reason = " ".join(capture.release().split()) or "libfuse gave no reason"
+            raise MountError(f"{mountpoint}: mount failed: {reason}") from None
     finally:
+        capture.release()
         remove_stats_socket()
     service.tell_systemd(Notification.STOPPING)
     log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
@@ -216,9 +223,11 @@ def mount(
     try:
         serve(source.tree, mtime_ns, mountpoint, options, ready, metrics_at)
     except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
-        log.exception("mount failed", extra={"event": "mount_failed"})
+        known = isinstance(e, MountError)  # says why in its message; anything else is a bug: a traceback
+        log.error("mount failed: %s", e, exc_info=not known, extra={"event": "mount_failed"})
+        why = str(e) if known else f"{mountpoint}: mount failed ({e or type(e).__name__}); see {log_file}"
         with contextlib.suppress(OSError):
-            os.write(ready_w, f"{mountpoint}: mount failed ({e or type(e).__name__}); see {log_file}".encode())
+            os.write(ready_w, why.encode())
         os._exit(1)
     os._exit(0)
 

@@ -58,6 +58,18 @@ def test_bad_option_is_one_line_naming_the_valid_values(kv, tmp_path, args, word
     assert not os.path.ismount(tmp_path)
 
 
+@pytest.mark.parametrize("foreground", [False, True])
+def test_option_libfuse_refuses_is_named_on_the_terminal(kv, tmp_path, foreground) -> None:
+    point, log = tmp_path / "m", tmp_path / "log"
+    point.mkdir()
+    attach = ["-f"] if foreground else ["--log-file", log]
+    done = shardfs("mount", kv[0], point, "-o", "bogus_opt", *attach, check=False)
+    one_line_error(done, 1, str(point), "mount failed", "unknown option", "bogus_opt")
+    assert not os.path.ismount(point)
+    if not foreground:
+        assert "unknown option" in log.read_text() and "Traceback" not in log.read_text()
+
+
 def test_non_empty_mountpoint_is_refused_unless_allowed(kv, tmp_path, mount) -> None:
     point = tmp_path / "m"
     point.mkdir()
