@@ -57,19 +57,17 @@ def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mo
 
 
 @pytest.fixture(scope="session")
-def other_user() -> Iterator[list[str]]:
-    """The prefix that runs a module's main() as an unprivileged local user (made for the session if missing)."""
+def other_user() -> list[str]:
+    """The prefix that runs a module's main() as an unprivileged local user. The user is made if missing and
+    left there: other test sessions on the machine may be using it at the same time."""
     name = "shardfs-test"
-    made = subprocess.run(["id", "-u", name], capture_output=True, check=False).returncode != 0
-    if made:
+    if subprocess.run(["id", "-u", name], capture_output=True, check=False).returncode != 0:
         subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
     ids = [
         subprocess.run(["id", flag, name], capture_output=True, text=True, check=True).stdout.strip()
         for flag in ("-u", "-g")
     ]
-    yield [sys.executable, "-m", "tests.as_user", *ids]
-    if made:
-        subprocess.run(["userdel", name], check=True)
+    return [sys.executable, "-m", "tests.as_user", *ids]
 
 
 @pytest.fixture
