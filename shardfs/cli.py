@@ -10,38 +10,80 @@ import argparse
 import logging
 import re
 import sys
+import time
 from pathlib import Path
+from typing import NoReturn
 
+from shardfs import __version__, stats_socket
 from shardfs.check import check
-from shardfs.daemon import MountError, fuse_options, mount, parse_options, unmount
+from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.service import ServiceError, metrics_address, read_stats
+from shardfs.service import ServiceError
 from shardfs.source import Source, open_source
+from shardfs.summary import summary
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
 DEFAULT_MAX_FILE = "256M"
+MIN_CACHE = 64 << 10  # below it, a size is a slip (`--cache-size 512` for 512M): every read would decode again
 SETTINGS = {"view", "cache_size", "max_file_size", "log_level", "log_file", "metrics"}  # mount options that are ours
+FLAGS = {"foreground": "--foreground", "nonempty": "--allow-non-empty"}  # `-o` words without a value
 IGNORED = {"rw", "defaults", "comment"}  # fstab words that mean nothing to a read-only mount
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+
+class Parser(argparse.ArgumentParser):
+    """A usage error is one line naming the problem and the valid values, exit 2: not argparse's usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+class Help(argparse.ArgumentDefaultsHelpFormatter):
+    """Show "(default: …)" where a default says something: not for flags, lists or what is off unless given."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return super()._get_help_string(action) if action.default not in (None, False, []) else action.help
 
 
 def byte_size(text: str) -> int:
-    m = re.fullmatch(r"(\d+)\s*([KMGT]?)(i?B)?", text.strip(), re.IGNORECASE)
+    """`512M`, `1.5G`, `2GiB` (powers of 1024), at least MIN_CACHE."""
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]?)(i?B)?", text.strip(), re.IGNORECASE)
     if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 512M or 2G")
-    return int(m.group(1)) * UNITS[m.group(2).upper()]
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 512M or 1.5G")
+    n = int(float(m.group(1)) * UNITS[m.group(2).upper()])
+    if n < MIN_CACHE:
+        raise argparse.ArgumentTypeError(f"{text!r} is too small: at least {MIN_CACHE >> 10}K")
+    return n
+
+
+def metrics_address(text: str) -> tuple[str, int]:
+    """'9477' or ':9477' → localhost; 'HOST:PORT' and '[v6]:PORT' as given."""
+    host, _, port = text.rpartition(":")
+    host = host.strip("[]") or DEFAULT_METRICS_HOST
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PORT or HOST:PORT (a port from 1 to 65535)")
+    return host, int(port)
 
 
 def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     """The parser, and its command names (for telling the mount-helper form apart)."""
-    p = argparse.ArgumentParser(prog="shardfs", description="Mount sharded datasets as their unsharded files.")
+    p = Parser(prog="shardfs", description="Mount sharded datasets as their unsharded files.")
+    p.add_argument("--version", action="version", version=f"shardfs {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=help, description=help, formatter_class=Help)
+
     def with_source(name: str, help: str) -> argparse.ArgumentParser:
-        s = sub.add_parser(name, help=help)
-        s.add_argument("source", type=Path, help="the sharded dataset's directory")
-        s.add_argument("--cache-size", type=byte_size, default=DEFAULT_CACHE, help="byte budget for all caches")
+        s = command(name, help)
+        s.add_argument("source", type=Path, metavar="SOURCE", help="the sharded dataset's directory")
+        s.add_argument(
+            "--cache-size", type=byte_size, default=DEFAULT_CACHE, metavar="SIZE",
+            help=f"byte budget for all caches together: 512M, 1.5G, 2GiB (powers of 1024; at least {MIN_CACHE >> 10}K)",
+        )  # fmt: skip
         s.add_argument(
             "--max-file-size", type=byte_size, default=DEFAULT_MAX_FILE, metavar="SIZE",
             help="the largest file decoded (a chunk, a shard under a whole-shard codec); larger ones are EIO",
@@ -50,19 +92,36 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
             "--view", choices=["native", "n5", "zarr2"], default="native",
             help="native: the source's own format, unsharded; n5 or zarr2: its arrays in that format",
         )  # fmt: skip
-        s.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING or ERROR")
+        s.add_argument(
+            "--log-level", type=str.upper, choices=LOG_LEVELS, default="WARNING", metavar="LEVEL",
+            help=f"{', '.join(LOG_LEVELS)}: the least severe records logged",
+        )  # fmt: skip
         return s
 
     m = with_source("mount", "mount SOURCE at MOUNTPOINT; returns once the mount is live")
-    m.add_argument("mountpoint", type=Path)
+    m.add_argument(
+        "mountpoint", type=Path, metavar="MOUNTPOINT",
+        help="an existing empty directory, neither inside SOURCE nor holding it",
+    )  # fmt: skip
     m.add_argument("-f", "--foreground", action="store_true", help="stay attached (systemd, debugging)")
-    m.add_argument("-o", dest="options", action="append", default=[], help="FUSE options, e.g. allow_other")
-    m.add_argument("--log-file", type=Path, help="where the detached daemon logs (default: under the temp dir)")
-    m.add_argument("--metrics", metavar="[HOST:]PORT", help="serve Prometheus metrics (host defaults to 127.0.0.1)")
-    u = sub.add_parser("unmount", help="unmount a shardfs mount")
-    u.add_argument("mountpoint", type=Path)
-    st = sub.add_parser("stats", help="a live mount's figures: operations, bytes, cache, errors")
-    st.add_argument("mountpoint", type=Path)
+    m.add_argument(
+        "-o", dest="options", action="append", default=[],
+        help="FUSE options, e.g. allow_other; nonempty is --allow-non-empty",
+    )  # fmt: skip
+    m.add_argument("--allow-non-empty", action="store_true", help="mount over a directory that has files in it")
+    m.add_argument(
+        "--log-file", type=Path, metavar="PATH",
+        help="where the detached daemon logs (default: $TMPDIR/shardfs-UID/<mountpoint>.log)",
+    )  # fmt: skip
+    m.add_argument(
+        "--metrics", type=metrics_address, metavar="[HOST:]PORT",
+        help=f"serve Prometheus metrics (HOST defaults to {DEFAULT_METRICS_HOST}; off by default)",
+    )  # fmt: skip
+    u = command("unmount", "unmount a shardfs mount")
+    u.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
+    st = command("stats", "a live mount's figures: uptime, operations, bytes served, cache hit rate, errors")
+    st.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
+    st.add_argument("--prometheus", action="store_true", help="every figure, in Prometheus' text format")
     ls = with_source("ls", "list a directory of the virtual tree without mounting")
     ls.add_argument("path", nargs="?", default="")
     cat = with_source("cat", "write a virtual file to stdout without mounting")
@@ -90,8 +149,8 @@ def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
             key = word.replace("-", "_")
             if key in SETTINGS and eq:
                 out += [f"--{key.replace('_', '-')}", value]
-            elif key == "foreground" and not eq:
-                out.append("--foreground")
+            elif key in FLAGS and not eq:
+                out.append(FLAGS[key])
             elif key not in IGNORED and not word.startswith("x-"):
                 kept.append(item)
         if kept:
@@ -102,21 +161,22 @@ def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p, commands = parser()
     args = p.parse_args(mount_argv(sys.argv[1:] if argv is None else argv, commands))
-    logging.basicConfig(level=args.__dict__.get("log_level", "WARNING").upper(), format="%(levelname)s: %(message)s")
+    logging.basicConfig(level=args.__dict__.get("log_level", "WARNING"), format="%(levelname)s: %(message)s")
     try:
         if args.command == "unmount":
             unmount(args.mountpoint.absolute())
             return 0
         if args.command == "stats":
-            print(stats(args.mountpoint.absolute()), end="")
+            text = stats_socket.read(args.mountpoint.absolute())
+            print(text if args.prometheus else summary(text, time.time()), end="")
             return 0
         view = "native" if args.command == "check" else args.view
         source = open_source(args.source, args.cache_size, view, args.max_file_size)
         if args.command == "mount":
             options = fuse_options(str(source.path), parse_options(args.options))
             log_file = args.log_file.absolute() if args.log_file else None
-            metrics_at = metrics_address(args.metrics) if args.metrics else None
-            mount(source, args.mountpoint.absolute(), options, args.foreground, log_file, metrics_at)
+            where = args.mountpoint.absolute()
+            mount(source, where, options, args.foreground, log_file, args.metrics, args.allow_non_empty)
         elif args.command == "ls":
             ls(source, args.path.strip("/"))
         elif args.command == "cat":
@@ -127,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             info(source)
     except (SourceError, MountError, CorruptChunk, ServiceError) as e:
         print(f"shardfs: {e}", file=sys.stderr)
-        return 2 if isinstance(e, SourceError) else 1
+        return 2 if isinstance(e, (SourceError, UsageError)) else 1
     except FileNotFoundError as e:
         print(f"shardfs: {e.filename or e}: no such file in the virtual tree", file=sys.stderr)
         return 1
@@ -138,11 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardfs: {args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     return 0
-
-
-def stats(mountpoint: Path) -> str:
-    """The figures without Prometheus' comment lines: one `name{labels} value` a line."""
-    return "".join(line + "\n" for line in read_stats(mountpoint).splitlines() if not line.startswith("#"))
 
 
 def ls(source: Source, path: str) -> None:

@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import shutil
-import stat
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -23,11 +22,13 @@ from pathlib import Path
 import mfusepy
 from cysystemd.daemon import Notification
 
-from shardfs import metrics, service
+from shardfs import metrics, service, stats_socket
 from shardfs.cache import return_freed_memory
 from shardfs.fuse_adapter import ShardFS
 from shardfs.logs import log_to
+from shardfs.rundir import own_dir
 from shardfs.source import Source
+from shardfs.stderr_capture import StderrCapture
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
@@ -37,6 +38,10 @@ ONE_DAY = 86400
 
 class MountError(Exception):
     """The mount could not be made; the message says why in one sentence."""
+
+
+class UsageError(MountError):
+    """What was asked cannot work (a missing mountpoint, one inside the source); exit 2, as for bad options."""
 
 
 def fuse_options(fsname: str, extra: dict[str, str | bool]) -> dict[str, str | bool]:
@@ -86,19 +91,35 @@ def fusermount(lazy: bool, mountpoint: Path) -> subprocess.CompletedProcess[str]
     return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
-def prepare_mountpoint(mountpoint: Path) -> None:
+def prepare_mountpoint(mountpoint: Path, source: Path, allow_non_empty: bool) -> None:
+    """Clear a dead mount; refuse a mountpoint that cannot work. One inside the source (or holding it)
+    would deadlock: the daemon would read the source through its own mount."""
     if is_stale(mountpoint):
         log.warning("clearing the stale mount at %s", mountpoint, extra={"event": "stale_mount"})
         cleared = fusermount(True, mountpoint)
         if cleared.returncode != 0 or is_stale(mountpoint):
             raise MountError(f"{mountpoint}: a dead mount is there and could not be cleared ({cleared.stderr.strip()})")
+    if not mountpoint.exists():
+        raise UsageError(f"{mountpoint}: mountpoint does not exist")
     if not mountpoint.is_dir():
-        raise MountError(f"{mountpoint}: mountpoint is not a directory")
+        raise UsageError(f"{mountpoint}: mountpoint is not a directory")
     if os.path.ismount(mountpoint):
         raise MountError(f"{mountpoint}: something is already mounted here")
+    where, source = Path(os.path.realpath(mountpoint)), source.resolve()
+    if where.is_relative_to(source) or source.is_relative_to(where):
+        how = "is" if where == source else "is inside" if where.is_relative_to(source) else "holds"
+        raise UsageError(f"{mountpoint}: mountpoint {how} the source {source}; mount it elsewhere")
+    with os.scandir(mountpoint) as entries:
+        if not allow_non_empty and any(entries):
+            raise UsageError(f"{mountpoint}: mountpoint is not empty; pass --allow-non-empty to mount over it")
 
 
 def unmount(mountpoint: Path) -> None:
+    if not is_stale(mountpoint):
+        if not os.path.lexists(mountpoint):
+            raise UsageError(f"{mountpoint}: does not exist")
+        if not os.path.ismount(mountpoint):
+            raise MountError(f"{mountpoint}: not mounted")
     result = fusermount(False, mountpoint)
     if result.returncode != 0:
         raise MountError(result.stderr.strip() or f"{mountpoint}: unmount failed")
@@ -107,13 +128,10 @@ def unmount(mountpoint: Path) -> None:
 def default_log_file(mountpoint: Path) -> Path:
     """<temp dir>/shardfs-<uid>/<mountpoint>.log, in a directory only its owner can use, so that on a
     shared /tmp nobody else can plant a link where the daemon will write."""
-    directory = Path(tempfile.gettempdir()) / f"shardfs-{os.getuid()}"
-    directory.mkdir(mode=0o700, exist_ok=True)
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-        raise MountError(f"{directory}: not a directory of this user; pass --log-file")
-    if st.st_mode & 0o077:
-        os.chmod(directory, 0o700)  # ours, but made open by an earlier version: close it
+    try:
+        directory = own_dir(Path(tempfile.gettempdir()) / f"shardfs-{os.getuid()}", 0o700)
+    except PermissionError as e:
+        raise MountError(f"{e}; pass --log-file") from None
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(mountpoint).strip("/")) or "root"
     return directory / f"{slug}.log"
 
@@ -129,12 +147,16 @@ def serve(
     """Run the multithreaded FUSE loop until unmounted or signalled; libfuse unmounts on SIGTERM/SIGINT.
 
     libfuse reports a loop ended by a signal as an error; once the mount was live, that is a clean stop.
+    Before that, what libfuse wrote to stderr is why the mount failed: it becomes the MountError.
     """
     live = False
+    capture = StderrCapture()
 
     def ready() -> None:
         nonlocal live
         live = True
+        os.write(2, capture.release().encode())  # libfuse's warnings, if any, where they always went
+        metrics.START_TIME.set_to_current_time()
         log.info("mounted %s at %s", options.get("fsname"), mountpoint, extra={"event": "mounted"})
         service.tell_systemd(Notification.READY)
         if on_ready is not None:
@@ -143,17 +165,22 @@ def serve(
     service.handle_signals(tree)  # first: every thread started after it inherits the blocked signals
     return_freed_memory()
     try:
-        service.serve_stats(mountpoint)
         if metrics_at is not None:
             service.serve_metrics(metrics_at)
+        remove_stats_socket = stats_socket.serve(mountpoint, metrics.text)
     except service.ServiceError as e:
         raise MountError(str(e)) from None
     metrics.watch_cache(tree.cache)
     try:
+        capture.start()
         mfusepy.FUSE(ShardFS(tree, mtime_ns, ready), str(mountpoint), foreground=True, nothreads=False, **options)
     except RuntimeError:
         if not live:
-            raise
+            reason = " ".join(capture.release().split()) or "libfuse gave no reason"
+            raise MountError(f"{mountpoint}: mount failed: {reason}") from None
+    finally:
+        capture.release()
+        remove_stats_socket()
     service.tell_systemd(Notification.STOPPING)
     log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
 
@@ -165,9 +192,10 @@ def mount(
     foreground: bool,
     log_file: Path | None,
     metrics_at: tuple[str, int] | None = None,
+    allow_non_empty: bool = False,
 ) -> None:
     """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise."""
-    prepare_mountpoint(mountpoint)
+    prepare_mountpoint(mountpoint, source.path, allow_non_empty)
     mtime_ns = os.stat(source.path).st_mtime_ns
     if foreground:
         log_to(log_file)
@@ -200,9 +228,11 @@ def mount(
     try:
         serve(source.tree, mtime_ns, mountpoint, options, ready, metrics_at)
     except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
-        log.exception("mount failed", extra={"event": "mount_failed"})
+        known = isinstance(e, MountError)  # says why in its message; anything else is a bug: a traceback
+        log.error("mount failed: %s", e, exc_info=not known, extra={"event": "mount_failed"})
+        why = str(e) if known else f"{mountpoint}: mount failed ({e or type(e).__name__}); see {log_file}"
         with contextlib.suppress(OSError):
-            os.write(ready_w, f"{mountpoint}: mount failed ({e or type(e).__name__}); see {log_file}".encode())
+            os.write(ready_w, why.encode())
         os._exit(1)
     os._exit(0)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -28,6 +28,7 @@ SERVED = Counter("shardfs_served_bytes", "Bytes returned to readers", registry=R
 STORE_READS = Counter("shardfs_store_reads", "Byte-range reads of source files", registry=REGISTRY)
 STORE_BYTES = Counter("shardfs_store_read_bytes", "Bytes read from source files", registry=REGISTRY)
 ERRORS = Counter("shardfs_errors", "Operations answered with an error other than ENOENT", ["errno"], registry=REGISTRY)
+START_TIME = Gauge("shardfs_start_time_seconds", "When the mount went live, in Unix time", registry=REGISTRY)
 DECODE_ERRORS = Counter(
     "shardfs_decode_errors", "Stored data that contradicts its index or does not decode", registry=REGISTRY
 )

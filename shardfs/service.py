@@ -2,22 +2,17 @@
 
 - systemd: `READY=1` once the mount is live and `STOPPING=1` on the way out (sd_notify, via cysystemd).
 - SIGHUP drops every cache, for a source rewritten in place; SIGUSR1 toggles DEBUG logging.
-- `shardfs stats MOUNTPOINT` reads the figures from an abstract Unix socket named after the mountpoint:
-  nothing to clean up after a crash, no file in the mount for `cp -r` to copy, and any local user may
-  read them (they are counts, nothing of the data).
+- `shardfs stats MOUNTPOINT` reads the figures from a socket in the daemon's runtime directory
+  (shardfs/stats_socket.py): no file in the mount for `cp -r` to copy.
 - `--metrics HOST:PORT` serves the same figures to Prometheus.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
 import os
 import signal
-import socket
 import threading
-from pathlib import Path
 
 import prometheus_client
 from cysystemd.daemon import Notification, notify
@@ -28,7 +23,6 @@ from shardfs.tree import Tree
 log = logging.getLogger("shardfs")
 
 SIGNALS = {signal.SIGHUP, signal.SIGUSR1}
-DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 class ServiceError(Exception):
@@ -61,50 +55,6 @@ def handle_signals(tree: Tree) -> None:
                 log.warning("SIGUSR1: log level %s", logging.getLevelName(level), extra={"event": "log_level"})
 
     threading.Thread(target=wait, name="shardfs-signals", daemon=True).start()
-
-
-def stats_address(mountpoint: Path) -> bytes:
-    """The abstract socket name of the daemon serving mountpoint (hashed: names are limited to 107 bytes)."""
-    digest = hashlib.sha256(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:32]
-    return b"\0shardfs-stats-" + digest.encode()
-
-
-def serve_stats(mountpoint: Path) -> None:
-    """Answer every connection with the figures, in Prometheus' text format, then close it."""
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    try:
-        server.bind(stats_address(mountpoint))
-    except OSError as e:
-        server.close()
-        raise ServiceError(f"{mountpoint}: another shardfs daemon already serves stats for it ({e.strerror})") from e
-    server.listen(8)
-
-    def answer() -> None:
-        while True:
-            conn, _ = server.accept()
-            with conn, contextlib.suppress(OSError):
-                conn.sendall(metrics.text())
-
-    threading.Thread(target=answer, name="shardfs-stats", daemon=True).start()
-
-
-def read_stats(mountpoint: Path) -> str:
-    """The figures of the daemon serving mountpoint."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        try:
-            conn.connect(stats_address(mountpoint))
-        except OSError:
-            raise ServiceError(f"{mountpoint}: no shardfs daemon serves this mountpoint") from None
-        return b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode()
-
-
-def metrics_address(text: str) -> tuple[str, int]:
-    """'9477' or ':9477' → localhost; 'HOST:PORT' and '[v6]:PORT' as given."""
-    host, _, port = text.rpartition(":")
-    host = host.strip("[]") or DEFAULT_METRICS_HOST
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ServiceError(f"--metrics {text!r}: expected PORT or HOST:PORT")
-    return host, int(port)
 
 
 def serve_metrics(address: tuple[str, int]) -> None:

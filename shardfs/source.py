@@ -32,10 +32,8 @@ def open_source(
     """Detect the source's format and plan its mount, in the view asked for; SourceError, in one sentence,
     if it makes no sense."""
     root = Path(path).resolve()
-    if not root.exists():
-        raise SourceError(f"{root}: does not exist")
     if not root.is_dir():
-        raise SourceError(f"{root}: not a directory")
+        raise SourceError(f"{root}: {'not a directory' if root.exists() else 'does not exist'}")
     store = LocalStore(root)
     cache = ByteCache(cache_bytes, max_file_size)
     if store.kind("zarr.json") == "file":

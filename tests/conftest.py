@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
+REPO = Path(__file__).resolve().parent.parent
 
 
 def shardfs(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -77,6 +78,13 @@ def as_user(user: tuple[int, int], *command: str | Path) -> subprocess.Completed
     user cannot reach the test's Python."""
     drop = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--"]
     return subprocess.run([*drop, *map(str, command)], capture_output=True, text=True, errors="replace", timeout=60)
+
+
+@pytest.fixture(scope="session")
+def other_user(user: tuple[int, int]) -> list[str]:
+    """The prefix that runs a module's main() as the unprivileged user (see tests/as_user.py): for what
+    coreutils cannot do, such as binding a socket."""
+    return [sys.executable, "-m", "tests.as_user", *map(str, user)]
 
 
 @pytest.fixture

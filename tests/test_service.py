@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import shutil
@@ -18,12 +19,14 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shardfs import stats_socket
 from shardfs.cli import mount_argv, parser
+from shardfs.logs import BURST
+from shardfs.rundir import runtime_dir
 from tests import peers
-from tests.conftest import assert_eio, shardfs
+from tests.conftest import REPO, SHARDFS, assert_eio, shardfs
 from tests.test_daemon import daemon_of, wait_until
 
-REPO = Path(__file__).resolve().parent.parent
 UNIT = REPO / "systemd" / "shardfs@.service"
 INSTALLED = "/usr/local/bin/shardfs"  # where the unit expects the console script
 CONSOLE_SCRIPT = Path(sys.prefix, "bin", "shardfs")
@@ -113,7 +116,7 @@ def test_example_config_options_become_cli_options() -> None:
     )
     p, commands = parser()
     args = p.parse_args(mount_argv([conf["SOURCE"], conf["MOUNTPOINT"], "-o", conf["OPTIONS"]], commands))
-    assert args.command == "mount" and args.cache_size == 1 << 30 and args.metrics == "127.0.0.1:9477"
+    assert args.command == "mount" and args.cache_size == 1 << 30 and args.metrics == ("127.0.0.1", 9477)
     assert args.options == ["allow_other"]
     fstab_words = mount_argv(["s", "m", "-o", "rw,defaults,comment=x,x-systemd.automount,dev,log-level=info"], commands)
     assert fstab_words == ["mount", "s", "m", "--log-level", "info", "-o", "dev"]
@@ -153,7 +156,7 @@ def test_mount_helper_without_home_or_path(kv, tmp_path, helper_on_default_path,
         assert done.returncode == 0, done.stderr
         assert os.path.ismount(point)
         assert all((point / str(k)).read_bytes() == stored[k] for k in (0, 1, 42, 199))
-        figures = scrape(shardfs("stats", point).stdout)
+        figures = scrape(shardfs("stats", "--prometheus", point).stdout)
         assert figures["shardfs_cache_budget_bytes", frozenset()] == 3 << 20  # cache_size=3M reached us
         assert "level=info event=mounted" in log.read_text()  # and so did log_file and log_level
         line = next(ln for ln in Path("/proc/mounts").read_text().splitlines() if f" {point} " in ln)
@@ -208,13 +211,77 @@ def test_metrics_and_stats_count_what_was_read(kv, half_broken, mount) -> None:
     line = next(ln for ln in m.log_text().splitlines() if "event=eio" in ln)
     assert "level=error" in line and "shard=1.shard" in line and "key=13" in line and "path=/13" in line
 
-    stats = scrape(shardfs("stats", m.path).stdout)  # the same figures, without Prometheus
+    stats = scrape(shardfs("stats", "--prometheus", m.path).stdout)  # the same figures, without a Prometheus server
     assert stats["shardfs_served_bytes_total", frozenset()] == after["shardfs_served_bytes_total", frozenset()]
 
 
 def test_stats_without_a_daemon_says_so(tmp_path) -> None:
     done = shardfs("stats", tmp_path, check=False)
     assert done.returncode == 1 and "no shardfs daemon serves this mountpoint" in done.stderr
+
+
+def test_another_user_can_neither_block_a_mount_nor_fake_its_stats(kv, other_user, public_tmp) -> None:
+    source, stored = kv
+    point = public_tmp / "m"
+    point.mkdir()
+    old_name = "@shardfs-stats-" + hashlib.sha256(os.fsencode(point)).hexdigest()[:32]  # the abstract socket
+    new_name = stats_socket.socket_path(runtime_dir(0), point)
+    squatter = subprocess.Popen(
+        [*other_user, "tests.squatter", old_name, str(new_name)], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert squatter.stdout is not None and int(squatter.stdout.readline()) >= 1  # the old name, at least
+        shardfs("mount", source, point, "--log-file", public_tmp / "log")
+        assert os.path.ismount(point)
+        served = sum(len((point / str(k)).read_bytes()) for k in (2, 4, 6))
+        assert served == sum(len(stored[k]) for k in (2, 4, 6))
+        for command in (SHARDFS, [*other_user, "shardfs.cli"]):
+            done = subprocess.run([*command, "stats", "--prometheus", str(point)], capture_output=True,
+                                  text=True, timeout=60, cwd=REPO)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert scrape(done.stdout)["shardfs_served_bytes_total", frozenset()] == served
+        assert new_name.stat().st_uid == 0
+        shardfs("unmount", point)
+        assert not new_name.exists()  # removed on a clean exit
+    finally:
+        squatter.kill()
+        squatter.wait()
+        if os.path.ismount(point):
+            shardfs("unmount", point)
+
+
+def test_stats_trusts_only_the_mounts_own_user(kv, other_user, public_tmp) -> None:
+    """What root alone could set up, as the checks' own test: an open directory, then a stranger's socket."""
+    point = public_tmp / "m"
+    point.mkdir()
+    shardfs("mount", kv[0], point, "--log-file", public_tmp / "log")
+    directory = runtime_dir(0)
+    path = stats_socket.socket_path(directory, point)
+    squatter = None
+    try:
+        directory.chmod(0o777)
+        done = shardfs("stats", point, check=False)
+        assert done.returncode == 1 and f"{directory}: not a directory of uid 0 closed to others" in done.stderr
+        path.unlink()  # the daemon's socket gone, a stranger's in its place
+        command = [*other_user, "tests.squatter", str(path)]
+        squatter = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
+        assert squatter.stdout is not None and int(squatter.stdout.readline()) == 1
+        directory.chmod(0o755)
+        done = shardfs("stats", point, check=False)
+        assert done.returncode == 1 and "answered by uid" in done.stderr and "999999" not in done.stdout
+    finally:
+        directory.chmod(0o755)
+        if squatter is not None:
+            squatter.kill()
+            squatter.wait()
+        shardfs("unmount", point)
+
+
+def test_repeated_errors_are_rate_limited(half_broken, mount) -> None:
+    m = mount(half_broken)
+    for key in range(1, 200, 2):  # 100 distinct corrupt chunks, each an error line today
+        assert_eio(m.path / str(key))
+    assert m.log_text().count("event=eio") == BURST
 
 
 def test_metrics_port_in_use_refuses_the_mount(kv, tmp_path) -> None:
@@ -241,7 +308,7 @@ def test_sighup_drops_caches_so_a_rewritten_source_is_read_afresh(kv, tmp_path, 
     daemon = daemon_of(m.path)
     daemon.send_signal(signal.SIGHUP)
     wait_until(lambda: "event=caches_dropped" in m.log_text())
-    assert scrape(shardfs("stats", m.path).stdout)["shardfs_cache_entries", frozenset()] == 0
+    assert scrape(shardfs("stats", "--prometheus", m.path).stdout)["shardfs_cache_entries", frozenset()] == 0
     assert (m.path / "4").read_bytes() == rewritten[4]  # not yet looked up, so read afresh
     assert daemon.is_running() and os.path.ismount(m.path)
 

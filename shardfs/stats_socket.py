@@ -1,0 +1,107 @@
+"""How `shardfs stats` reaches a daemon: a Unix socket file in the runtime directory of the daemon's user.
+
+Only that user can write the directory, and the client learns the user from the mount itself (the kernel
+records a FUSE daemon's uid as `user_id=` in /proc/self/mountinfo), then checks the directory's owner and
+the answering process's credentials. So another local user can neither take the name first (which would
+block the mount) nor answer in the daemon's place (which would fake its figures). Root's socket is in
+/run/shardfs and open to every local user: the figures are counts, nothing of the data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from shardfs.rundir import own_dir, runtime_dir, trusted_dir
+from shardfs.service import ServiceError
+
+MOUNTINFO = Path("/proc/self/mountinfo")
+UCRED = struct.Struct("3i")  # pid, uid, gid, as SO_PEERCRED gives them
+
+
+def socket_path(directory: Path, mountpoint: Path) -> Path:
+    """Named by a hash of the mountpoint's real path: any path fits in a socket address (107 bytes)."""
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:32]
+    return directory / f"{digest}.sock"
+
+
+def serve(mountpoint: Path, figures: Callable[[], bytes]) -> Callable[[], None]:
+    """Answer every connection with figures(), then close it. Returns what removes the socket on exit."""
+    uid = os.getuid()
+    try:
+        directory = own_dir(runtime_dir(uid), 0o755 if uid == 0 else 0o700)
+    except PermissionError as e:
+        raise ServiceError(f"{e}; cannot serve shardfs stats") from None
+    path = socket_path(directory, mountpoint)
+    if _answers(path):
+        raise ServiceError(f"{mountpoint}: another shardfs daemon already serves stats for it")
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # ours, left by a daemon that was killed
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    server.bind(str(path))
+    os.chmod(path, 0o666)  # the directory decides who may connect
+    server.listen(8)
+
+    def answer() -> None:
+        while True:
+            conn, _ = server.accept()
+            with conn, contextlib.suppress(OSError):
+                conn.sendall(figures())
+
+    threading.Thread(target=answer, name="shardfs-stats", daemon=True).start()
+
+    def remove() -> None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    return remove
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+        return True
+
+
+def mount_owner(mountpoint: Path) -> int | None:
+    """The uid of the shardfs daemon mounted at mountpoint (the topmost mount there), or None."""
+    where = os.path.realpath(mountpoint)
+    owner = None
+    for line in MOUNTINFO.read_text().splitlines():
+        fields, _, fs = line.partition(" - ")
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields.split()[4])
+        if point == where:
+            fstype, _, options, *_ = fs.split()
+            uid = re.search(r"(?:^|,)user_id=(\d+)(?:,|$)", options)
+            owner = int(uid.group(1)) if fstype == "fuse.shardfs" and uid else None
+    return owner
+
+
+def read(mountpoint: Path) -> str:
+    """The figures of the daemon mounted at mountpoint, once its directory and credentials check out."""
+    uid = mount_owner(mountpoint)
+    missing = ServiceError(f"{mountpoint}: no shardfs daemon serves this mountpoint")
+    if uid is None:
+        raise missing
+    directory = runtime_dir(uid)
+    if os.path.lexists(directory) and not trusted_dir(directory, uid):
+        raise ServiceError(f"{directory}: not a directory of uid {uid} closed to others; its stats are not trusted")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(str(socket_path(directory, mountpoint)))
+        except OSError:
+            raise missing from None
+        _, peer, _ = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
+        if peer != uid:
+            raise ServiceError(f"{mountpoint}: stats answered by uid {peer}, not by the mount's daemon (uid {uid})")
+        return b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode()

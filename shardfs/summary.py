@@ -1,0 +1,49 @@
+"""`shardfs stats`' short answer: a few figures a person reads at a glance, from the Prometheus text."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def summary(text: str, now: float) -> str:
+    """Uptime, operations and their rate, bytes served, cache hit rate and errors, one line each."""
+    total: dict[str, float] = defaultdict(float)  # each sample name, summed over its labels
+    errors: dict[str, float] = defaultdict(float)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            total[sample.name] += sample.value
+            if sample.name == "shardfs_errors_total":
+                errors[sample.labels["errno"]] += sample.value
+    up = max(now - total["shardfs_start_time_seconds"], 1e-9)
+    ops = total["shardfs_fuse_op_seconds_count"]
+    hits, misses = total["shardfs_cache_hits_total"], total["shardfs_cache_misses_total"]
+    rate = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
+    by_errno = ", ".join(f"{name} {count:.0f}" for name, count in sorted(errors.items()) if count)
+    return (
+        f"uptime      {duration(up)}\n"
+        f"operations  {ops:,.0f} ({ops / up:,.1f}/s)\n"
+        f"served      {size(total['shardfs_served_bytes_total'])}\n"
+        f"cache       {rate} hit rate ({hits:,.0f} of {hits + misses:,.0f} lookups); "
+        f"{size(total['shardfs_cache_bytes'])} held of {size(total['shardfs_cache_budget_bytes'])}\n"
+        f"errors      {sum(errors.values()):,.0f}{f' ({by_errno})' if by_errno else ''}; "
+        f"corrupt data: {total['shardfs_decode_errors_total']:,.0f}\n"
+    )
+
+
+def duration(seconds: float) -> str:
+    minutes, s = divmod(int(seconds), 60)
+    hours, m = divmod(minutes, 60)
+    days, h = divmod(hours, 24)
+    return f"{days}d {h}h {m:02d}m" if days else f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
+
+
+def size(n: float) -> str:
+    if n < 1024:
+        return f"{n:,.0f} B"
+    units = iter(("KiB", "MiB", "GiB", "TiB"))
+    unit = next(units)
+    while (n := n / 1024) >= 1024 and unit != "TiB":
+        unit = next(units)
+    return f"{n:,.1f} {unit}"

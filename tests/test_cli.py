@@ -1,0 +1,115 @@
+"""A new user's first hour, through the real CLI and the kernel: every mistake is one clear line and the
+right exit status, never a traceback, a hang or a silent surprise."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shardfs import __version__
+from tests import peers
+from tests.conftest import shardfs
+from tests.test_service import scrape
+
+
+@pytest.fixture(scope="module")
+def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes]]:
+    root = tmp_path_factory.mktemp("cli") / "kv"
+    return root, peers.write_tensorstore_kv(root, {k: bytes([k]) * (k + 1) for k in range(40)})
+
+
+def one_line_error(done: subprocess.CompletedProcess[str], status: int, *words: str) -> None:
+    """Exit status, a single line on stderr holding each of words, and no traceback."""
+    assert done.returncode == status, done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert all(word in done.stderr for word in words), done.stderr
+
+
+@pytest.mark.parametrize("where", ["source", "inside", "parent"])
+def test_mountpoint_that_is_the_source_inside_it_or_above_it_is_refused(tmp_path, where) -> None:
+    """Mounted there, the daemon would read its source through its own mount: `ls` would hang for ever."""
+    source = tmp_path / "parent" / "kv"
+    peers.write_tensorstore_kv(source, {1: b"one"})
+    (source / "mnt").mkdir()
+    point = {"source": source, "inside": source / "mnt", "parent": tmp_path / "parent"}[where]
+    done = shardfs("mount", source, point, "--allow-non-empty", check=False)
+    one_line_error(done, 2, str(point), "the source", "mount it elsewhere")
+    assert not os.path.ismount(point)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--log-level", "verbose"], ["--log-level", "DEBUG", "INFO", "WARNING", "ERROR"]),
+        (["-o", "log_level=verbose"], ["--log-level", "DEBUG", "ERROR"]),
+        (["--view", "bogus"], ["--view", "'bogus'", "native", "n5", "zarr2"]),
+        (["--metrics", "nonsense"], ["--metrics", "'nonsense'", "HOST:PORT"]),
+        (["--cache-size", "x"], ["--cache-size", "'x'", "512M"]),
+        (["--cache-size", "1000"], ["--cache-size", "too small", "64K"]),
+        (["--cache-size", "0"], ["--cache-size", "too small", "64K"]),
+    ],
+)
+def test_bad_option_is_one_line_naming_the_valid_values(kv, tmp_path, args, words) -> None:
+    for form in (["mount", kv[0], tmp_path], [kv[0], tmp_path]):  # the command, and the mount-helper form
+        one_line_error(shardfs(*form, *args, check=False), 2, *words)
+    assert not os.path.ismount(tmp_path)
+
+
+@pytest.mark.parametrize("foreground", [False, True])
+def test_option_libfuse_refuses_is_named_on_the_terminal(kv, tmp_path, foreground) -> None:
+    point, log = tmp_path / "m", tmp_path / "log"
+    point.mkdir()
+    attach = ["-f"] if foreground else ["--log-file", log]
+    done = shardfs("mount", kv[0], point, "-o", "bogus_opt", *attach, check=False)
+    one_line_error(done, 1, str(point), "mount failed", "unknown option", "bogus_opt")
+    assert not os.path.ismount(point)
+    if not foreground:
+        assert "unknown option" in log.read_text() and "Traceback" not in log.read_text()
+
+
+def test_non_empty_mountpoint_is_refused_unless_allowed(kv, tmp_path, mount) -> None:
+    point = tmp_path / "m"
+    point.mkdir()
+    (point / "notes.txt").write_text("hidden by a mount")
+    one_line_error(shardfs("mount", kv[0], point, check=False), 2, str(point), "not empty", "--allow-non-empty")
+    assert not os.path.ismount(point)
+    for allow in (["--allow-non-empty"], ["-o", "nonempty"]):  # libfuse3 has no `nonempty`: ours to consume
+        shardfs("mount", kv[0], point, *allow)
+        assert (point / "3").read_bytes() == kv[1][3]
+        shardfs("unmount", point)
+    assert (point / "notes.txt").read_text() == "hidden by a mount"
+
+
+def test_unmount_and_mount_name_what_is_missing(kv, tmp_path) -> None:
+    one_line_error(shardfs("unmount", tmp_path, check=False), 1, str(tmp_path), "not mounted")
+    missing = tmp_path / "nowhere"
+    one_line_error(shardfs("unmount", missing, check=False), 2, str(missing), "does not exist")
+    one_line_error(shardfs("mount", missing, tmp_path, check=False), 2, str(missing), "does not exist")
+    one_line_error(shardfs("mount", kv[0], missing, check=False), 2, str(missing), "mountpoint does not exist")
+
+
+def test_decimal_cache_size(kv, mount) -> None:
+    m = mount(kv[0], "--cache-size", "1.5G")
+    figures = scrape(shardfs("stats", "--prometheus", m.path).stdout)
+    assert figures["shardfs_cache_budget_bytes", frozenset()] == 3 << 29
+
+
+def test_version_and_help_with_defaults() -> None:
+    assert shardfs("--version").stdout.strip() == f"shardfs {__version__}"
+    text = " ".join(shardfs("mount", "--help").stdout.split())
+    for said in ("MOUNTPOINT an existing", "(default: 64M)", "at least 64K", "(default: WARNING)"):
+        assert said in text
+
+
+def test_stats_is_a_short_summary_by_default(kv, mount) -> None:
+    m = mount(kv[0])
+    served = sum(len((m.path / str(k)).read_bytes()) for k in range(10))
+    lines = shardfs("stats", m.path).stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["uptime", "operations", "served", "cache", "errors"]
+    assert lines[2].split()[1:] == [str(served), "B"]
+    assert lines[4].split()[1] == "0;"
+    uptime = lines[0].split()[1:]
+    assert uptime[0] == "0m" and int(uptime[1].rstrip("s")) < 60
