@@ -39,8 +39,8 @@ from hypothesis import strategies as st
 from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
 
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.source import open_source
-from shardfs.tree import Dir
+from shardfs.source import Source, open_source
+from shardfs.tree import Dir, Tree
 from tests.peers import (
     compressed_morton_code,
     sharding_spec,
@@ -122,7 +122,7 @@ def _outcome(what: str, op: Callable[[], T]) -> T | Failed:
         return Failed(e.errno)
 
 
-def read_file(tree: Any, path: str) -> bytes | Failed:
+def read_file(tree: Tree, path: str) -> bytes | Failed:
     """lookup + size + read, as `cat` does through FUSE: the bytes must be exactly size() long."""
 
     def op() -> bytes | Failed:
@@ -140,7 +140,7 @@ def read_file(tree: Any, path: str) -> bytes | Failed:
     return attempt(f"read {path!r}", op)
 
 
-def walk(tree: Any, dirs: set[str] | None = None) -> dict[str, bytes | Failed]:
+def walk(tree: Tree, dirs: set[str] | None = None) -> dict[str, bytes | Failed]:
     """listdir of every directory, and lookup + read of every name listed: what `find | xargs cat` does.
     The directories found are added to dirs."""
     seen: dict[str, bytes | Failed] = {}
@@ -750,13 +750,17 @@ def damaged_json(draw: st.DrawFn, text: bytes) -> bytes:
     return out.replace(json.dumps(DEEP), "[" * depth + "1" + "]" * depth).encode()
 
 
-def open_or_refuse(root: Path, view: str) -> Any:
-    """open_source under the time bound: a source, or None if refused with one line naming a file."""
+def open_or_refuse(root: Path, view: str, culprit: Path | None = None) -> Source | None:
+    """open_source under the time bound: a source, or None if refused in one line naming a file (the culprit,
+    if known)."""
     try:
         source = attempt("open", lambda: open_source(root, CACHE_BYTES, view))
     except SourceError as e:
         message = str(e)
-        assert "\n" not in message.strip() and str(root) in message, f"refusal is not one line naming a file: {e}"
+        assert "\n" not in message.strip(), f"refusal in more than one line: {e}"
+        if culprit is not None and culprit.name == "info":  # a view's refusal names the source, not a file
+            assert str(culprit) in message or view != "native", f"refusal does not name {culprit}: {e}"
+        assert str(root) in message, f"refusal names no file of the source: {e}"
         return None
     assert not isinstance(source, Failed), f"open gave {source}"
     return source
@@ -775,7 +779,7 @@ def test_damaged_metadata(bases: Bases, name: str, data: st.DataObject) -> None:
     (base.root / rel).write_bytes(text)
     source = None
     try:
-        source = open_or_refuse(base.root, view)
+        source = open_or_refuse(base.root, view, base.root / rel)
         if source is None:
             return
         walk(source.tree)
@@ -948,7 +952,7 @@ def test_nested_shards_aliasing_one_blob_list_promptly(tmp_path: Path) -> None:
 BOMB_SCRIPT = """
 import resource, sys
 from shardfs.errors import CorruptChunk
-from shardfs.source import open_source
+from shardfs.source import Source, open_source
 tree = open_source(sys.argv[1], 4 << 20).tree
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 try:
@@ -980,3 +984,21 @@ def test_gzip_bomb_in_a_scale_of_huge_chunks_stays_small(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     outcome, growth = done.stdout.rsplit(" ", 1)
     assert int(growth) < RSS_GROWTH_BYTES, f"{outcome}: peak RSS grew by {int(growth) >> 20} MiB"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [{"encoding": ["raw"]}, {"chunk_sizes": [[2**32, 16, 8]], "size": [2**32, 48, 16]}],
+    ids=["encoding is a list", "chunk of 2^32 voxels"],
+)
+def test_n5_view_of_odd_scale_metadata(bases: Bases, tmp_path: Path, edit: dict[str, object]) -> None:
+    """Scale metadata of the wrong type or beyond uint32: the n5 view refuses the source in one line or
+    gives EIO for its blocks, never a TypeError (`unhashable type: 'list'` in decode_precomputed) or a
+    struct.error (packing the block header in views/n5.py). Found by test_damaged_metadata."""
+    root = copy_of(bases["volume"], tmp_path)
+    info = json.loads((root / "info").read_text())
+    info["scales"][0].update(edit)
+    (root / "info").write_text(json.dumps(info))
+    source = open_or_refuse(root, "n5", root / "info")
+    if source is not None:
+        walk(source.tree)
