@@ -1022,6 +1022,18 @@ def test_views_of_zarr_attributes_that_are_no_object(bases: Bases, tmp_path: Pat
         walk(source.tree)
 
 
+@pytest.mark.parametrize("edit", [{"@type": ["neuroglancer_multiscale_volume"]}, {"data_type": ["uint8"]}],
+                         ids=["@type is a list", "data_type is a list"])  # fmt: skip
+def test_info_fields_of_the_wrong_type_refuse_in_one_line(bases: Bases, tmp_path: Path, edit: dict) -> None:
+    """A list where `info` has a string: a SourceError naming the file, never TypeError (`unhashable type:
+    'list'`, from dict and set lookups in formats/precomputed.py add_info and _volume). Found by
+    test_damaged_metadata."""
+    root = copy_of(bases["volume"], tmp_path)
+    info = json.loads((root / "info").read_text())
+    (root / "info").write_text(json.dumps({**info, **edit}))
+    assert open_or_refuse(root, "native", root / "info") is None
+
+
 def test_memory_stayed_bounded_over_the_module(bases: Bases) -> None:
     """Last in the file: the peak RSS of everything above (in this process) stayed within the bound."""
     assert _BASELINE_RSS, "the bases fixture sets the baseline"
