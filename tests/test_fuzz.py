@@ -1034,6 +1034,19 @@ def test_info_fields_of_the_wrong_type_refuse_in_one_line(bases: Bases, tmp_path
     assert open_or_refuse(root, "native", root / "info") is None
 
 
+def test_zarr_shard_shape_past_int64_lists_or_refuses(bases: Bases, tmp_path: Path) -> None:
+    """A shard (chunk_grid) shape of 2^64 along one axis, which the inner chunks still divide: refused,
+    served as stored, or listed; never numpy's UFuncTypeError (`Cannot cast ufunc 'multiply' input 1 from
+    dtype('O')`, in formats/zarr.py ZarrArray.stored). Found by test_damaged_metadata."""
+    root = copy_of(bases["zarr"], tmp_path)
+    meta = json.loads((root / "end" / "zarr.json").read_text())
+    meta["chunk_grid"]["configuration"]["chunk_shape"][0] = 2**64
+    (root / "end" / "zarr.json").write_text(json.dumps(meta))
+    source = open_or_refuse(root, "native")
+    if source is not None:
+        walk(source.tree)
+
+
 def test_memory_stayed_bounded_over_the_module(bases: Bases) -> None:
     """Last in the file: the peak RSS of everything above (in this process) stayed within the bound."""
     assert _BASELINE_RSS, "the bases fixture sets the baseline"
