@@ -16,13 +16,15 @@ import functools
 import io
 import os
 import stat
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from shardfs import metrics
 
+T = TypeVar("T")
 # The bits a class of users needs on a directory to pass it: search for owner, group, others.
 _SEARCH = (0o100, 0o010, 0o001)
 
@@ -94,36 +96,14 @@ class Store(Protocol):
     def next_data(self, file: StoredFile, offset: int) -> int: ...
 
     def list(self, path: str) -> Iterator[tuple[str, bool]]:
-        try:
-            fd = self._opendir(self._parts(path), os.O_RDONLY)
-        except FileNotFoundError:
-            return
-        try:
-            with os.scandir(fd) as entries:
-                for e in entries:
-                    if e.is_dir(follow_symlinks=False):
-                        yield e.name, True
-                    elif e.is_file(follow_symlinks=False):
-                        yield e.name, False
-        finally:
-            os.close(fd)
+        """(name, is_dir) of a directory's files and directories, streamed; nothing if it is absent."""
 
     def kind(self, path: str) -> str | None:
         """'file', 'dir', or None for anything else (absent, a link, a device)."""
 
     def owner(self, path: str) -> Owner:
-        kind = self.kind(path)
-        if kind == "file":
-            return self.open(path).owner
-        parts = self._parts(path)
-        chain = self._nearest_directory(parts if kind == "dir" else parts[:-1])
-        return chain[-1].beneath(chain[:-1])
-
-    def _nearest_directory(self, parts: list[str]) -> tuple[Owner, ...]:
-        for n in range(len(parts), 0, -1):
-            with contextlib.suppress(FileNotFoundError):
-                return self._dirs("/".join(parts[:n]))
-        return self._dirs("")
+        """Who may read the node that stands for path: a file or directory as the source has it, an
+        absent one as its nearest directory. Narrowed by every directory on the way."""
 
     def where(self, path: str) -> str:
         """path as a user would name it, for messages."""
@@ -143,17 +123,18 @@ class LocalStore:
     def __init__(self, root: str | Path, max_open: int = 256) -> None:
         self.root = Path(root).absolute()
         self._root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        weakref.finalize(self, os.close, self._root)
         st = os.fstat(self._root)
         self._root_owner = Owner.of(st)
         # The directories above the root count too: the mount must not open what they close.
         self._above = tuple(Owner.of(os.stat(p)) for p in reversed(self.root.parents))
-        self._file = functools.lru_cache(maxsize=max_open)(self._open)
-        self._dirs = functools.lru_cache(maxsize=4096)(self._directories)
+        # The caches call back weakly, so that a store nobody holds is freed (its files closed) at once.
+        self._file = functools.lru_cache(maxsize=max_open)(_weakly(self._open))
+        self._dirs = functools.lru_cache(maxsize=4096)(_weakly(self._directories))
 
     # -- resolving beneath the root -----------------------------------------------------------------------------------
 
     def _parts(self, path: str) -> list[str]:
-        path = path.strip("/")  # "a/" and "a" are one directory
         parts = path.split("/") if path else []
         if any(p in ("", ".", "..") for p in parts):
             raise FileNotFoundError(errno.ENOENT, "not a path beneath the source", self.where(path))
@@ -185,7 +166,7 @@ class LocalStore:
         finally:
             os.close(fd)
 
-    def _open(self, path: str) -> tuple[io.FileIO, StoredFile]:
+    def _open(self, path: str) -> tuple[io.FileIO, tuple, Owner]:
         """Only regular files are data. Opening is non-blocking, so a FIFO where a shard should be cannot
         hang a FUSE thread."""
         parts = self._parts(path)
@@ -198,13 +179,12 @@ class LocalStore:
             raise _absent(e, self.where(path)) from None
         finally:
             os.close(parent)
+        file = io.FileIO(fd, "r")  # closes fd however this ends
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            os.close(fd)
             raise FileNotFoundError(errno.ENOENT, "not a regular file", self.where(path))
         owner = Owner.of(st).beneath(self._dirs("/".join(parts[:-1])))
-        version = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-        return io.FileIO(fd, "r"), StoredFile(path, st.st_size, version, owner, self)
+        return file, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), owner
 
     def _lstat(self, path: str) -> os.stat_result | None:
         parts = self._parts(path)
@@ -224,11 +204,12 @@ class LocalStore:
     # -- the Store protocol -------------------------------------------------------------------------------------------
 
     def open(self, path: str) -> StoredFile:
-        return self._file(path)[1]
+        _, version, owner = self._file(path)
+        return StoredFile(path, version[2], version, owner, self)
 
     def read(self, file: StoredFile, start: int, stop: int) -> bytes:
-        f, current = self._file(file.path)
-        if current.version != file.version:
+        f, version, _ = self._file(file.path)
+        if version != file.version:
             raise StoreChanged(self.where(file.path), "replaced since its index was read")
         data = os.pread(f.fileno(), stop - start, start)
         metrics.STORE_READS.inc()
@@ -238,8 +219,8 @@ class LocalStore:
         return data
 
     def next_data(self, file: StoredFile, offset: int) -> int:
-        f, current = self._file(file.path)
-        if current.version != file.version:
+        f, version, _ = self._file(file.path)
+        if version != file.version:
             raise StoreChanged(self.where(file.path), "replaced since it was opened")
         try:
             return os.lseek(f.fileno(), offset, os.SEEK_DATA)
@@ -253,7 +234,11 @@ class LocalStore:
             fd = self._opendir(self._parts(path), os.O_RDONLY)
         except FileNotFoundError:
             return
-        with os.scandir(fd) as entries:  # closes fd too
+        try:
+            entries = os.scandir(fd)  # on a descriptor of its own: ours is closed at once
+        finally:
+            os.close(fd)
+        with entries:
             for e in entries:
                 if e.is_dir(follow_symlinks=False):
                     yield e.name, True
@@ -267,17 +252,18 @@ class LocalStore:
         return "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else None
 
     def owner(self, path: str) -> Owner:
+        kind = self.kind(path)
+        if kind == "file":
+            return self.open(path).owner
         parts = self._parts(path)
-        for n in range(len(parts), -1, -1):  # the path itself, else its nearest directory
-            here = "/".join(parts[:n])
-            try:
-                if n < len(parts) or self.kind(here) == "dir":
-                    return self._dirs(here)[-1].beneath(self._dirs(here)[:-1])
-                if self.kind(here) == "file":
-                    return self.open(here).owner
-            except FileNotFoundError:
-                continue
-        return self._root_owner.beneath(self._above)
+        chain = self._nearest_directory(parts if kind == "dir" else parts[:-1])
+        return chain[-1].beneath(chain[:-1])
+
+    def _nearest_directory(self, parts: list[str]) -> tuple[Owner, ...]:
+        for n in range(len(parts), 0, -1):
+            with contextlib.suppress(FileNotFoundError):
+                return self._dirs("/".join(parts[:n]))
+        return self._dirs("")
 
     def where(self, path: str) -> str:
         return str(self.root / path) if path else str(self.root)
@@ -288,6 +274,12 @@ class LocalStore:
 
     def descriptors(self) -> list[int]:
         return [self._root]
+
+
+def _weakly(method: Callable[..., T]) -> Callable[..., T]:
+    """method, called through a weak reference to its object: no reference cycle through a cache of it."""
+    ref = weakref.WeakMethod(method)
+    return lambda *args: ref()(*args)  # type: ignore[misc]
 
 
 _DIR_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -75,20 +75,25 @@ def test_a_shard_truncated_under_the_mount_is_eio_never_short(tmp_path, mount) -
 
 
 def test_a_shard_replaced_by_rename_serves_one_version_then_the_new_after_sighup(tmp_path, mount) -> None:
+    """512 shards of raw values (a wrong offset reads as wrong bytes, not bad gzip), more than the daemon
+    keeps open: after every shard is replaced by rename, a shard whose file was closed is opened anew while
+    its old index may still be cached. Each read is then one version's bytes or EIO, never the new file
+    read through the old index; after SIGHUP, the new version."""
+    spec = peers.sharding_spec(preshift_bits=0, hash="identity", minishard_bits=0, shard_bits=9, data_encoding="raw")
     kv, new = tmp_path / "kv", tmp_path / "new"
-    old_values, new_values = values(1), values(2)
-    peers.write_tensorstore_kv(kv, old_values, sharding=TWO_SHARDS)
-    peers.write_tensorstore_kv(new, new_values, sharding=TWO_SHARDS)
+    old_values, new_values = values(1, 2048), values(2, 2048)
+    peers.write_tensorstore_kv(kv, old_values, sharding=spec)
+    peers.write_tensorstore_kv(new, new_values, sharding=spec)
     m = mount(kv)
-    assert read(m.path / "0") == old_values[0] and read(m.path / "1") == old_values[1]  # both indexes cached
-    (new / "0.shard").rename(kv / "0.shard")
-    (new / "1.shard").rename(kv / "1.shard")
-    before = {k: read(m.path / str(k)) for k in range(2, 100)}
+    assert all(read(m.path / str(k)) == old_values[k] for k in range(512))  # every index cached, one key a shard
+    for shard in new.glob("*.shard"):
+        shard.rename(kv / shard.name)
+    before = {k: read(m.path / str(k)) for k in range(512, 1024)}
     assert all(v in (old_values[k], new_values[k], errno.EIO) for k, v in before.items()), "bytes of no version"
     os.kill(daemon_of(m.path).pid, signal.SIGHUP)
     wait_until(lambda: "caches_dropped" in m.log_text())
-    after = {k: read(m.path / str(k)) for k in range(100, 200)}  # never looked up before the signal
-    assert after == {k: new_values[k] for k in range(100, 200)}
+    after = {k: read(m.path / str(k)) for k in range(1024, 2048)}  # never looked up before the signal
+    assert after == {k: new_values[k] for k in range(1024, 2048)}
 
 
 # --- item 7: work and memory bounded by bytes that exist --------------------------------------------

@@ -941,14 +941,15 @@ def nested_alias_array(root: Path, fanout: int, levels: int) -> None:
 
 def test_nested_shards_aliasing_one_blob_list_promptly(tmp_path: Path) -> None:
     """Nested zarr shards whose entries all point at the same inner blob: reading a chunk is prompt, and so
-    must listing the array's 16 chunks be (or EIO), not a walk of all 16**6 index entries. Found by hand
-    from the issue's report: the fuzzed datasets nest two levels of four entries, too few to hang."""
+    must listing be, not a walk of all 16**6 index entries: the array's 16 chunks, EIO, or nothing (the
+    shard skipped as corrupt, since inner shards may not share bytes). Found by hand from the issue's
+    report: the fuzzed datasets nest two levels of four entries, too few to hang."""
     root = tmp_path / "alias"
     nested_alias_array(root, fanout=16, levels=6)
     tree = open_source(root, CACHE_BYTES).tree
     assert read_file(tree, "c/5") == b"\x07"
     listed = attempt("listdir c", lambda: sorted(name for name, _ in tree.listdir("c")))
-    assert listed == EIO or listed == sorted(map(str, range(16)))
+    assert listed in (EIO, [], sorted(map(str, range(16))))
 
 
 BOMB_SCRIPT = """

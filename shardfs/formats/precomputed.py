@@ -26,6 +26,7 @@ from shardfs.tree import BytesFile, File, RangeFile
 
 log = logging.getLogger("shardfs")
 
+LARGEST = 1 << 62  # sizes and offsets past it would overflow the int64 maths of positions; no volume is near it
 VOXEL_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "uint64": 8, "int64": 8,
                "float32": 4, "float64": 8}  # fmt: skip
 
@@ -306,6 +307,8 @@ class Precomputed(Plan):
         if not isinstance(info, dict):
             raise SourceError(f"{where}: must hold a JSON object")
         kind = info.get("@type")
+        if not isinstance(kind, str | None):
+            raise SourceError(f"{where}: field '@type' must be a string, not {kind!r}")
         handlers = {
             "neuroglancer_multiscale_volume": self._volume,
             "neuroglancer_multilod_draco": self._meshes,
@@ -348,7 +351,13 @@ class Precomputed(Plan):
         if not isinstance(scales, list) or not scales:
             raise SourceError(f"{where}: field 'scales' must be a non-empty list")
         channels = info.get("num_channels", 1)
-        if info.get("data_type") not in VOXEL_BYTES or not isinstance(channels, int) or channels < 1:
+        data_type = info.get("data_type")
+        if (
+            not isinstance(data_type, str)
+            or data_type not in VOXEL_BYTES
+            or not isinstance(channels, int)
+            or channels < 1
+        ):
             raise SourceError(f"{where}: fields 'data_type' and 'num_channels' must name a precomputed voxel type")
         voxel_bytes = VOXEL_BYTES[info["data_type"]] * channels
         for i, scale in enumerate(scales):
@@ -385,6 +394,11 @@ class Precomputed(Plan):
         chunks = scale.get("chunk_sizes")
         if not (isinstance(chunks, list) and len(chunks) == 1):
             raise SourceError(f"{where}: field '{name}.chunk_sizes' must hold exactly one size for a sharded scale")
+        resolution = scale.get("resolution")
+        if not (isinstance(resolution, list) and len(resolution) == 3 and all(_positive_number(r) for r in resolution)):
+            raise SourceError(f"{where}: field '{name}.resolution' must be a list of 3 positive numbers")
+        if not isinstance(scale.get("encoding", "raw"), str):
+            raise SourceError(f"{where}: field '{name}.encoding' must be a string")
         return VolumeChunks(size, _ints({"chunk_sizes": chunks[0]}, "chunk_sizes", where, name, positive=True), offset)
 
     def _meshes(self, info: dict, directory: str, where: str) -> None:
@@ -420,12 +434,19 @@ class Precomputed(Plan):
                 self.providers[part_dir] = ChunkDir(kv, naming, f"annotations {name}")
 
 
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < float("inf")
+
+
 def _ints(obj: dict, key: str, where: str, prefix: str, *, positive: bool = False, default: Any = None) -> list[int]:
     value = obj.get(key, default)
     ok = (
         isinstance(value, list)
         and len(value) == 3
-        and all(isinstance(v, int) and not isinstance(v, bool) and (v > 0 or not positive) for v in value)
+        and all(
+            isinstance(v, int) and not isinstance(v, bool) and (v > 0 or not positive) and abs(v) < LARGEST
+            for v in value
+        )
     )
     if not ok:
         what = "positive integers" if positive else "integers"

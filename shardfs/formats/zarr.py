@@ -32,6 +32,7 @@ from shardfs.tree import BytesFile, Dir, File, Node, RangeFile
 log = logging.getLogger("shardfs")
 
 DRAFT_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
+LARGEST = 1 << 62  # shapes past it would overflow the int64 maths of chunk positions
 MAX_NESTING = 8  # sharding levels; writers use one or two, and each level is work for every lookup
 
 
@@ -90,7 +91,7 @@ def positive_ints(values: Any, ndim: int) -> bool:
     return (
         isinstance(values, (list, tuple))
         and len(values) == ndim
-        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < LARGEST for v in values)
     )
 
 
@@ -398,7 +399,7 @@ class ZarrArray:
                     files_below(self.store, posixpath.join(self.directory, self.keys.key(shard_prefix)))
                 )
                 return
-            top = posixpath.join(self.directory, self.keys.top)
+            top = posixpath.join(self.directory, self.keys.top).rstrip("/")
             for name, is_dir in self.store.list(top):
                 child = posixpath.join(top, name)
                 if self.keys.owns(child[len(self.directory) :].lstrip("/")):
@@ -517,6 +518,8 @@ class ZarrPlan(Plan):
             if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
                 raise SourceError(f"{where}: field 'zarr_format' must be 3")
             node_type = meta.get("node_type")
+            if not isinstance(meta.get("attributes", {}), dict):
+                raise SourceError(f"{where}: field 'attributes' must be an object")
             if node_type == "array":
                 self._array(directory, meta, where)
                 return []
@@ -593,7 +596,7 @@ class ZarrPlan(Plan):
 
     def _array(self, directory: str, meta: dict, where: str) -> None:
         shape = meta.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+        if not isinstance(shape, list) or not all(isinstance(s, int) and 0 <= s < LARGEST for s in shape):
             raise SourceError(f"{where}: field 'shape' must be a list of non-negative integers")
         grid = meta.get("chunk_grid") or {}
         chunk_shape = (grid.get("configuration") or {}).get("chunk_shape")

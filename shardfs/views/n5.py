@@ -134,6 +134,9 @@ def n5_view(plan: Plan) -> Plan:
         if array.dtype.name not in DATA_TYPES or not array.shape:
             view.kinds.append(f"not in the N5 view: {path or '.'}: N5 has no {array.dtype.name} or 0-d datasets")
             continue
+        if max(array.chunks) >= 1 << 32:
+            view.kinds.append(f"not in the N5 view: {path or '.'}: N5 block dimensions are 32-bit")
+            continue
         dataset = Dataset(array, plan.cache, path)
         view.providers[path] = dataset
         attributes[path] = {**attributes.get(path, {}), **dataset.attributes}
