@@ -15,7 +15,7 @@ import pytest
 
 from shardfs.daemon import is_stale
 from tests import peers
-from tests.conftest import SHARDFS, shardfs
+from tests.conftest import SHARDFS, scrape, shardfs
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,9 @@ def test_mount_options_and_fsname(source, mount) -> None:
     line = next(ln for ln in Path("/proc/mounts").read_text().splitlines() if f" {m.path} " in ln)
     device, _, fstype, options, *_ = line.split()
     assert device == str(source) and fstype == "fuse.shardfs"
-    assert "ro" in options.split(",") and "allow_other" in options
+    assert {"ro", "allow_other"} <= set(options.split(","))
+    budget = scrape(shardfs("stats", "--prometheus", m.path).stdout)["shardfs_cache_budget_bytes", frozenset()]
+    assert budget == 8 << 20  # --cache-size 8M reached the daemon
 
 
 def test_foreground_stays_attached_and_exits_on_sigterm(source, tmp_path) -> None:

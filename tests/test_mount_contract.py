@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 from tests import peers
-from tests.conftest import SHARDFS, shardfs
+from tests.conftest import SHARDFS, scrape, shardfs
 from tests.test_daemon import daemon_of
-from tests.test_service import free_port, scrape
+from tests.test_service import free_port
 
 MIB = 1 << 20
 LIBFUSE_DEFAULT_TIMEOUT = 1.0  # libfuse's attr_timeout and entry_timeout when none is given (negative: 0)
@@ -65,10 +65,9 @@ def test_every_file_has_its_twins_size_and_every_node_the_sources_mtime(volume, 
 
 
 def test_the_kernel_holds_the_default_options(volume, mount) -> None:
-    m = mount(volume[0], "--cache-size", "8M")
+    """`ro` and `default_permissions` (the kernel checks each node's modes) are the superblock's."""
+    m = mount(volume[0])
     assert {"ro", "default_permissions"} <= super_options(m.path)
-    budget = scrape(shardfs("stats", "--prometheus", m.path).stdout)["shardfs_cache_budget_bytes", frozenset()]
-    assert budget == 8 * MIB
 
 
 def test_a_file_read_twice_is_read_from_the_daemon_once(volume, mount) -> None:
