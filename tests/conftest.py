@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 REPO = Path(__file__).resolve().parent.parent
@@ -26,6 +27,15 @@ def assert_eio(path: Path) -> None:
     with pytest.raises(OSError) as e:
         path.read_bytes()
     assert e.value.errno == errno.EIO
+
+
+def scrape(text: str) -> dict[tuple[str, frozenset], float]:
+    """Prometheus text (`shardfs stats --prometheus`, `--metrics`) as {(name, labels): value}."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 class Mount:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from shardfs.source import open_source
+from tests import peers
 from tests.conftest import assert_eio, shardfs
 
 SHARDING = {
@@ -28,36 +29,59 @@ SHARDING = {
 }
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bad") / "vol"
+GRID = (4, 4, 1)  # chunks of 16 x 16 x 16 in a 64 x 64 x 16 volume
+
+
+def write(root: Path, data: np.ndarray, sharding: dict | None) -> None:
+    scale = {"size": [64, 64, 16], "chunk_size": [16, 16, 16], "resolution": [1, 1, 1], "encoding": "raw"}
     store = ts.open(
         {
             "driver": "neuroglancer_precomputed",
             "kvstore": f"file://{root}",
             "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
-            "scale_metadata": {
-                "size": [64, 64, 16],
-                "chunk_size": [16, 16, 16],
-                "resolution": [1, 1, 1],
-                "encoding": "raw",
-                "sharding": SHARDING,
-            },
+            "scale_metadata": {**scale, "sharding": sharding} if sharding else scale,
             "create": True,
         }
     ).result()
-    store[...] = np.random.default_rng(0).integers(0, 255, store.shape, dtype=np.uint8)
-    return root
+    store[...] = data
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sharded volume; tensorstore writes the same data unsharded beside it, at `twin`."""
+    where = tmp_path_factory.mktemp("bad")
+    data = np.random.default_rng(0).integers(0, 255, (64, 64, 16, 1), dtype=np.uint8)
+    write(where / "vol", data, SHARDING)
+    write(where / "twin", data, None)
+    return where / "vol"
+
+
+def twin_chunk(pristine: Path, name: str) -> bytes:
+    return (pristine.parent / "twin" / "1_1_1" / name).read_bytes()
+
+
+def stored_range(shard: bytes, key: int) -> tuple[int, int]:
+    """[start, stop) of key in a shard of two raw minishards, decoded as the spec describes: the shard index
+    gives each minishard index's range after the 32-byte shard index; its rows are key deltas, start deltas
+    (from the end of the previous chunk, the first from the end of the shard index) and sizes."""
+    lo, hi = struct.unpack_from("<QQ", shard, 16 * (key & 1))
+    deltas, gaps, sizes = np.frombuffer(shard, "<u8", (hi - lo) // 8, 32 + lo).reshape(3, -1).astype(np.int64)
+    stops = 32 + np.cumsum(gaps + sizes)
+    i = int(np.flatnonzero(np.cumsum(deltas) == key)[0])
+    return int(stops[i] - sizes[i]), int(stops[i])
 
 
 def chunks_by_shard(root: Path) -> dict[str, list[tuple[str, int, int, int]]]:
-    """(name, key, start, stop) of every chunk, by shard file, located from the pristine copy."""
-    provider = open_source(root, 1 << 20).providers["1_1_1"]
+    """(name, key, start, stop) of every chunk, by shard file, from the pristine copy and the spec's maths alone:
+    shard by peers.volume_chunk_shards, key the compressed Morton code, the byte range by `stored_range`."""
+    shard_of = peers.volume_chunk_shards(root, "1_1_1")
     found: dict[str, list] = {}
-    for name in provider.names():
-        key = provider.naming.key(name)
-        chunk = provider.kv.locate(key)
-        found.setdefault(Path(chunk.shard).name, []).append((name, key, chunk.start, chunk.stop))
+    for pos in itertools.product(*map(range, GRID)):
+        name = "_".join(f"{16 * p}-{16 * p + 16}" for p in pos)
+        key = peers.compressed_morton_code(pos, GRID)
+        start, stop = stored_range((root / "1_1_1" / shard_of[name]).read_bytes(), key)
+        found.setdefault(shard_of[name], []).append((name, key, start, stop))
+    assert sorted(found) == ["0.shard", "1.shard", "2.shard", "3.shard"]
     return found
 
 
@@ -72,11 +96,16 @@ def corrupted(pristine: Path, tmp_path: Path):
     return make
 
 
-def assert_rest_healthy(mnt: Path, pristine_chunks: dict, bad_shard: str) -> None:
+def assert_healthy(mnt: Path, pristine: Path, names: list[str]) -> None:
+    """Each chunk reads as tensorstore's unsharded twin holds it, byte for byte."""
+    for name in names:
+        assert (mnt / "1_1_1" / name).read_bytes() == twin_chunk(pristine, name), name
+
+
+def assert_rest_healthy(mnt: Path, pristine: Path, pristine_chunks: dict, bad_shard: str) -> None:
     for shard, chunks in pristine_chunks.items():
         if shard != bad_shard:
-            for name, *_ in chunks:
-                assert len((mnt / "1_1_1" / name).read_bytes()) == 16**3
+            assert_healthy(mnt, pristine, [name for name, *_ in chunks])
     assert json.loads((mnt / "info").read_text())["scales"][0].get("sharding") is None
 
 
@@ -87,9 +116,9 @@ def test_truncated_shard(pristine, corrupted, mount) -> None:
     name, key, *_ = chunks["0.shard"][0]
     assert_eio(m.path / "1_1_1" / name)
     assert "1_1_1/0.shard" in m.log_text() and f"key {key}" in m.log_text()
-    assert_rest_healthy(m.path, chunks, "0.shard")
-    listed = set((m.path / "1_1_1").iterdir())
-    assert len(listed) == sum(len(c) for s, c in chunks.items() if s != "0.shard")
+    assert_rest_healthy(m.path, pristine, chunks, "0.shard")
+    listed = sorted(os.listdir(m.path / "1_1_1"))
+    assert listed == sorted(name for s, c in chunks.items() if s != "0.shard" for name, *_ in c)
 
 
 def test_bad_gzip(pristine, corrupted, mount) -> None:
@@ -104,9 +133,8 @@ def test_bad_gzip(pristine, corrupted, mount) -> None:
     m = mount(corrupted(damage))
     assert_eio(m.path / "1_1_1" / name)
     assert "1_1_1/1.shard" in m.log_text() and f"key {key}" in m.log_text()
-    for other, *_ in chunks["1.shard"][1:]:
-        assert len((m.path / "1_1_1" / other).read_bytes()) == 16**3
-    assert_rest_healthy(m.path, chunks, "1.shard")
+    assert_healthy(m.path, pristine, [other for other, *_ in chunks["1.shard"][1:]])
+    assert_rest_healthy(m.path, pristine, chunks, "1.shard")
 
 
 def test_minishard_offsets_past_end_of_file(pristine, corrupted, mount) -> None:
@@ -123,9 +151,8 @@ def test_minishard_offsets_past_end_of_file(pristine, corrupted, mount) -> None:
     for name, key, *_ in in_minishard_0:
         assert_eio(m.path / "1_1_1" / name)
         assert f"key {key}" in m.log_text()
-    for name, *_ in in_minishard_1:
-        assert len((m.path / "1_1_1" / name).read_bytes()) == 16**3
-    assert_rest_healthy(m.path, chunks, "2.shard")
+    assert_healthy(m.path, pristine, [name for name, *_ in in_minishard_1])
+    assert_rest_healthy(m.path, pristine, chunks, "2.shard")
 
 
 def test_huge_size_field(pristine, corrupted, mount) -> None:
@@ -144,7 +171,7 @@ def test_huge_size_field(pristine, corrupted, mount) -> None:
     m = mount(corrupted(damage))
     assert_eio(m.path / "1_1_1" / name)
     assert "1_1_1/3.shard" in m.log_text() and f"key {key}" in m.log_text()
-    assert_rest_healthy(m.path, chunks, "3.shard")
+    assert_rest_healthy(m.path, pristine, chunks, "3.shard")
 
 
 @pytest.mark.parametrize(
@@ -182,4 +209,4 @@ def test_missing_shard_means_absent_chunks(pristine, corrupted, mount) -> None:
     m = mount(corrupted(lambda d: (d / "1.shard").unlink()))
     for name, *_ in chunks["1.shard"]:
         assert not (m.path / "1_1_1" / name).exists()
-    assert_rest_healthy(m.path, chunks, "1.shard")
+    assert_rest_healthy(m.path, pristine, chunks, "1.shard")

@@ -250,6 +250,71 @@ def test_a_file_past_max_file_size_is_eio_naming_the_limit(tmp_path, mount) -> N
     assert read(mount(root).path / "1") == value  # the default cap is larger
 
 
+def one_shard_spec(**overrides: object) -> dict:
+    """One shard, one minishard, the identity hash: every key's place is plain to see."""
+    return dict(peers.sharding_spec(preshift_bits=0, hash="identity", minishard_bits=0, shard_bits=0,
+                                    minishard_index_encoding="raw", data_encoding="raw"), **overrides)  # fmt: skip
+
+
+def test_a_volume_chunk_decodes_to_at_most_twice_its_raw_size(tmp_path, mount) -> None:
+    """A 16³ uint8 chunk is 4096 bytes raw: its gzip may decode to 2 * 4096 + 64 KiB, one byte more is EIO
+    naming that limit, far below `--max-file-size`. Keys are the compressed Morton codes of the grid (2, 1, 1)."""
+    root = tmp_path / "vol"
+    limit = 2 * 16**3 + 65536
+    good = np.random.default_rng(6).bytes(16**3)
+    kv_dataset(root / "s0", {0: _gzip(bytes(limit + 1)), 1: _gzip(good)}, encoding="gzip")
+    spec = one_shard_spec(data_encoding="gzip")
+    scale = {"key": "s0", "size": [32, 16, 16], "chunk_sizes": [[16, 16, 16]], "resolution": [1, 1, 1],
+             "voxel_offset": [0, 0, 0], "encoding": "raw", "sharding": spec}  # fmt: skip
+    (root / "info").write_text(
+        json.dumps({"type": "image", "data_type": "uint8", "num_channels": 1, "scales": [scale]})
+    )
+    m = mount(root)
+    assert peers.compressed_morton_code((1, 0, 0), (2, 1, 1)) == 1
+    assert_eio(m.path / "s0" / "0-16_0-16_0-16")
+    assert f"{limit}-byte limit" in m.log_text() and "key 0" in m.log_text()
+    assert read(m.path / "s0" / "16-32_0-16_0-16") == good
+
+
+def test_a_minishard_index_decodes_to_at_most_16_mib(tmp_path, mount) -> None:
+    """A gzip minishard index of 18 MB of zeros (key 0, size 0, 750 000 times) is refused: EIO for its keys,
+    while the other shard, its index written here by the spec, serves its key."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    spec = peers.sharding_spec(preshift_bits=0, hash="identity", minishard_bits=0, shard_bits=1,
+                               minishard_index_encoding="gzip", data_encoding="raw")  # fmt: skip
+    (root / "info").write_text(json.dumps({"sharding": spec}))
+    bomb = _gzip(bytes(24 * 750_000))
+    (root / "0.shard").write_bytes(struct.pack("<QQ", 0, len(bomb)) + bomb)
+    table = _gzip(struct.pack("<3Q", 1, 0, 3))  # key 1 (delta from 0), at 0 after the previous chunk, 3 bytes
+    (root / "1.shard").write_bytes(struct.pack("<QQ", 3, 3 + len(table)) + b"one" + table)
+    m = mount(root)
+    assert_eio(m.path / "0")
+    assert f"{16 << 20}-byte limit" in m.log_text()
+    assert read(m.path / "1") == b"one"
+
+
+def mesh_manifest(fragment_bytes: int) -> bytes:
+    """A one-LOD, one-fragment multi-resolution manifest by the spec's layout: chunk_shape, grid_origin,
+    num_lods, lod_scales, vertex_offsets, num_fragments_per_lod, fragment_positions, fragment_offsets."""
+    return struct.pack("<3f3fIf3fI3II", 64, 64, 32, 0, 0, 0, 1, 1.0, 0, 0, 0, 1, 0, 0, 0, fragment_bytes)
+
+
+def test_mesh_fragments_never_reach_into_the_shard_index(tmp_path, mount) -> None:
+    """Mesh 1 is the first value after the 16-byte shard index and claims 8 bytes of fragments before it:
+    they would be the index's, so it is EIO. Mesh 2 claims the 64 bytes stored before it (mesh 1's manifest):
+    those are served."""
+    root = kv_dataset(tmp_path / "mesh", {1: mesh_manifest(8), 2: mesh_manifest(64)})
+    info = {"@type": "neuroglancer_multilod_draco", "vertex_quantization_bits": 10,
+            "transform": peers.MESH_TRANSFORM, "lod_scale_multiplier": 1.0, "sharding": one_shard_spec()}  # fmt: skip
+    (root / "info").write_text(json.dumps(info))
+    m = mount(root)
+    assert_eio(m.path / "1")
+    assert "overrun" in m.log_text() and "key 1" in m.log_text()
+    assert read(m.path / "1.index") == mesh_manifest(8)
+    assert read(m.path / "2") == mesh_manifest(8) and read(m.path / "2.index") == mesh_manifest(64)
+
+
 # --- item 8: one bad shard never hides the others ------------------------------------------------------
 
 

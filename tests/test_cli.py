@@ -11,8 +11,7 @@ import pytest
 
 from shardfs import __version__
 from tests import peers
-from tests.conftest import shardfs
-from tests.test_service import scrape
+from tests.conftest import scrape, shardfs
 
 
 @pytest.fixture(scope="module")

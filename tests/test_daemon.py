@@ -8,6 +8,7 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -15,7 +16,7 @@ import pytest
 
 from shardfs.daemon import is_stale
 from tests import peers
-from tests.conftest import SHARDFS, shardfs
+from tests.conftest import SHARDFS, scrape, shardfs
 
 
 @pytest.fixture(scope="module")
@@ -51,21 +52,23 @@ def test_mount_in_command_substitution_returns_once_live(source, tmp_path) -> No
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signals_unmount_cleanly(source, mount, sig) -> None:
-    m = mount(source)
+    m = mount(source, "--log-level", "info")
     daemon = daemon_of(m.path)
     daemon.send_signal(sig)
     daemon.wait(timeout=10)  # not our child, so no exit status here: the foreground test checks that it is 0
     assert not daemon.is_running()
     assert not os.path.ismount(m.path)
     assert "Traceback" not in m.log_text()
+    assert "event=mounted" in m.log_text() and "event=unmounted" in m.log_text()
 
 
 def test_stale_mount_is_cleared(source, mount) -> None:
     m = mount(source)
     daemon_of(m.path).kill()  # kill -9: the kernel keeps a mount that answers ENOTCONN
     wait_until(lambda: is_stale(m.path))
-    shardfs("mount", source, m.path, "--log-file", m.log)
+    again = shardfs("mount", source, m.path, "--log-file", m.log)
     assert os.path.ismount(m.path) and len(os.listdir(m.path / "4_4_40")) == 100
+    assert again.stderr == f"WARNING: clearing the stale mount at {m.path}\n"  # before detaching: to the caller
 
 
 def test_second_mount_on_a_live_mountpoint_refuses(source, mount) -> None:
@@ -80,7 +83,9 @@ def test_mount_options_and_fsname(source, mount) -> None:
     line = next(ln for ln in Path("/proc/mounts").read_text().splitlines() if f" {m.path} " in ln)
     device, _, fstype, options, *_ = line.split()
     assert device == str(source) and fstype == "fuse.shardfs"
-    assert "ro" in options.split(",") and "allow_other" in options
+    assert {"ro", "allow_other"} <= set(options.split(","))
+    budget = scrape(shardfs("stats", "--prometheus", m.path).stdout)["shardfs_cache_budget_bytes", frozenset()]
+    assert budget == 8 << 20  # --cache-size 8M reached the daemon
 
 
 def test_foreground_stays_attached_and_exits_on_sigterm(source, tmp_path) -> None:
@@ -133,3 +138,19 @@ def test_permissions_follow_the_source(public_tmp, mount) -> None:
     ]:
         st = path.stat()
         assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (mode, uid, gid), path
+
+
+def test_max_threads_caps_libfuses_workers(tmp_path, mount) -> None:
+    """`-o max_threads=1` reaches libfuse: sixteen readers at once are served right by the one worker the loop
+    starts with, and the daemon starts no thread while they read."""
+    volume, twin = tmp_path / "vol", tmp_path / "twin"
+    peers.write_tensorstore_volume(volume, unsharded_twin=twin, extra_unsharded_scale=False)
+    expected = {p.name: p.read_bytes() for p in (twin / "4_4_40").iterdir()}
+    m = mount(volume, "-o", "max_threads=1")
+    daemon = daemon_of(m.path)
+    assert (m.path / "4_4_40" / "-5-11_3-19_7-15").read_bytes() == expected["-5-11_3-19_7-15"]
+    threads = daemon.num_threads()
+    with ThreadPoolExecutor(16) as pool:
+        got = dict(zip(expected, pool.map(lambda n: (m.path / "4_4_40" / n).read_bytes(), expected), strict=True))
+    assert got == expected
+    assert daemon.num_threads() <= threads

@@ -121,7 +121,7 @@ def test_plain_tools_copy_the_unsharded_tree(tmp_path, mount) -> None:
     )
     walked = {os.path.relpath(os.path.join(d, f), m.path) for d, _, fs in os.walk(m.path) for f in fs}
     assert walked == {str(p.relative_to(twin)) for p in twin.rglob("*") if p.is_file()}
-    assert os.stat(next((m.path / "4_4_40").iterdir())).st_blksize >= 1 << 17
+    assert os.stat(next((m.path / "4_4_40").iterdir())).st_blksize == 1 << 20  # the README's 1 MiB
 
 
 def test_bare_key_value_directory_streams_a_large_listing(tmp_path, mount) -> None:
@@ -209,3 +209,20 @@ def test_cli_reads_the_tree_without_mounting(tmp_path) -> None:
     missing = shardfs("cat", source, "4_4_40/0-1_0-1_0-1", check=False)
     assert missing.returncode == 1 and "no such file" in missing.stderr
     shutil.rmtree(twin)
+
+
+def test_a_shard_holding_another_shards_keys_lists_only_its_own(tmp_path, mount) -> None:
+    """One shard file overwritten with another's bytes: where each chunk belongs comes from the spec's maths
+    (peers.volume_chunk_shards), so the listing shows each chunk of the other shards once, and none of the
+    overwritten shard's; every listed chunk reads as tensorstore's unsharded twin holds it."""
+    source, twin = tmp_path / "src", tmp_path / "twin"
+    peers.write_tensorstore_volume(source, unsharded_twin=twin, extra_unsharded_scale=False)
+    where = peers.volume_chunk_shards(source, "4_4_40")
+    kept, lost = sorted(set(where.values()))[:2]
+    (source / "4_4_40" / lost).write_bytes((source / "4_4_40" / kept).read_bytes())
+    m = mount(source)
+    expected = sorted(name for name, shard in where.items() if shard != lost)
+    assert sorted(os.listdir(m.path / "4_4_40")) == expected
+    for name in expected:
+        assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
+    assert not any((m.path / "4_4_40" / name).exists() for name, shard in where.items() if shard == lost)

@@ -17,14 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from shardfs import stats_socket
 from shardfs.cli import mount_argv, parser
 from shardfs.logs import BURST
 from shardfs.rundir import runtime_dir
 from tests import peers
-from tests.conftest import REPO, SHARDFS, assert_eio, shardfs
+from tests.conftest import REPO, SHARDFS, assert_eio, scrape, shardfs
 from tests.test_daemon import daemon_of, wait_until
 
 UNIT = REPO / "systemd" / "shardfs@.service"
@@ -43,14 +42,6 @@ def values(seed: int) -> dict[int, bytes]:
 def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes]]:
     root = tmp_path_factory.mktemp("service") / "kv"
     return root, peers.write_tensorstore_kv(root, values(0), sharding=SHARDING)
-
-
-def scrape(text: str) -> dict[tuple[str, frozenset], float]:
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def free_port() -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
-from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, TransposeCodec, ZstdCodec
 
 from shardfs.codecs import UNDO
 from shardfs.formats.zarr import ChunkKeys, Unsupported, unshard
@@ -420,3 +420,93 @@ def test_malformed_sub_arrays_and_stray_files_leave_the_rest_served(zarr_source,
     assert "2" not in rows and "3" not in rows and "0" in rows  # rows of the replaced shard are gone
     for row in rows:
         assert os.listdir(m.path / "raw" / "c" / row)  # every listed directory holds chunks
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Index encodings, codecs over the whole shard, chunk key encodings: each against zarr-python's own unsharded twin
+
+INNER, SHARD = (4, 5), (8, 10)
+ENCODED = {
+    # name: create_array keyword arguments for the sharded array; its inner chunks are raw (no compressor)
+    "index_big_endian_crc32c_at_start": {
+        "serializer": ShardingCodec(
+            chunk_shape=INNER, index_codecs=[BytesCodec(endian="big"), Crc32cCodec()], index_location="start"
+        )
+    },
+    "index_big_endian_at_end": {
+        "serializer": ShardingCodec(chunk_shape=INNER, index_codecs=[BytesCodec(endian="big")])
+    },
+    "index_without_crc32c_at_start": {
+        "serializer": ShardingCodec(chunk_shape=INNER, index_codecs=[BytesCodec()], index_location="start")
+    },
+    "whole_shard_gzip": {"serializer": ShardingCodec(chunk_shape=INNER), "compressors": GzipCodec()},
+    "whole_shard_blosc": {"serializer": ShardingCodec(chunk_shape=INNER), "compressors": BloscCodec()},
+    "whole_shard_crc32c": {"serializer": ShardingCodec(chunk_shape=INNER), "compressors": Crc32cCodec()},
+    "v2_keys_with_slash": {"shards": SHARD, "chunk_key_encoding": {"name": "v2", "separator": "/"}},
+    "default_keys_with_dot": {"shards": SHARD, "chunk_key_encoding": {"name": "default", "separator": "."}},
+}
+
+
+def chunk_files(root: Path) -> dict[str, bytes]:
+    """Every file below root but the metadata, by relative path."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file() and p.name != "zarr.json"}
+
+
+@pytest.mark.parametrize("case", ENCODED)
+def test_inner_chunks_are_the_unsharded_twins_files(tmp_path, mount, case) -> None:
+    """zarr-python writes the sharded array, and, with the inner chunk shape and codecs and the same chunk key
+    encoding, its unsharded twin: the mount holds the twin's files, byte for byte, and reads as the array."""
+    kwargs = {"compressors": None, **ENCODED[case]}
+    if "serializer" in kwargs:
+        kwargs["chunks"] = SHARD
+    else:
+        kwargs["chunks"] = INNER
+    shape, written = (19, 23), (slice(0, 13), slice(0, 15))  # the rest never written: empty entries
+    data = np.random.default_rng(7).integers(1, 60000, shape, dtype=np.uint16)
+    array = zarr.create_array(tmp_path / "a", shape=shape, dtype="uint16", fill_value=0, **kwargs)
+    array[written] = data[written]
+    keys = {"chunk_key_encoding": kwargs["chunk_key_encoding"]} if "chunk_key_encoding" in kwargs else {}
+    twin = zarr.create_array(tmp_path / "twin", shape=shape, dtype="uint16", fill_value=0, chunks=INNER,
+                             compressors=None, **keys)  # fmt: skip
+    twin[written] = data[written]
+    m = mount(tmp_path / "a")
+    expected = chunk_files(tmp_path / "twin")
+    assert len(expected) == 4 * 3
+    assert chunk_files(m.path) == expected
+    assert np.array_equal(zarr.open_array(m.path, mode="r")[...], array[...])
+
+
+def test_an_array_to_array_codec_before_sharding_is_served_as_stored(tmp_path, mount) -> None:
+    """`transpose` before sharding cannot be shown unsharded faithfully: every file is the source's, and
+    zarr-python reads the mount as the array."""
+    sharding, transpose = ShardingCodec(chunk_shape=(3, 3)), TransposeCodec(order=(1, 0))
+    array = zarr.create_array(tmp_path / "a", shape=(12, 12), dtype="int32", chunks=(6, 6), compressors=None,
+                              serializer=sharding, filters=[transpose])  # fmt: skip
+    assert json.loads((tmp_path / "a" / "zarr.json").read_text())["codecs"][0]["name"] == "transpose"
+    array[...] = np.arange(144, dtype="int32").reshape(12, 12)
+    m = mount(tmp_path / "a")
+    source = {str(p.relative_to(tmp_path / "a")): p.read_bytes() for p in (tmp_path / "a").rglob("*") if p.is_file()}
+    assert {str(p.relative_to(m.path)): p.read_bytes() for p in m.path.rglob("*") if p.is_file()} == source
+    assert np.array_equal(zarr.open_array(m.path, mode="r")[...], array[...])
+    assert "transpose" in shardfs("info", tmp_path / "a").stdout
+
+
+def test_inner_chunks_past_the_array_edge_are_absent(tmp_path, mount) -> None:
+    """An edge shard whose index fills the entries past the array's edge (here with the bytes of a chunk
+    inside it): those are neither listed nor found; the mount holds the unsharded twin's files."""
+    data = np.arange(100, dtype="uint8").reshape(10, 10)
+    array = zarr.create_array(tmp_path / "a", shape=(10, 10), dtype="uint8", chunks=(4, 4), shards=(8, 8),
+                              compressors=None)  # fmt: skip
+    array[...] = data
+    twin = zarr.create_array(tmp_path / "twin", shape=(10, 10), dtype="uint8", chunks=(4, 4), compressors=None)
+    twin[...] = data
+
+    def fill_past_edge(table: np.ndarray) -> None:
+        table[1:] = table[0]  # entries (2, 3), (3, 2), (3, 3): past the 3 x 3 grid of inner chunks
+
+    rewrite_index(tmp_path / "a" / "c" / "1" / "1", fill_past_edge, cps=2 * 2)
+    m = mount(tmp_path / "a")
+    assert chunk_files(m.path) == chunk_files(tmp_path / "twin")
+    assert sorted(os.listdir(m.path / "c")) == ["0", "1", "2"]
+    assert not (m.path / "c" / "2" / "3").exists() and not (m.path / "c" / "3").exists()
+    assert np.array_equal(zarr.open_array(m.path, mode="r")[...], data)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import shardfs
+
 VENV = Path(__file__).resolve().parent.parent / ".venv-zarr2" / "bin" / "python"
 ENV = {**os.environ, "ZARR_V3_EXPERIMENTAL_API": "1", "ZARR_V3_SHARDING": "1", "PYTHONWARNINGS": "ignore"}
 
@@ -82,3 +84,14 @@ def test_zarr_python_2_reads_the_draft_unsharded(tmp_path, mount) -> None:
     assert (arr / "c3" / "3").stat().st_size == 4 * 5 * 4  # uncompressed int32 chunk
     flat = sorted(os.listdir(m.path / "data/root/grp/deeper/blosc"))
     assert flat == sorted(f"c{i}.{j}.0" for i in range(6) for j in range(3))  # separator "." from chunk_grid
+
+
+@pytest.mark.parametrize("view", ["n5", "zarr2"])
+def test_views_refuse_the_draft_in_one_line(tmp_path, view) -> None:
+    """The views show zarr v3 and precomputed arrays; a draft source is refused, exit 2, nothing mounted."""
+    root = tmp_path / "draft"
+    run(WRITE, root, tmp_path / "expected.npz")
+    (tmp_path / "m").mkdir()
+    refused = shardfs("mount", root, tmp_path / "m", "--view", view, check=False)
+    assert refused.returncode == 2 and not os.path.ismount(tmp_path / "m")
+    assert refused.stderr == f"shardfs: {root}: --view {view} shows zarr v3 and precomputed volumes, not a zarr draft\n"

@@ -1,0 +1,182 @@
+"""The mutation check: one-line mutations of the places where a wrong byte or a wrong permission would hide,
+each of which the named tests must kill. Every mutation is applied to a fresh copy of the tree (the working
+tree is never edited), the tests run there through the kernel with `-x -q`, and each mutation is reported
+KILLED or SURVIVED. The named tests are first run on an unmutated copy: a test that fails anyway kills
+nothing. Exit 0 when every mutation is killed, 1 when one survives, 2 when the list or the baseline is broken.
+
+Slow (a minute or two per mutation set), so not part of `scripts/test` or CI: run `scripts/mutate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SKIP = shutil.ignore_patterns(".venv*", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "*.egg-info")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # relative to the repository
+    original: str  # occurs exactly once in file
+    replacement: str
+    tests: tuple[str, ...]  # pytest node ids that must kill it
+
+
+CONTRACT = "tests/test_mount_contract.py::"
+ATTRIBUTES = CONTRACT + "test_every_file_has_its_twins_size_and_every_node_the_sources_mtime"
+TIMEOUTS = CONTRACT + "test_names_attributes_and_absences_are_kept_by_the_kernel"
+TWINS = "tests/test_zarr.py::test_inner_chunks_are_the_unsharded_twins_files"
+
+MUTATIONS = [
+    Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
+             ("tests/test_bounds.py::test_a_shard_replaced_by_rename_serves_one_version_then_the_new_after_sighup",)),
+    Mutation("st_blksize 128 KiB", "shardfs/fuse_adapter.py", "BLOCK_SIZE = 1 << 20", "BLOCK_SIZE = 1 << 17",
+             (ATTRIBUTES, "tests/test_precomputed_e2e.py::test_plain_tools_copy_the_unsharded_tree")),
+    Mutation("virtual nodes' mtime 0", "shardfs/fuse_adapter.py", '"st_mtime": mtime_ns', '"st_mtime": 0',
+             (ATTRIBUTES,)),
+    Mutation("st_size one too many", "shardfs/fuse_adapter.py", '"st_size": size,', '"st_size": size + 1,',
+             (ATTRIBUTES,)),
+    Mutation("no default_permissions", "shardfs/daemon.py", '"default_permissions": True,', "",
+             (CONTRACT + "test_the_kernel_holds_the_default_options",
+              "tests/test_isolation.py::test_private_parts_of_a_source_stay_private")),
+    Mutation("no kernel_cache", "shardfs/daemon.py", '"kernel_cache": True,', "",
+             (CONTRACT + "test_a_file_read_twice_is_read_from_the_daemon_once",)),
+    Mutation("no attr_timeout", "shardfs/daemon.py", '"attr_timeout": str(ONE_DAY),', "", (TIMEOUTS,)),
+    Mutation("no entry_timeout", "shardfs/daemon.py", '"entry_timeout": str(ONE_DAY),', "", (TIMEOUTS,)),
+    Mutation("no negative_timeout", "shardfs/daemon.py", '"negative_timeout": str(ONE_DAY),', "", (TIMEOUTS,)),
+    Mutation("--metrics on every address", "shardfs/cli.py", 'DEFAULT_METRICS_HOST = "127.0.0.1"',
+             'DEFAULT_METRICS_HOST = "0.0.0.0"', (CONTRACT + "test_metrics_listen_on_loopback_by_default",)),
+    Mutation("default log directory 0755", "shardfs/daemon.py", 'f"shardfs-{os.getuid()}", 0o700)',
+             'f"shardfs-{os.getuid()}", 0o755)', (CONTRACT + "test_the_default_log_directory_is_the_users_alone",)),
+    Mutation("detached daemon exits 1 after a clean unmount", "shardfs/daemon.py", "    os._exit(0)",
+             "    os._exit(1)", (CONTRACT + "test_the_detached_daemon_exits_0_after_a_clean_unmount_on_sigterm",)),
+    Mutation("no 2x decode bound on volume chunks", "shardfs/formats/precomputed.py",
+             "limit = min(2 * math.prod(naming.chunk) * voxel_bytes + 65536, self.cache.max_value)",
+             "limit = self.cache.max_value",
+             ("tests/test_bounds.py::test_a_volume_chunk_decodes_to_at_most_twice_its_raw_size",)),
+    Mutation("no 16 MiB minishard index bound", "shardfs/shards/neuroglancer.py",
+             "MINISHARD_INDEX_LIMIT = 16 << 20", "MINISHARD_INDEX_LIMIT = 1 << 40",
+             ("tests/test_bounds.py::test_a_minishard_index_decodes_to_at_most_16_mib",)),
+    Mutation("big-endian zarr index read as little", "shardfs/formats/zarr.py",
+             'names[-1] == "crc32c", endian == "big")', 'names[-1] == "crc32c", False)',
+             (f"{TWINS}[index_big_endian_crc32c_at_start]", f"{TWINS}[index_big_endian_at_end]")),
+    Mutation("zarr index without crc32c read as with", "shardfs/formats/zarr.py",
+             'names[-1] == "crc32c", endian == "big")', 'True, endian == "big")',
+             (f"{TWINS}[index_without_crc32c_at_start]", f"{TWINS}[index_big_endian_at_end]")),
+    Mutation("zarr chunks past the edge listed", "shardfs/formats/zarr.py",
+             "return pos[(pos < np.asarray(self.grid, dtype=np.int64)).all(axis=1)]", "return pos",
+             ("tests/test_zarr.py::test_inner_chunks_past_the_array_edge_are_absent",)),
+    Mutation("precomputed listing keeps another shard's keys", "shardfs/shards/neuroglancer.py",
+             "if self.spec.shard_and_minishard(key) == (shard, minishard):", "if True:",
+             ("tests/test_precomputed_e2e.py::test_a_shard_holding_another_shards_keys_lists_only_its_own",)),
+    Mutation("mesh fragments may overrun into the shard index", "shardfs/formats/precomputed.py",
+             "if length is None or length > chunk.start - self.kv.spec.shard_index_size:", "if length is None:",
+             ("tests/test_bounds.py::test_mesh_fragments_never_reach_into_the_shard_index",)),
+    Mutation("gzip chunks served still gzipped", "shardfs/formats/precomputed.py",
+             'if kv.spec.data_encoding == "raw":', "if True:",
+             ("tests/test_bad_input.py::test_bad_gzip",)),
+    Mutation("minishard starts not offset by the shard index", "shardfs/shards/neuroglancer.py",
+             "+ np.uint64(shard_index_size)", "+ np.uint64(0)",
+             ("tests/test_bad_input.py::test_missing_shard_means_absent_chunks",)),
+    Mutation("whole-shard codec not undone", "shardfs/formats/zarr.py",
+             "return decode_blob(self._read(blob, 0, blob.stop - blob.start), level.post, self.limits[depth])",
+             "return self._read(blob, 0, blob.stop - blob.start)",
+             (f"{TWINS}[whole_shard_gzip]", f"{TWINS}[whole_shard_crc32c]")),
+    Mutation("views show the 2022 draft", "shardfs/views/__init__.py", 'not in ("zarr", "precomputed"):',
+             'not in ("zarr", "precomputed", "zarr draft"):',
+             ("tests/test_zarr_draft.py::test_views_refuse_the_draft_in_one_line[n5]",)),
+    Mutation("stale mount cleared silently", "shardfs/daemon.py", 'log.warning("clearing the stale mount at %s"',
+             'log.info("clearing the stale mount at %s"', ("tests/test_daemon.py::test_stale_mount_is_cleared",)),
+    Mutation("no unmounted log event", "shardfs/daemon.py",
+             'log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})', "pass",
+             ("tests/test_daemon.py::test_signals_unmount_cleanly",)),
+]  # fmt: skip
+
+
+def copy_tree(where: Path) -> Path:
+    """A copy of the repository's files; the virtual environments (large, and not mutated) are linked."""
+    tree = where / "tree"
+    shutil.copytree(REPO, tree, ignore=SKIP)
+    for venv in (".venv", ".venv-zarr2"):
+        (tree / venv).symlink_to(REPO / venv)
+    return tree
+
+
+def apply(tree: Path, mutation: Mutation) -> None:
+    path = tree / mutation.file
+    text = path.read_text()
+    if text.count(mutation.original) != 1:
+        sys.exit(
+            f"mutate: {mutation.file}: {mutation.original!r} occurs {text.count(mutation.original)} times, not once"
+        )
+    path.write_text(text.replace(mutation.original, mutation.replacement))
+
+
+def pytest(tree: Path, tests: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
+    """The tests, run in tree with tree's shardfs first on the path (the daemon inherits it)."""
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, *tests]
+    return subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
+
+
+def imports_from(tree: Path) -> Path:
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    done = subprocess.run([sys.executable, "-c", "import shardfs; print(shardfs.__file__)"], cwd=tree, env=env,
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return Path(done.stdout.strip())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-k", dest="only", default="", help="only the mutations whose name contains this text")
+    args = p.parse_args()
+    chosen = [m for m in MUTATIONS if args.only in m.name]
+    scratch = Path(tempfile.mkdtemp(prefix="shardfs-mutate-"))
+    scratch.chmod(0o755)  # tests run parts as an unprivileged user, who must reach the copy
+    try:
+        tree = copy_tree(scratch / "baseline")
+        if not imports_from(tree).is_relative_to(tree):
+            print(f"mutate: the copy's tests would not import the copy's shardfs ({imports_from(tree)})")
+            return 2
+        tests = sorted({t for m in chosen for t in m.tests})
+        baseline = pytest(tree, tests)
+        if baseline.returncode != 0:
+            print(baseline.stdout[-3000:], baseline.stderr[-2000:], sep="\n")
+            print("mutate: the named tests fail on the unmutated tree; fix them first")
+            return 2
+        print(f"baseline: {len(tests)} tests pass on the unmutated tree")
+        survivors = []
+        for i, mutation in enumerate(chosen):
+            tree = copy_tree(scratch / str(i))
+            apply(tree, mutation)
+            started = time.monotonic()
+            done = pytest(tree, list(mutation.tests), "-x")
+            # pytest exits 1 when a test failed; 0 is a survivor, and anything else (no such test) kills nothing
+            verdict = {0: "SURVIVED", 1: "KILLED"}.get(done.returncode, f"ERROR (pytest exit {done.returncode})")
+            if verdict != "KILLED":
+                survivors.append(mutation.name)
+            where = f"{mutation.file}: {mutation.original.strip()!r} -> {mutation.replacement.strip()!r}"
+            print(f"{verdict:9} {mutation.name} ({time.monotonic() - started:.0f} s)\n          {where}")
+            failed = next((ln for ln in done.stdout.splitlines() if ln.startswith("FAILED ")), "")
+            print(f"          by {failed[len('FAILED ') :]}" if failed else "", end="\n" if failed else "", flush=True)
+            shutil.rmtree(tree, ignore_errors=True)
+        print(f"{len(chosen)} mutations: {len(chosen) - len(survivors)} killed, {len(survivors)} survived")
+        for name in survivors:
+            print(f"  survived: {name}")
+        return 1 if survivors else 0
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
