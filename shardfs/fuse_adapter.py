@@ -151,8 +151,12 @@ class ShardFS(mfusepy.Operations):
         size = node.size()
         return {**self._attrs(stat.S_IFREG, node.owner), "st_size": size, "st_blocks": (size + 511) // 512}
 
-    # No open/release: libfuse then answers OPEN itself, in C, still with keep_cache from `kernel_cache`,
-    # so a warm open never enters Python. Writes are refused by the `ro` mount before they reach us.
+    def open(self, path: str, flags: int) -> int:
+        """ENOSYS tells the kernel it need not ask (FUSE no_open): it then sends neither OPEN nor RELEASE
+        again and keeps a file's pages across opens, so a warm read never leaves the kernel. Permissions
+        are checked by the kernel itself (`default_permissions`); writes are refused by the `ro` mount."""
+        raise mfusepy.FuseOSError(errno.ENOSYS)
+
     @errors_to_errno
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         node = self._lookup(path)
