@@ -60,7 +60,7 @@ def open_source(
         raise SourceError(f"{e.filename or name}: cannot be read: {e.strerror}") from None
     if view != "native":
         plan = view_of(plan, view)
-    tree = Tree(store, cache, plan.files, plan.providers, passthrough=view == "native")
+    tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories)
     return Source(name, local, tree, plan.kinds, plan.providers, cache)
 
 

@@ -486,6 +486,23 @@ def files_below(store: Store, path: str) -> Iterator[str]:
             yield child
 
 
+def named_children(meta: dict) -> list[str]:
+    """The children a group's own metadata names, for a store that cannot list: the first component of each
+    consolidated metadata key, else the paths of its OME-Zarr multiscales datasets (0.5 or 0.4 layout)."""
+    consolidated = (meta.get("consolidated_metadata") or {}).get("metadata")
+    if isinstance(consolidated, dict):
+        names = (key.split("/")[0] for key in consolidated if isinstance(key, str))
+    else:
+        attributes = meta.get("attributes") or {}
+        multiscales = (attributes.get("ome") or {}).get("multiscales") or attributes.get("multiscales") or []
+        names = (
+            d["path"].split("/")[0]
+            for m in multiscales if isinstance(m, dict)
+            for d in m.get("datasets") or [] if isinstance(d, dict) and isinstance(d.get("path"), str)
+        )  # fmt: skip
+    return sorted({name for name in names if name not in ("", ".", "..")})
+
+
 def path_key(origin: Iterable[int]) -> str:
     return f"chunk at {[int(o) for o in origin]}"
 
@@ -530,7 +547,11 @@ class ZarrPlan(Plan):
             return []
         self.kinds.append(f"{directory or '.'}: zarr v3 group")
         self.groups[directory] = meta.get("attributes") or {}
-        children = (posixpath.join(directory, name) for name, is_dir in self.store.list(directory) if is_dir)
+        self.directories.add(directory)
+        names = (name for name, is_dir in self.store.list(directory) if is_dir)
+        if not self.store.can_list:
+            names = named_children(meta)
+        children = (posixpath.join(directory, name) for name in names)
         return [child for child in children if self.store.kind(posixpath.join(child, "zarr.json")) == "file"]
 
     def walk_draft(self) -> None:
@@ -592,6 +613,7 @@ class ZarrPlan(Plan):
         self.kinds.append(f"refused: {error}")
 
     def _array(self, directory: str, meta: dict, where: str) -> None:
+        self.directories.add(directory)
         shape = meta.get("shape")
         if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
             raise SourceError(f"{where}: field 'shape' must be a list of non-negative integers")
