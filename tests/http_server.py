@@ -1,18 +1,24 @@
 """A loopback web server for remote-source tests: files under a directory, served with Range, ETag and
-Last-Modified as object stores and CDNs serve them, with latency, request counts and scripted failures."""
+Last-Modified as object stores and CDNs serve them, with latency, request counts and scripted failures.
+With a bucket directory under its root it is also what obstore's GCSStore asks of GCS: objects at
+`/{bucket}/{key}` (the key percent-encoded) and ListObjectsV2 XML listings at `/{bucket}?list-type=2`."""
 
 from __future__ import annotations
 
 import contextlib
 import email.utils
 import hashlib
+import os
 import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+from xml.sax.saxutils import escape
 
 
 class RangeServer:
@@ -54,7 +60,8 @@ class RangeServer:
                 self._answer(body=True)
 
             def _answer(self, body: bool) -> None:
-                path = self.path.split("?")[0].lstrip("/")
+                url = urlsplit(self.path)
+                path = unquote(url.path).lstrip("/")
                 with server.lock:
                     server.requests[(self.command, path)] += 1
                     scripted = server.fail.get(path)
@@ -65,11 +72,16 @@ class RangeServer:
                     time.sleep(server.latency)
                 if status is not None:
                     return self._status(status)
+                if ".." in path.split("/"):
+                    return self._status(404)
+                query = parse_qs(url.query)
+                if query.get("list-type") == ["2"]:
+                    return self._list(path, query.get("prefix", [""])[0], "delimiter" in query)
                 file = server.root / path
-                if not file.is_file() or ".." in path.split("/"):
+                if not file.is_file():
                     return self._status(404)
                 st = file.stat()
-                etag = '"' + hashlib.md5(f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}".encode()).hexdigest() + '"'
+                etag = _etag(st)
                 match = self.headers.get("If-Match")
                 if match is not None and match != etag:
                     return self._status(412)
@@ -93,6 +105,39 @@ class RangeServer:
                         f.seek(start)
                         self.wfile.write(f.read(stop - start))
 
+            def _list(self, bucket: str, prefix: str, delimited: bool) -> None:
+                """One page: delimited by '/', the objects and sub-prefixes directly under prefix; else every
+                object below it. (Prefixes are taken to end at a '/', as shardfs's do.)"""
+                directory = server.root / bucket / prefix
+                entries = []
+                if directory.is_dir():
+                    entries = sorted(
+                        directory.iterdir() if delimited else (p for p in directory.rglob("*") if p.is_file())
+                    )
+                rows = []
+                for e in entries:
+                    key = escape(f"{prefix}{e.relative_to(directory)}")
+                    if e.is_dir():
+                        rows.append(f"<CommonPrefixes><Prefix>{key}/</Prefix></CommonPrefixes>")
+                        continue
+                    st = e.stat()
+                    when = datetime.fromtimestamp(st.st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+                    rows.append(
+                        f"<Contents><Key>{key}</Key><LastModified>{when}</LastModified>"
+                        f"<ETag>{escape(_etag(st))}</ETag><Size>{st.st_size}</Size></Contents>"
+                    )
+                body = (
+                    f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>{escape(bucket)}</Name>'
+                    f"<Prefix>{escape(prefix)}</Prefix><KeyCount>{len(rows)}</KeyCount><IsTruncated>false</IsTruncated>"
+                    + "".join(rows)
+                    + "</ListBucketResult>"
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def _status(self, status: int) -> None:
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
@@ -108,3 +153,7 @@ class RangeServer:
         finally:
             self.server.shutdown()
             self.server.server_close()
+
+
+def _etag(st: os.stat_result) -> str:
+    return '"' + hashlib.md5(f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}".encode()).hexdigest() + '"'
