@@ -37,8 +37,8 @@ def parse_source(text: str) -> str | Remote:
         if text.startswith(prefix):
             text = text[len(prefix) :]
             break
-    scheme, _, rest = text.partition("://")
-    if not rest:
+    scheme, sep, rest = text.partition("://")
+    if not sep:
         return text
     scheme = scheme.lower()
     if scheme == "file":
