@@ -16,7 +16,7 @@ import logging
 import math
 import posixpath
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -511,14 +511,34 @@ def path_key(origin: Iterable[int]) -> str:
 # The hierarchy
 
 
+@dataclass
 class ZarrPlan(Plan):
     """The mount plan for a zarr v3 hierarchy: rewritten array metadata and sharded arrays."""
+
+    consolidated: dict[str, dict] = field(default_factory=dict)  # groups with consolidated metadata, by path
 
     def walk(self) -> None:
         """Every node from the root down, depth first, without recursion: nesting is the source's to choose."""
         pending = [""]
         while pending:
             pending += reversed(self._node(pending.pop()))
+        for directory, meta in self.consolidated.items():
+            self._reconsolidate(directory, meta)
+
+    def _reconsolidate(self, directory: str, meta: dict) -> None:
+        """A group's consolidated metadata repeats its descendants' metadata, and readers prefer it: an
+        array shown unsharded must be so there too, or a reader takes its inner chunks for shards."""
+        entries = meta["consolidated_metadata"].get("metadata")
+        if not isinstance(entries, dict):
+            return
+        rewritten = {
+            key: self.files[path]
+            for key in entries
+            if isinstance(key, str) and (path := posixpath.join(directory, key, "zarr.json")) in self.files
+        }
+        if rewritten:
+            entries.update({key: json.loads(data) for key, data in rewritten.items()})
+            self.files[posixpath.join(directory, "zarr.json")] = json.dumps(meta, indent=2).encode()
 
     def _node(self, directory: str) -> list[str]:
         """Plan the node in directory; the directories of its children, for a group. A malformed node below
@@ -548,6 +568,8 @@ class ZarrPlan(Plan):
         self.kinds.append(f"{directory or '.'}: zarr v3 group")
         self.groups[directory] = meta.get("attributes") or {}
         self.directories.add(directory)
+        if isinstance(meta.get("consolidated_metadata"), dict):
+            self.consolidated[directory] = meta
         names = (name for name, is_dir in self.store.list(directory) if is_dir)
         if not self.store.can_list:
             names = named_children(meta)
