@@ -18,6 +18,7 @@ from typing import NoReturn
 from shardfs import __version__, stats_socket
 from shardfs.check import check
 from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
+from shardfs.disk_cache import DiskCache
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.remote import DEFAULT_TIMEOUT, Access
 from shardfs.service import ServiceError
@@ -27,9 +28,13 @@ from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
 DEFAULT_MAX_FILE = "256M"
+DEFAULT_CACHE_DIR_SIZE = "1G"
 MIN_CACHE = 64 << 10  # below it, a size is a slip (`--cache-size 512` for 512M): every read would decode again
 # mount options that are ours
-SETTINGS = {"view", "cache_size", "max_file_size", "log_level", "log_file", "metrics", "endpoint", "region", "timeout"}
+SETTINGS = {
+    *("view", "cache_size", "max_file_size", "log_level", "log_file", "metrics"),
+    *("endpoint", "region", "timeout", "cache_dir", "cache_dir_size"),
+}
 FLAGS = {"foreground": "--foreground", "nonempty": "--allow-non-empty", "anonymous": "--anonymous"}  # `-o` words
 IGNORED = {"rw", "defaults", "comment"}  # fstab words that mean nothing to a read-only mount
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -126,6 +131,14 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
             "--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
             help="remote sources: the most one request may take, retries included; then the read is EIO",
         )  # fmt: skip
+        s.add_argument(
+            "--cache-dir", type=Path, metavar="DIR",
+            help="remote sources: keep the byte ranges read in DIR, across mounts (default: not kept)",
+        )  # fmt: skip
+        s.add_argument(
+            "--cache-dir-size", type=byte_size, default=DEFAULT_CACHE_DIR_SIZE, metavar="SIZE",
+            help="the most --cache-dir holds; the least recently used ranges go first",
+        )  # fmt: skip
         return s
 
     m = with_source("mount", "mount SOURCE at MOUNTPOINT; returns once the mount is live")
@@ -202,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         view = "native" if args.command == "check" else args.view
         access = Access(args.anonymous, args.endpoint, args.region, args.timeout)
+        disk = DiskCache(args.cache_dir.absolute(), args.cache_dir_size) if args.cache_dir else None
         if args.command == "mount":
-            return mount_source(args, access)
-        source = open_source(args.source, args.cache_size, view, args.max_file_size, access)
+            return mount_source(args, access, disk)
+        source = open_source(args.source, args.cache_size, view, args.max_file_size, access, disk)
         if args.command == "ls":
             ls(source, args.path.strip("/"))
         elif args.command == "cat":
@@ -228,12 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def mount_source(args: argparse.Namespace, access: Access) -> int:
+def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | None) -> int:
     """A local source is opened here, so a refusal comes before anything else; a remote one by the daemon
     (see daemon.mount), once the mountpoint passed its checks."""
 
     def opened() -> Source:
-        return open_source(args.source, args.cache_size, args.view, args.max_file_size, access)
+        return open_source(args.source, args.cache_size, args.view, args.max_file_size, access, disk)
 
     remote = is_remote(args.source)
     source: Source | Callable[[], Source] = opened

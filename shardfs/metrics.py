@@ -39,6 +39,12 @@ REMOTE_SECONDS = Histogram(
     "shardfs_remote_request_seconds", "Remote request latency, retries included", ["request"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY,
 )  # fmt: skip
+DISK_CACHE = Counter(
+    "shardfs_disk_cache_lookups",
+    "Remote byte ranges looked up in --cache-dir, by result",
+    ["result"],
+    registry=REGISTRY,
+)
 DECODE_ERRORS = Counter(
     "shardfs_decode_errors", "Stored data that contradicts its index or does not decode", registry=REGISTRY
 )

@@ -25,6 +25,7 @@ from obstore.exceptions import PermissionDeniedError, PreconditionError, Unauthe
 from obstore.store import GCSStore, HTTPStore, S3Store
 
 from shardfs import metrics
+from shardfs.disk_cache import DiskCache
 from shardfs.location import Remote
 from shardfs.store import Owner, StoreChanged, StoredFile
 
@@ -103,8 +104,9 @@ class RemoteStore:
     readable by all. A directory is a key prefix; HTTP servers cannot list, so there a directory lists
     as empty and only what metadata names is found."""
 
-    def __init__(self, remote: Remote, access: Access) -> None:
-        self.remote, self.access = remote, access
+    def __init__(self, remote: Remote, access: Access, disk: DiskCache | None = None) -> None:
+        """disk: where byte ranges are kept across mounts (--cache-dir), if anywhere."""
+        self.remote, self.access, self.disk = remote, access, disk
         self.can_list = remote.scheme in ("gs", "s3")
         self._owner = Owner(os.getuid(), os.getgid(), 0o555)
         self._lock = threading.Lock()
@@ -165,6 +167,9 @@ class RemoteStore:
         return found
 
     def read(self, file: StoredFile, start: int, stop: int) -> bytes:
+        url = self.where(file.path)
+        if self.disk is not None and (kept := self.disk.get(url, file.version, start, stop)) is not None:
+            return kept
         options: dict[str, Any] = {"range": (start, stop)}
         if file.version[0] == "etag":
             options["if_match"] = file.version[1]
@@ -179,7 +184,9 @@ class RemoteStore:
         metrics.STORE_READS.inc()
         metrics.STORE_BYTES.inc(len(data))
         if len(data) != stop - start:
-            raise StoreChanged(self.where(file.path), f"{len(data)} bytes at {start}, not {stop - start}: truncated")
+            raise StoreChanged(url, f"{len(data)} bytes at {start}, not {stop - start}: truncated")
+        if self.disk is not None:
+            self.disk.put(url, file.version, start, stop, data)
         return data
 
     def next_data(self, file: StoredFile, offset: int) -> int:

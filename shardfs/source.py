@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
+from shardfs.disk_cache import DiskCache
 from shardfs.errors import SourceError
 from shardfs.formats.plan import Plan
 from shardfs.formats.precomputed import open_precomputed
@@ -38,13 +39,14 @@ def is_remote(text: str | Path) -> bool:
 
 def open_source(
     text: str | Path, cache_bytes: int, view: str = "native", max_file_size: int = DEFAULT_MAX_VALUE,
-    access: Access | None = None,
+    access: Access | None = None, disk: DiskCache | None = None,
 ) -> Source:  # fmt: skip
     """Detect the source's format and plan its mount, in the view asked for; SourceError, in one sentence,
-    if it makes no sense or, remote, cannot be reached."""
+    if it makes no sense or, remote, cannot be reached. disk: where a remote source's byte ranges are kept
+    across mounts, if anywhere."""
     parsed = _parsed(str(text))
     if isinstance(parsed, Remote):
-        store: Store = RemoteStore(parsed, access or Access())
+        store: Store = RemoteStore(parsed, access or Access(), disk)
         name, local = parsed.url, None
     else:
         local = Path(parsed).resolve()

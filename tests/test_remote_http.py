@@ -228,3 +228,25 @@ def test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata(tmp_path, moun
             assert back[path].shards is None and np.array_equal(back[path][...], data), path
     assert named_children({"consolidated_metadata": {"metadata": {"a": {}, "a/b": {}, "c/d": {}}}}) == ["a", "c"]
     assert named_children({"attributes": {"multiscales": [{"datasets": [{"path": "s0"}, {"path": "../x"}]}]}}) == ["s0"]
+
+
+def test_cache_dir_serves_a_later_mount_and_stays_in_budget(volume, server, mount, tmp_path) -> None:
+    """--cache-dir keeps every range read (indexes and chunks) on disk: a second mount reads the same
+    chunks with no GET at all; a small --cache-dir-size is kept to."""
+    _, twin, _ = volume
+    names = chunk_names(twin, "4_4_40")
+    cache = tmp_path / "cache"
+    first = mount(server.url, "--cache-dir", cache)
+    for name in names:
+        (first.path / "4_4_40" / name).read_bytes()
+    shardfs("unmount", first.path)
+    before = server.gets()
+    second = mount(server.url, "-o", f"cache_dir={cache}")
+    for name in names:
+        assert (second.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
+    assert server.gets() - before == 0  # `info` included: only HEADs, for each object's current version
+    small = tmp_path / "small"
+    third = mount(server.url, "--cache-dir", small, "--cache-dir-size", "64K")
+    for name in names:
+        assert (third.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
+    assert 0 < sum(p.stat().st_size for p in small.iterdir()) <= 64 << 10
