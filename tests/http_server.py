@@ -39,10 +39,14 @@ class RangeServer:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def gets(self, suffix: str = "") -> int:
-        """GETs so far of paths ending with suffix."""
+    def gets(self, suffix: str = "", prefix: str = "") -> int:
+        """GETs so far of paths starting with prefix and ending with suffix."""
         with self.lock:
-            return sum(n for (method, path), n in self.requests.items() if method == "GET" and path.endswith(suffix))
+            return sum(
+                n
+                for (method, path), n in self.requests.items()
+                if method == "GET" and path.startswith(prefix) and path.endswith(suffix)
+            )
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
