@@ -11,23 +11,31 @@ import logging
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 from shardfs import __version__, stats_socket
 from shardfs.check import check
 from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
+from shardfs.disk_cache import DiskCache
 from shardfs.errors import CorruptChunk, SourceError
+from shardfs.remote import DEFAULT_TIMEOUT, Access
 from shardfs.service import ServiceError
-from shardfs.source import Source, open_source
+from shardfs.source import Source, is_remote, open_source
 from shardfs.summary import summary
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
 DEFAULT_MAX_FILE = "256M"
+DEFAULT_CACHE_DIR_SIZE = "1G"
 MIN_CACHE = 64 << 10  # below it, a size is a slip (`--cache-size 512` for 512M): every read would decode again
-SETTINGS = {"view", "cache_size", "max_file_size", "log_level", "log_file", "metrics"}  # mount options that are ours
-FLAGS = {"foreground": "--foreground", "nonempty": "--allow-non-empty"}  # `-o` words without a value
+# mount options that are ours
+SETTINGS = {
+    *("view", "cache_size", "max_file_size", "log_level", "log_file", "metrics"),
+    *("endpoint", "region", "timeout", "cache_dir", "cache_dir_size"),
+}
+FLAGS = {"foreground": "--foreground", "nonempty": "--allow-non-empty", "anonymous": "--anonymous"}  # `-o` words
 IGNORED = {"rw", "defaults", "comment"}  # fstab words that mean nothing to a read-only mount
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -68,6 +76,17 @@ def metrics_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def seconds(text: str) -> float:
+    """A positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 86400:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
 def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     """The parser, and its command names (for telling the mount-helper form apart)."""
     p = Parser(prog="shardfs", description="Mount sharded datasets as their unsharded files.")
@@ -79,7 +98,10 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
 
     def with_source(name: str, help: str) -> argparse.ArgumentParser:
         s = command(name, help)
-        s.add_argument("source", type=Path, metavar="SOURCE", help="the sharded dataset's directory")
+        s.add_argument(
+            "source", metavar="SOURCE",
+            help="the sharded dataset: a directory, file://, gs://, s3://, http:// or https:// URL",
+        )  # fmt: skip
         s.add_argument(
             "--cache-size", type=byte_size, default=DEFAULT_CACHE, metavar="SIZE",
             help=f"byte budget for all caches together: 512M, 1.5G, 2GiB (powers of 1024; at least {MIN_CACHE >> 10}K)",
@@ -95,6 +117,27 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
         s.add_argument(
             "--log-level", type=str.upper, choices=LOG_LEVELS, default="WARNING", metavar="LEVEL",
             help=f"{', '.join(LOG_LEVELS)}: the least severe records logged",
+        )  # fmt: skip
+        s.add_argument(
+            "--anonymous",
+            action="store_true",
+            help="remote sources: send unsigned requests, whatever credentials are found",
+        )
+        s.add_argument(
+            "--endpoint", metavar="URL", help="remote sources: an S3-compatible or GCS-compatible server's base URL"
+        )
+        s.add_argument("--region", help="s3:// sources: the bucket's region")
+        s.add_argument(
+            "--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+            help="remote sources: the most one request may take, retries included; then the read is EIO",
+        )  # fmt: skip
+        s.add_argument(
+            "--cache-dir", type=Path, metavar="DIR",
+            help="remote sources: keep the byte ranges read in DIR, across mounts (default: not kept)",
+        )  # fmt: skip
+        s.add_argument(
+            "--cache-dir-size", type=byte_size, default=DEFAULT_CACHE_DIR_SIZE, metavar="SIZE",
+            help="the most --cache-dir holds; the least recently used ranges go first",
         )  # fmt: skip
         return s
 
@@ -171,13 +214,12 @@ def main(argv: list[str] | None = None) -> int:
             print(text if args.prometheus else summary(text, time.time()), end="")
             return 0
         view = "native" if args.command == "check" else args.view
-        source = open_source(args.source, args.cache_size, view, args.max_file_size)
+        access = Access(args.anonymous, args.endpoint, args.region, args.timeout)
+        disk = DiskCache(args.cache_dir.absolute(), args.cache_dir_size) if args.cache_dir else None
         if args.command == "mount":
-            options = fuse_options(str(source.path), parse_options(args.options))
-            log_file = args.log_file.absolute() if args.log_file else None
-            where = args.mountpoint.absolute()
-            mount(source, where, options, args.foreground, log_file, args.metrics, args.allow_non_empty)
-        elif args.command == "ls":
+            return mount_source(args, access, disk)
+        source = open_source(args.source, args.cache_size, view, args.max_file_size, access, disk)
+        if args.command == "ls":
             ls(source, args.path.strip("/"))
         elif args.command == "cat":
             cat(source, args.path.strip("/"))
@@ -200,6 +242,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | None) -> int:
+    """A local source is opened here, so a refusal comes before anything else; a remote one by the daemon
+    (see daemon.mount), once the mountpoint passed its checks."""
+
+    def opened() -> Source:
+        return open_source(args.source, args.cache_size, args.view, args.max_file_size, access, disk)
+
+    remote = is_remote(args.source)
+    source: Source | Callable[[], Source] = opened
+    name, local = args.source, None
+    if not remote:
+        source = opened()
+        name, local = source.name, source.local
+    options = fuse_options(name, parse_options(args.options), remote)
+    log_file = args.log_file.absolute() if args.log_file else None
+    mount(
+        source,
+        local,
+        args.mountpoint.absolute(),
+        options,
+        args.foreground,
+        log_file,
+        args.metrics,
+        args.allow_non_empty,
+    )
+    return 0
+
+
 def ls(source: Source, path: str) -> None:
     if not isinstance(source.tree.lookup(path), Dir):
         print(path)
@@ -219,7 +289,7 @@ def cat(source: Source, path: str) -> None:
 
 
 def info(source: Source) -> None:
-    print(f"source: {source.path}")
+    print(f"source: {source.name}")
     for kind in source.kinds:
         print(f"  {kind}")
     for directory, provider in sorted(source.providers.items()):

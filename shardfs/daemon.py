@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from cysystemd.daemon import Notification
 
 from shardfs import metrics, service, stats_socket
 from shardfs.cache import return_freed_memory
+from shardfs.errors import SourceError
 from shardfs.fuse_adapter import ShardFS
 from shardfs.logs import log_to
 from shardfs.rundir import own_dir
@@ -34,6 +36,8 @@ from shardfs.tree import Tree
 log = logging.getLogger("shardfs")
 
 ONE_DAY = 86400
+REMOTE_THREADS = 64  # libfuse's max_threads for remote sources: readers wait on the network, not the CPU
+REFUSED = "refused: "  # what the daemon's answer starts with when it could not open the source
 
 
 class MountError(Exception):
@@ -44,9 +48,10 @@ class UsageError(MountError):
     """What was asked cannot work (a missing mountpoint, one inside the source); exit 2, as for bad options."""
 
 
-def fuse_options(fsname: str, extra: dict[str, str | bool]) -> dict[str, str | bool]:
+def fuse_options(fsname: str, extra: dict[str, str | bool], remote: bool = False) -> dict[str, str | bool]:
     """Defaults for immutable data: the kernel caches pages across opens, and attributes, names and
-    absences for a day. User `-o` options override them."""
+    absences for a day. A remote source gets enough threads for many readers' requests to overlap.
+    User `-o` options override them."""
     options: dict[str, str | bool] = {
         "ro": True,
         "default_permissions": True,
@@ -58,6 +63,8 @@ def fuse_options(fsname: str, extra: dict[str, str | bool]) -> dict[str, str | b
         "subtype": "shardfs",
         "max_idle_threads": "10",  # libfuse 3.14.0 warns of an invalid value when it is left unset
     }
+    if remote:
+        options["max_threads"] = str(REMOTE_THREADS)
     options.update(extra)
     return options
 
@@ -91,8 +98,8 @@ def fusermount(lazy: bool, mountpoint: Path) -> subprocess.CompletedProcess[str]
     return subprocess.run(command, capture_output=True, text=True, check=False)
 
 
-def prepare_mountpoint(mountpoint: Path, source: Path, allow_non_empty: bool) -> None:
-    """Clear a dead mount; refuse a mountpoint that cannot work. One inside the source (or holding it)
+def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: bool) -> None:
+    """Clear a dead mount; refuse a mountpoint that cannot work. One inside a local source (or holding it)
     would deadlock: the daemon would read the source through its own mount."""
     if is_stale(mountpoint):
         log.warning("clearing the stale mount at %s", mountpoint, extra={"event": "stale_mount"})
@@ -105,8 +112,9 @@ def prepare_mountpoint(mountpoint: Path, source: Path, allow_non_empty: bool) ->
         raise UsageError(f"{mountpoint}: mountpoint is not a directory")
     if os.path.ismount(mountpoint):
         raise MountError(f"{mountpoint}: something is already mounted here")
-    where, source = Path(os.path.realpath(mountpoint)), source.resolve()
-    if where.is_relative_to(source) or source.is_relative_to(where):
+    where = Path(os.path.realpath(mountpoint))
+    if source is not None and (where.is_relative_to(source.resolve()) or source.resolve().is_relative_to(where)):
+        source = source.resolve()
         how = "is" if where == source else "is inside" if where.is_relative_to(source) else "holds"
         raise UsageError(f"{mountpoint}: mountpoint {how} the source {source}; mount it elsewhere")
     with os.scandir(mountpoint) as entries:
@@ -186,7 +194,8 @@ def serve(
 
 
 def mount(
-    source: Source,
+    source: Source | Callable[[], Source],
+    local: Path | None,
     mountpoint: Path,
     options: dict[str, str | bool],
     foreground: bool,
@@ -194,12 +203,16 @@ def mount(
     metrics_at: tuple[str, int] | None = None,
     allow_non_empty: bool = False,
 ) -> None:
-    """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise."""
-    prepare_mountpoint(mountpoint, source.path, allow_non_empty)
-    mtime_ns = os.stat(source.path).st_mtime_ns
+    """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise.
+
+    source is an opened Source, or (for a remote one) how to open it: obstore's runtime does not survive a
+    fork, so a remote source is opened by the daemon itself, which reports a refusal back as SourceError.
+    local is the source's directory, if it has one, which the mountpoint must keep clear of."""
+    prepare_mountpoint(mountpoint, local, allow_non_empty)
+    mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
     if foreground:
         log_to(log_file)
-        serve(source.tree, mtime_ns, mountpoint, options, metrics_at=metrics_at)
+        serve(_opened(source).tree, mtime_ns, mountpoint, options, metrics_at=metrics_at)
         return
     log_file = log_file or default_log_file(mountpoint)
     ready_r, ready_w = os.pipe()
@@ -207,15 +220,20 @@ def mount(
         os.close(ready_w)
         with os.fdopen(ready_r, "rb") as ready:
             answer = ready.read().decode(errors="replace")
+        if answer.startswith(REFUSED):
+            raise SourceError(answer.removeprefix(REFUSED))
         if answer != "ready":
             raise MountError(answer or f"{mountpoint}: the daemon exited before mounting; see {log_file}")
         return
     # The daemon: a session of its own, stdio off the caller's terminal and pipes, logs to the file.
     os.close(ready_r)
     os.setsid()
-    source.tree.store.forget()  # its files would be closed under it next
+    descriptors = []
+    if isinstance(source, Source):
+        source.tree.store.forget()  # its files would be closed under it next
+        descriptors = source.tree.store.descriptors()
     # Nothing the caller left open keeps its pipes or files alive; the pipe and the source's root stay.
-    keep = sorted({2, ready_w, *source.tree.store.descriptors()})
+    keep = sorted({2, ready_w, *descriptors})
     for low, high in itertools.pairwise([*keep, os.sysconf("SC_OPEN_MAX")]):
         os.closerange(low + 1, high)
     _detach_stdio(log_file)
@@ -226,7 +244,14 @@ def mount(
         os.close(ready_w)
 
     try:
-        serve(source.tree, mtime_ns, mountpoint, options, ready, metrics_at)
+        try:
+            tree = _opened(source).tree
+        except SourceError as e:
+            log.error("mount refused: %s", e, extra={"event": "mount_failed"})
+            with contextlib.suppress(OSError):
+                os.write(ready_w, f"{REFUSED}{e}".encode())
+            os._exit(2)
+        serve(tree, mtime_ns, mountpoint, options, ready, metrics_at)
     except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
         known = isinstance(e, MountError)  # says why in its message; anything else is a bug: a traceback
         log.error("mount failed: %s", e, exc_info=not known, extra={"event": "mount_failed"})
@@ -235,6 +260,10 @@ def mount(
             os.write(ready_w, why.encode())
         os._exit(1)
     os._exit(0)
+
+
+def _opened(source: Source | Callable[[], Source]) -> Source:
+    return source if isinstance(source, Source) else source()
 
 
 def _detach_stdio(log_file: Path) -> None:

@@ -29,6 +29,22 @@ STORE_READS = Counter("shardfs_store_reads", "Byte-range reads of source files",
 STORE_BYTES = Counter("shardfs_store_read_bytes", "Bytes read from source files", registry=REGISTRY)
 ERRORS = Counter("shardfs_errors", "Operations answered with an error other than ENOENT", ["errno"], registry=REGISTRY)
 START_TIME = Gauge("shardfs_start_time_seconds", "When the mount went live, in Unix time", registry=REGISTRY)
+# Requests to a remote source (`head`, `get`, `list`) by outcome: ok, not_found, denied, changed, failed
+# (failed: a server error or timeout that obstore's retries, with backoff, could not get past).
+REMOTE_REQUESTS = Counter(
+    "shardfs_remote_requests", "Requests to a remote source, by kind and outcome", ["request", "outcome"],
+    registry=REGISTRY,
+)  # fmt: skip
+REMOTE_SECONDS = Histogram(
+    "shardfs_remote_request_seconds", "Remote request latency, retries included", ["request"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY,
+)  # fmt: skip
+DISK_CACHE = Counter(
+    "shardfs_disk_cache_lookups",
+    "Remote byte ranges looked up in --cache-dir, by result",
+    ["result"],
+    registry=REGISTRY,
+)
 DECODE_ERRORS = Counter(
     "shardfs_decode_errors", "Stored data that contradicts its index or does not decode", registry=REGISTRY
 )

@@ -1,16 +1,21 @@
-"""Opening a source: its format detected and planned, in the view asked for, as one virtual tree."""
+"""Opening a source: its store chosen from its name, its format detected and planned, in the view asked
+for, as one virtual tree."""
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
+from shardfs.disk_cache import DiskCache
 from shardfs.errors import SourceError
 from shardfs.formats.plan import Plan
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
-from shardfs.store import LocalStore
+from shardfs.location import Remote, parse_source
+from shardfs.remote import Access, RemoteStore
+from shardfs.store import LocalStore, Store
 from shardfs.tree import Provider, Tree
 from shardfs.views import view_of
 
@@ -19,30 +24,58 @@ from shardfs.views import view_of
 class Source:
     """An opened source: its virtual tree, and what was detected, for `shardfs info`."""
 
-    path: Path
+    name: str  # the directory or URL, as messages and `mount` show it
+    local: Path | None  # the directory, for a local source
     tree: Tree
     kinds: list[str]
     providers: dict[str, Provider]
     cache: ByteCache
 
 
+def is_remote(text: str | Path) -> bool:
+    """Whether a SOURCE argument names a remote source (SourceError if it names nothing shardfs reads)."""
+    return isinstance(_parsed(str(text)), Remote)
+
+
 def open_source(
-    path: str | Path, cache_bytes: int, view: str = "native", max_file_size: int = DEFAULT_MAX_VALUE
-) -> Source:
+    text: str | Path, cache_bytes: int, view: str = "native", max_file_size: int = DEFAULT_MAX_VALUE,
+    access: Access | None = None, disk: DiskCache | None = None,
+) -> Source:  # fmt: skip
     """Detect the source's format and plan its mount, in the view asked for; SourceError, in one sentence,
-    if it makes no sense."""
-    root = Path(path).resolve()
-    if not root.is_dir():
-        raise SourceError(f"{root}: {'not a directory' if root.exists() else 'does not exist'}")
-    store = LocalStore(root)
-    cache = ByteCache(cache_bytes, max_file_size)
-    if store.kind("zarr.json") == "file":
-        plan: Plan = open_zarr(store, cache)
-    elif store.kind("info") == "file":
-        plan = open_precomputed(store, cache)
+    if it makes no sense or, remote, cannot be reached. disk: where a remote source's byte ranges are kept
+    across mounts, if anywhere."""
+    parsed = _parsed(str(text))
+    if isinstance(parsed, Remote):
+        store: Store = RemoteStore(parsed, access or Access(), disk)
+        name, local = parsed.url, None
     else:
-        raise SourceError(f"{root}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")
+        local = Path(parsed).resolve()
+        if not local.is_dir():
+            raise SourceError(f"{local}: {'not a directory' if local.exists() else 'does not exist'}")
+        store, name = LocalStore(local), str(local)
+    cache = ByteCache(cache_bytes, max_file_size)
+    try:
+        plan = _plan(store, cache, name)
+    except OSError as e:
+        if e.errno == errno.ENOENT:
+            raise
+        raise SourceError(f"{e.filename or name}: cannot be read: {e.strerror}") from None
     if view != "native":
         plan = view_of(plan, view)
-    tree = Tree(store, cache, plan.files, plan.providers, passthrough=view == "native")
-    return Source(root, tree, plan.kinds, plan.providers, cache)
+    tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories)
+    return Source(name, local, tree, plan.kinds, plan.providers, cache)
+
+
+def _plan(store: Store, cache: ByteCache, name: str) -> Plan:
+    if store.kind("zarr.json") == "file":
+        return open_zarr(store, cache)
+    if store.kind("info") == "file":
+        return open_precomputed(store, cache)
+    raise SourceError(f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")
+
+
+def _parsed(text: str) -> str | Remote:
+    try:
+        return parse_source(text)
+    except ValueError as e:
+        raise SourceError(str(e)) from None

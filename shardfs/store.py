@@ -88,6 +88,8 @@ class StoredFile:
 class Store(Protocol):
     """What formats, views and the tree know of where bytes live."""
 
+    can_list: bool  # False where directories cannot be listed (HTTP): they list as empty
+
     def open(self, path: str) -> StoredFile:
         """The current version of a regular file; FileNotFoundError if there is none."""
 
@@ -119,6 +121,8 @@ class LocalStore:
     """Byte ranges from files under one root directory, read with `os.pread` on descriptors kept in an
     LRU (functools', thread-safe and frameless). An evicted file closes by refcounting once no reader
     still holds it, so eviction never races a concurrent `pread`."""
+
+    can_list = True
 
     def __init__(self, root: str | Path, max_open: int = 256) -> None:
         self.root = Path(root).absolute()

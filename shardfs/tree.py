@@ -104,10 +104,11 @@ class Tree:
 
     def __init__(
         self, store: Store, cache: ByteCache, files: dict[str, bytes], providers: dict[str, Provider],
-        passthrough: bool = True,
+        passthrough: bool = True, directories: set[str] | frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         """passthrough: whether source files the overlay and providers do not name are shown as they are
-        (the native view), or nothing but the overlay and providers is (the other views)."""
+        (the native view), or nothing but the overlay and providers is (the other views). directories:
+        those the metadata names, shown as directories where the store cannot list them."""
         self.passthrough = passthrough
         self.store = store
         self.cache = cache
@@ -117,11 +118,14 @@ class Tree:
         self._last: tuple[str | None, Node | None] = (None, None)
         # Overlay entries by parent directory, including the ancestors that the source may lack.
         self._overlay: dict[str, set[str]] = defaultdict(set)
-        for path in (*files, *providers):
+        named = directories if passthrough and not store.can_list else ()
+        for path in (*files, *providers, *named):
             while path:
                 parent, _, name = path.rpartition("/")
                 self._overlay[parent].add(name)
                 path = parent
+        for path in named:
+            self._overlay.setdefault(path, set())  # a directory, even with nothing known in it
 
     def lookup(self, path: str) -> Node:
         """The node at path; FileNotFoundError if there is none. Nodes are cached, since every read looks

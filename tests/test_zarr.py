@@ -510,3 +510,20 @@ def test_inner_chunks_past_the_array_edge_are_absent(tmp_path, mount) -> None:
     assert sorted(os.listdir(m.path / "c")) == ["0", "1", "2"]
     assert not (m.path / "c" / "2" / "3").exists() and not (m.path / "c" / "3").exists()
     assert np.array_equal(zarr.open_array(m.path, mode="r")[...], data)
+
+
+def test_consolidated_metadata_is_rewritten_too(tmp_path, mount) -> None:
+    """A group's consolidated metadata carries its arrays' metadata: it must say unsharded as their own
+    zarr.json does, or zarr-python, which prefers it, takes inner chunks for shards."""
+    root = tmp_path / "c.zarr"
+    group = zarr.open_group(root, mode="w")
+    data = np.arange(20 * 20, dtype="uint16").reshape(20, 20)
+    group.create_array("a", shape=(20, 20), dtype="uint16", chunks=(5, 5), shards=(10, 10))[...] = data
+    group.create_group("g").create_array("b", shape=(6,), dtype="int8", chunks=(2,), shards=(4,))[...] = range(6)
+    zarr.consolidate_metadata(root)
+    m = mount(root)
+    back = zarr.open_group(m.path, mode="r")  # uses the consolidated metadata
+    assert back["a"].shards is None and np.array_equal(back["a"][...], data)
+    assert back["g/b"].shards is None and back["g/b"][...].tolist() == list(range(6))
+    entries = json.loads((m.path / "zarr.json").read_text())["consolidated_metadata"]["metadata"]
+    assert entries["a"] == json.loads((m.path / "a" / "zarr.json").read_text())

@@ -96,3 +96,6 @@ class Plan:
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # attributes of each group, by path
     arrays: dict[str, Array] = field(default_factory=dict)  # every array the views can show, by path
     format: str = ""  # "zarr" or "precomputed": what the views translate from
+    # Directories the metadata names (scales, meshes, groups, arrays): where the store cannot list (HTTP),
+    # these are how the tree knows them.
+    directories: set[str] = field(default_factory=set)

@@ -326,6 +326,7 @@ class Precomputed(Plan):
         else:
             raise SourceError(f"{where}: field '@type' is {kind!r}, not a precomputed kind shardfs knows")
         self.kinds.append(f"{directory or '.'}: {kind}")
+        self.directories.add(directory)
         before = json.dumps(info, sort_keys=True)
         handler(info, directory, where)
         if json.dumps(info, sort_keys=True) != before:
@@ -365,6 +366,7 @@ class Precomputed(Plan):
             if not isinstance(scale, dict):
                 raise SourceError(f"{where}: field '{name}' must be an object")
             scale_dir = self._subdir(directory, scale.get("key"), where, f"{name}.key")
+            self.directories.add(scale_dir)
             kv = self._sharded(scale, scale_dir, where, name)
             try:
                 naming = self._grid(scale, where, name)

@@ -16,7 +16,7 @@ import logging
 import math
 import posixpath
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -487,6 +487,23 @@ def files_below(store: Store, path: str) -> Iterator[str]:
             yield child
 
 
+def named_children(meta: dict) -> list[str]:
+    """The children a group's own metadata names, for a store that cannot list: the first component of each
+    consolidated metadata key, else the paths of its OME-Zarr multiscales datasets (0.5 or 0.4 layout)."""
+    consolidated = (meta.get("consolidated_metadata") or {}).get("metadata")
+    if isinstance(consolidated, dict):
+        names = (key.split("/")[0] for key in consolidated if isinstance(key, str))
+    else:
+        attributes = meta.get("attributes") or {}
+        multiscales = (attributes.get("ome") or {}).get("multiscales") or attributes.get("multiscales") or []
+        names = (
+            d["path"].split("/")[0]
+            for m in multiscales if isinstance(m, dict)
+            for d in m.get("datasets") or [] if isinstance(d, dict) and isinstance(d.get("path"), str)
+        )  # fmt: skip
+    return sorted({name for name in names if name not in ("", ".", "..")})
+
+
 def path_key(origin: Iterable[int]) -> str:
     return f"chunk at {[int(o) for o in origin]}"
 
@@ -495,14 +512,34 @@ def path_key(origin: Iterable[int]) -> str:
 # The hierarchy
 
 
+@dataclass
 class ZarrPlan(Plan):
     """The mount plan for a zarr v3 hierarchy: rewritten array metadata and sharded arrays."""
+
+    consolidated: dict[str, dict] = field(default_factory=dict)  # groups with consolidated metadata, by path
 
     def walk(self) -> None:
         """Every node from the root down, depth first, without recursion: nesting is the source's to choose."""
         pending = [""]
         while pending:
             pending += reversed(self._node(pending.pop()))
+        for directory, meta in self.consolidated.items():
+            self._reconsolidate(directory, meta)
+
+    def _reconsolidate(self, directory: str, meta: dict) -> None:
+        """A group's consolidated metadata repeats its descendants' metadata, and readers prefer it: an
+        array shown unsharded must be so there too, or a reader takes its inner chunks for shards."""
+        entries = meta["consolidated_metadata"].get("metadata")
+        if not isinstance(entries, dict):
+            return
+        rewritten = {
+            key: self.files[path]
+            for key in entries
+            if isinstance(key, str) and (path := posixpath.join(directory, key, "zarr.json")) in self.files
+        }
+        if rewritten:
+            entries.update({key: json.loads(data) for key, data in rewritten.items()})
+            self.files[posixpath.join(directory, "zarr.json")] = json.dumps(meta, indent=2).encode()
 
     def _node(self, directory: str) -> list[str]:
         """Plan the node in directory; the directories of its children, for a group. A malformed node below
@@ -533,7 +570,13 @@ class ZarrPlan(Plan):
             return []
         self.kinds.append(f"{directory or '.'}: zarr v3 group")
         self.groups[directory] = meta.get("attributes") or {}
-        children = (posixpath.join(directory, name) for name, is_dir in self.store.list(directory) if is_dir)
+        self.directories.add(directory)
+        if isinstance(meta.get("consolidated_metadata"), dict):
+            self.consolidated[directory] = meta
+        names = (name for name, is_dir in self.store.list(directory) if is_dir)
+        if not self.store.can_list:
+            names = named_children(meta)
+        children = (posixpath.join(directory, name) for name in names)
         return [child for child in children if self.store.kind(posixpath.join(child, "zarr.json")) == "file"]
 
     def walk_draft(self) -> None:
@@ -595,6 +638,7 @@ class ZarrPlan(Plan):
         self.kinds.append(f"refused: {error}")
 
     def _array(self, directory: str, meta: dict, where: str) -> None:
+        self.directories.add(directory)
         shape = meta.get("shape")
         if not isinstance(shape, list) or not all(isinstance(s, int) and 0 <= s < LARGEST for s in shape):
             raise SourceError(f"{where}: field 'shape' must be a list of non-negative integers")

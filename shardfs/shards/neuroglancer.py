@@ -11,6 +11,7 @@ import logging
 import re
 import struct
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -26,6 +27,8 @@ log = logging.getLogger("shardfs")
 
 UINT64_MAX = (1 << 64) - 1
 LISTING_BLOCK = 1 << 20  # bytes of shard index read at a time while listing
+PROBED_SHARDS = 4096  # the most shard names asked for, one by one, to list a directory that cannot be listed
+PROBES_AT_ONCE = 16
 ENCODINGS = ("raw", "gzip")
 
 
@@ -226,10 +229,26 @@ class ShardedKV:
         return (path for _, path in self._shards())
 
     def _shards(self) -> Iterator[tuple[int, str]]:
+        if not self.store.can_list:
+            yield from self._probed()
+            return
         for name, is_dir in self.store.list(self.directory):
             shard = None if is_dir else self.spec.shard_number(name)
             if shard is not None:
                 yield shard, self.shard_path(shard)
+
+    def _probed(self) -> Iterator[tuple[int, str]]:
+        """Where the store cannot list (HTTP), the shards the spec names, each asked for (HEAD, a few at a
+        time). Up to PROBED_SHARDS of them: past that a listing shows nothing, and says so once."""
+        count = 1 << self.spec.shard_bits
+        if count > PROBED_SHARDS:
+            log.warning("%s: %d shards to probe, more than %d: not listed", self.store.where(self.directory),
+                        count, PROBED_SHARDS)  # fmt: skip
+            return
+        paths = [(shard, self.shard_path(shard)) for shard in range(count)]
+        with ThreadPoolExecutor(PROBES_AT_ONCE) as pool:
+            present = pool.map(lambda item: self.store.kind(item[1]) == "file", paths)
+            yield from (item for item, here in zip(paths, present, strict=True) if here)
 
     def minishards(self, file: StoredFile) -> Iterator[tuple[int, MinishardIndex | CorruptChunk]]:
         """Each non-empty minishard of one shard file with its index, or the CorruptChunk that keeps it from

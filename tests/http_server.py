@@ -1,0 +1,163 @@
+"""A loopback web server for remote-source tests: files under a directory, served with Range, ETag and
+Last-Modified as object stores and CDNs serve them, with latency, request counts and scripted failures.
+With a bucket directory under its root it is also what obstore's GCSStore asks of GCS: objects at
+`/{bucket}/{key}` (the key percent-encoded) and ListObjectsV2 XML listings at `/{bucket}?list-type=2`."""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import hashlib
+import os
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+from xml.sax.saxutils import escape
+
+
+class RangeServer:
+    """Serves root at `url`. `fail[path] = [503, 429, ...]` answers those statuses first, in order, then
+    the file; `always` answers every request with that status; `hang` makes every request wait (bounded)
+    before answering; `latency` delays every answer. `requests` counts (method, path)."""
+
+    def __init__(self, root: Path, latency: float = 0.0) -> None:
+        self.root = root
+        self.latency = latency
+        self.fail: dict[str, list[int]] = {}
+        self.always: int | None = None
+        self.hang = False
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def gets(self, suffix: str = "", prefix: str = "") -> int:
+        """GETs so far of paths starting with prefix and ending with suffix."""
+        with self.lock:
+            return sum(
+                n
+                for (method, path), n in self.requests.items()
+                if method == "GET" and path.startswith(prefix) and path.endswith(suffix)
+            )
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self._answer(body=False)
+
+            def do_GET(self) -> None:
+                self._answer(body=True)
+
+            def _answer(self, body: bool) -> None:
+                url = urlsplit(self.path)
+                path = unquote(url.path).lstrip("/")
+                with server.lock:
+                    server.requests[(self.command, path)] += 1
+                    scripted = server.fail.get(path)
+                    status = scripted.pop(0) if scripted else server.always
+                if server.hang:
+                    time.sleep(30)  # longer than any test's --timeout; the test's server is shut down after
+                if server.latency:
+                    time.sleep(server.latency)
+                if status is not None:
+                    return self._status(status)
+                if ".." in path.split("/"):
+                    return self._status(404)
+                query = parse_qs(url.query)
+                if query.get("list-type") == ["2"]:
+                    return self._list(path, query.get("prefix", [""])[0], "delimiter" in query)
+                file = server.root / path
+                if not file.is_file():
+                    return self._status(404)
+                st = file.stat()
+                etag = _etag(st)
+                match = self.headers.get("If-Match")
+                if match is not None and match != etag:
+                    return self._status(412)
+                start, stop = 0, st.st_size
+                ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+                if ranged:
+                    start = int(ranged.group(1))
+                    stop = min(int(ranged.group(2)) + 1 if ranged.group(2) else st.st_size, st.st_size)
+                    if start >= st.st_size:
+                        return self._status(416)
+                self.send_response(206 if ranged else 200)
+                if ranged:
+                    self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{st.st_size}")
+                self.send_header("Content-Length", str(stop - start))
+                self.send_header("Accept-Ranges", "bytes")
+                self.send_header("ETag", etag)
+                self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
+                self.end_headers()
+                if body:
+                    with file.open("rb") as f:
+                        f.seek(start)
+                        self.wfile.write(f.read(stop - start))
+
+            def _list(self, bucket: str, prefix: str, delimited: bool) -> None:
+                """One page: delimited by '/', the objects and sub-prefixes directly under prefix; else every
+                object below it. (Prefixes are taken to end at a '/', as shardfs's do.)"""
+                directory = server.root / bucket / prefix
+                entries = []
+                if directory.is_dir():
+                    entries = sorted(
+                        directory.iterdir() if delimited else (p for p in directory.rglob("*") if p.is_file())
+                    )
+                rows = []
+                for e in entries:
+                    key = escape(f"{prefix}{e.relative_to(directory)}")
+                    if e.is_dir():
+                        rows.append(f"<CommonPrefixes><Prefix>{key}/</Prefix></CommonPrefixes>")
+                        continue
+                    st = e.stat()
+                    when = datetime.fromtimestamp(st.st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+                    rows.append(
+                        f"<Contents><Key>{key}</Key><LastModified>{when}</LastModified>"
+                        f"<ETag>{escape(_etag(st))}</ETag><Size>{st.st_size}</Size></Contents>"
+                    )
+                body = (
+                    f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>{escape(bucket)}</Name>'
+                    f"<Prefix>{escape(prefix)}</Prefix><KeyCount>{len(rows)}</KeyCount><IsTruncated>false</IsTruncated>"
+                    + "".join(rows)
+                    + "</ListBucketResult>"
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _status(self, status: int) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        return Handler
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[RangeServer]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def _etag(st: os.stat_result) -> str:
+    return '"' + hashlib.md5(f"{st.st_ino}-{st.st_size}-{st.st_mtime_ns}".encode()).hexdigest() + '"'

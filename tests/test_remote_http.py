@@ -1,0 +1,252 @@
+"""Sources on a web server: datasets written by tensorstore, served over loopback with Range and ETag, mounted
+by URL, read back through the kernel by peers; requests counted per chunk; server failures as errno."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorstore as ts
+import zarr
+from cloudvolume import CloudVolume
+
+from shardfs.formats.zarr import named_children
+from tests import peers
+from tests.conftest import shardfs
+from tests.http_server import RangeServer
+
+TIMEOUT = "2"  # seconds, for the failure tests: a hung request must be EIO well before a test's patience ends
+
+
+def chunk_names(twin: Path, scale: str) -> list[str]:
+    """The chunk files the unsharded twin holds."""
+    return sorted(p.name for p in (twin / scale).iterdir())
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np.ndarray]:
+    """A precomputed volume with raw chunk data (one read is one GET), and its unsharded twin."""
+    root = tmp_path_factory.mktemp("http")
+    source, twin = root / "src", root / "twin"
+    expected = peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
+    return source, twin, expected
+
+
+@pytest.fixture
+def server(volume) -> RangeServer:
+    with RangeServer(volume[0]).running() as s:
+        yield s
+
+
+def test_precomputed_over_http_reads_as_unsharded(volume, server, mount) -> None:
+    _, twin, expected = volume
+    m = mount(f"precomputed://{server.url}")
+    names = chunk_names(twin, "4_4_40")
+    assert len(names) > 10
+    # HTTP cannot list: a sharded directory lists from the shards the spec names, each probed with a HEAD.
+    assert sorted(os.listdir(m.path / "4_4_40")) == names
+    for name in names:
+        assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
+    assert json.loads((m.path / "info").read_text()) == json.loads((twin / "info").read_text())
+    spec = {"driver": "neuroglancer_precomputed", "kvstore": f"file://{m.path}", "scale_index": 0}
+    assert np.array_equal(ts.open(spec).result().read().result(), expected)
+    cv = CloudVolume(f"file://{m.path}", mip=0, fill_missing=True, progress=False)
+    assert np.array_equal(np.asarray(cv[cv.bounds]), expected)
+    assert not (m.path / "4_4_40" / "0-16_0-16_0-8").exists()  # not a chunk of this volume: ENOENT
+
+
+def test_one_get_per_chunk_once_warm(volume, server, mount) -> None:
+    """Cold, a chunk costs at most 3 GETs (shard index entry, minishard index, data) and a shard one HEAD;
+    once the indexes are cached, exactly one. direct_io sends every read to the daemon, as a page cache
+    eviction would."""
+    _, twin, _ = volume
+    m = mount(server.url, "-o", "direct_io")
+    names = chunk_names(twin, "4_4_40")
+    before = server.gets(".shard")
+    for name in names:
+        (m.path / "4_4_40" / name).read_bytes()
+    cold = server.gets(".shard") - before
+    assert cold <= 3 * len(names)
+    heads = sum(n for (method, path), n in server.requests.items() if method == "HEAD" and path.endswith(".shard"))
+    assert heads == len({peers.volume_chunk_shards(volume[0], "4_4_40")[n] for n in names})  # one HEAD per shard
+    before = server.gets(".shard")
+    for name in names:
+        assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+    assert server.gets(".shard") - before == len(names)  # 1.00 GET per chunk, warm
+    figures = shardfs("stats", m.path, "--prometheus").stdout
+    assert f'shardfs_remote_requests_total{{outcome="ok",request="get"}} {float(server.gets())}' in figures
+    assert 'shardfs_remote_request_seconds_count{request="head"}' in figures
+
+
+def test_sixteen_readers_overlap(volume, server, mount) -> None:
+    """With 50 ms per request, 16 readers finish in a fraction of the serial time: their reads overlap.
+    Lookups are stat'ed first: this kernel sends one LOOKUP at a time per directory (fusectl's `waiting`
+    stays at 1), so it is the reads, one GET each, that can overlap."""
+    _, twin, _ = volume
+    m = mount(server.url)
+    names = chunk_names(twin, "4_4_40")
+    for name in names:
+        (m.path / "4_4_40" / name).stat()
+    server.latency = 0.05
+    before = server.gets()
+    started = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda n: (m.path / "4_4_40" / n).read_bytes(), names))
+    elapsed = time.monotonic() - started
+    assert server.gets() - before == len(names)
+    assert elapsed < len(names) * server.latency / 4, elapsed
+
+
+def read_errno(path: Path) -> int | None:
+    try:
+        path.read_bytes()
+    except OSError as e:
+        return e.errno
+    return None
+
+
+def test_retried_failures_then_success(volume, server, mount) -> None:
+    _, twin, _ = volume
+    m = mount(server.url, "--timeout", "10")
+    name = chunk_names(twin, "4_4_40")[0]
+    shard = "4_4_40/" + peers.volume_chunk_shards(volume[0], "4_4_40")[name]
+    server.fail[shard] = [429, 503, 429, 503]
+    assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+    assert server.fail[shard] == []
+
+
+def test_server_errors_are_eio_never_enoent(volume, server, mount) -> None:
+    _, twin, _ = volume
+    m = mount(server.url, "--timeout", TIMEOUT)
+    names = chunk_names(twin, "4_4_40")
+    server.always = 503
+    started = time.monotonic()
+    assert read_errno(m.path / "4_4_40" / names[0]) == errno.EIO
+    assert time.monotonic() - started < float(TIMEOUT) + 1
+    server.always = 403
+    assert read_errno(m.path / "4_4_40" / names[-1]) == errno.EACCES
+    server.always = None
+    assert "access denied" in m.log_text() and server.url in m.log_text()
+
+
+def test_missing_shard_is_enoent(volume, tmp_path, mount) -> None:
+    source, twin, _ = volume
+    shards = peers.volume_chunk_shards(volume[0], "4_4_40")
+    name, shard = next(iter(shards.items()))
+    with RangeServer(source).running() as server:
+        server.fail[f"4_4_40/{shard}"] = [404] * 100  # the shard is gone: its chunks are absent
+        m = mount(server.url)
+        assert read_errno(m.path / "4_4_40" / name) == errno.ENOENT
+        other = next(n for n, s in shards.items() if s != shard)
+        assert (m.path / "4_4_40" / other).read_bytes() == (twin / "4_4_40" / other).read_bytes()
+
+
+def test_hung_server_is_eio_within_the_timeout(volume, server, mount) -> None:
+    _, twin, _ = volume
+    m = mount(server.url, "--timeout", TIMEOUT)
+    server.hang = True
+    started = time.monotonic()
+    assert read_errno(m.path / "4_4_40" / chunk_names(twin, "4_4_40")[0]) == errno.EIO
+    assert time.monotonic() - started < float(TIMEOUT) + 1
+    assert "failed" in m.log_text()
+
+
+def test_unreachable_source_is_refused_in_one_line(tmp_path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens once it is closed
+    point = tmp_path / "m"
+    point.mkdir()
+    url = f"http://127.0.0.1:{port}/data"
+    r = shardfs("mount", url, point, "--timeout", TIMEOUT, "--log-file", tmp_path / "log", check=False)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and url in r.stderr, r.stderr
+    with RangeServer(tmp_path).running() as server:  # reachable, but no dataset there
+        r = shardfs("ls", f"{server.url}/nothing", check=False)
+        assert r.returncode == 2 and "neither 'zarr.json'" in r.stderr and server.url in r.stderr
+
+
+def test_zarr_array_over_http(tmp_path, mount) -> None:
+    """A tensorstore zarr v3 sharded array: every inner chunk costs at most 2 GETs cold plus one HEAD per
+    shard, and zarr-python and tensorstore read the mount."""
+    root = tmp_path / "a.zarr"
+    spec = {
+        "driver": "zarr3",
+        "kvstore": f"file://{root}",
+        "metadata": {
+            "shape": [40, 36],
+            "data_type": "uint16",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [20, 18]}},
+            "codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [5, 6]}}],
+        },
+        "create": True,
+    }
+    data = np.arange(40 * 36, dtype=np.uint16).reshape(40, 36)
+    ts.open(spec).result().write(data).result()
+    with RangeServer(root).running() as server:
+        m = mount(f"zarr3://{server.url}", "-o", "direct_io")
+        chunks = [f"c/{i}/{j}" for i in range(8) for j in range(6)]
+        for name in chunks:
+            i, j = map(int, name.split("/")[1:])
+            assert np.array_equal(
+                np.frombuffer((m.path / name).read_bytes(), "<u2").reshape(5, 6),
+                data[i * 5 : i * 5 + 5, j * 6 : j * 6 + 6],
+            )
+        assert server.gets(prefix="c/") == len(chunks) + 4  # one index per shard, then one GET per chunk
+        assert sum(n for (method, _), n in server.requests.items() if method == "HEAD") <= 4 + 2  # shards + metadata
+        got = ts.open({"driver": "zarr3", "kvstore": f"file://{m.path}"}).result().read().result()
+        assert np.array_equal(got, data)
+
+
+def test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata(tmp_path, mount) -> None:
+    """HTTP cannot list: a group's children are the datasets its OME-Zarr multiscales name (or the keys of
+    its consolidated metadata), and zarr-python reads them through the mount."""
+    root = tmp_path / "ome.zarr"
+    group = zarr.open_group(root, mode="w")
+    scales = {
+        "0": np.arange(32 * 30, dtype="uint16").reshape(32, 30),
+        "1": np.arange(16 * 15, dtype="uint16").reshape(16, 15),
+    }
+    for path, data in scales.items():
+        group.create_array(path, shape=data.shape, dtype=data.dtype, chunks=(4, 5), shards=(8, 15))[...] = data
+    ome = {
+        "version": "0.5",
+        "multiscales": [{"axes": [{"name": "y"}, {"name": "x"}], "datasets": [{"path": p} for p in scales]}],
+    }
+    group.attrs["ome"] = ome
+    with RangeServer(root).running() as server:
+        m = mount(server.url)
+        back = zarr.open_group(m.path, mode="r", use_consolidated=False)
+        for path, data in scales.items():
+            assert back[path].shards is None and np.array_equal(back[path][...], data), path
+    assert named_children({"consolidated_metadata": {"metadata": {"a": {}, "a/b": {}, "c/d": {}}}}) == ["a", "c"]
+    assert named_children({"attributes": {"multiscales": [{"datasets": [{"path": "s0"}, {"path": "../x"}]}]}}) == ["s0"]
+
+
+def test_cache_dir_serves_a_later_mount_and_stays_in_budget(volume, server, mount, tmp_path) -> None:
+    """--cache-dir keeps every range read (indexes and chunks) on disk: a second mount reads the same
+    chunks with no GET at all; a small --cache-dir-size is kept to."""
+    _, twin, _ = volume
+    names = chunk_names(twin, "4_4_40")
+    cache = tmp_path / "cache"
+    first = mount(server.url, "--cache-dir", cache)
+    for name in names:
+        (first.path / "4_4_40" / name).read_bytes()
+    shardfs("unmount", first.path)
+    before = server.gets()
+    second = mount(server.url, "-o", f"cache_dir={cache}")
+    for name in names:
+        assert (second.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
+    assert server.gets() - before == 0  # `info` included: only HEADs, for each object's current version
+    small = tmp_path / "small"
+    third = mount(server.url, "--cache-dir", small, "--cache-dir-size", "64K")
+    for name in names:
+        assert (third.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
+    assert 0 < sum(p.stat().st_size for p in small.iterdir()) <= 64 << 10
