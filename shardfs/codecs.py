@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import crc32c
 import numcodecs
@@ -47,29 +47,39 @@ def _bounded(pieces: Iterator[bytes], limit: int, codec: str) -> bytearray:
     return out
 
 
-def gunzip(data: bytes, limit: int) -> bytearray:
-    """Every gzip member of data. ValueError on bad gzip, trailing junk, or output beyond limit bytes; a
-    refused bomb costs at most limit bytes, briefly."""
+def gunzip(data: bytes | bytearray | Iterable[bytes], limit: int) -> bytearray:
+    """Every gzip member of data: bytes, or their pieces in order (read from the store as they are needed,
+    so a large stored value is never held whole beside its output). ValueError on bad gzip, trailing junk,
+    or output beyond limit bytes; a refused bomb costs at most limit bytes, briefly."""
+    pieces = _slices(data) if isinstance(data, bytes | bytearray) else iter(data)
     # Pieces of at most 1 MiB: a small limit is one call, a large one cannot double its buffer past it.
-    return _bounded(_gzip_pieces(data, min(limit + 1, STEP)), limit, "gzip")
+    return _bounded(_gzip_pieces(pieces, min(limit + 1, STEP)), limit, "gzip")
 
 
-def _gzip_pieces(data: bytes | bytearray, step: int) -> Iterator[bytes]:
-    """Output pieces of at most step bytes, the input fed STEP bytes at a time: no copy of the rest of a
-    large input is made per piece."""
-    view, at = memoryview(data), 0
-    while at < len(view):
-        member = zlib.decompressobj(wbits=31)
-        try:
-            while not member.eof:
-                piece = member.unconsumed_tail or view[at : at + STEP]
-                if not piece:
-                    raise ValueError("gzip data ends before its stream does")
-                at += 0 if member.unconsumed_tail else len(piece)
-                yield member.decompress(piece, step)
-        except zlib.error as e:
-            raise ValueError(f"bad gzip data: {e}") from None
-        at -= len(member.unused_data)  # the next member starts within the piece just fed
+def _slices(data: bytes | bytearray) -> Iterator[memoryview]:
+    view = memoryview(data)
+    return (view[at : at + STEP] for at in range(0, len(view), STEP))
+
+
+def _gzip_pieces(source: Iterator[bytes | memoryview], step: int) -> Iterator[bytes]:
+    """Output pieces of at most step bytes, member after member, input pulled a piece at a time."""
+    member, started, data = zlib.decompressobj(wbits=31), False, b""
+    try:
+        while True:
+            data = data or next(source, b"")
+            if not data and not started:
+                return
+            out = member.decompress(data, step)  # with no data left: the output still pending, if any
+            if not data and not out and not member.eof:
+                raise ValueError("gzip data ends before its stream does")
+            started = True
+            yield out
+            if member.eof:  # the next member starts in what this one left over
+                data, member, started = member.unused_data, zlib.decompressobj(wbits=31), False
+            else:
+                data = member.unconsumed_tail
+    except zlib.error as e:
+        raise ValueError(f"bad gzip data: {e}") from None
 
 
 def unzstd(data: bytes, limit: int) -> bytearray:

@@ -108,6 +108,7 @@ class RemoteStore:
         """disk: where byte ranges are kept across mounts (--cache-dir), if anywhere."""
         self.remote, self.access, self.disk = remote, access, disk
         self.can_list = remote.scheme in ("gs", "s3")
+        self.piece_size = 8 << 20  # one GET for nearly every chunk, yet a bounded part of a large one
         self._owner = Owner(os.getuid(), os.getgid(), 0o555)
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None

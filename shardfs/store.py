@@ -84,11 +84,17 @@ class StoredFile:
         """The first offset at or after offset that may hold data (sparse files skip their holes)."""
         return self.store.next_data(self, offset)
 
+    def pieces(self, start: int, stop: int) -> Iterator[bytes]:
+        """Bytes [start, stop) of this version, read a piece at a time as they are consumed."""
+        step = self.store.piece_size
+        return (self.read(at, min(at + step, stop)) for at in range(start, stop, step))
+
 
 class Store(Protocol):
     """What formats, views and the tree know of where bytes live."""
 
     can_list: bool  # False where directories cannot be listed (HTTP): they list as empty
+    piece_size: int  # bytes read at a time when a value is decoded as it is read
 
     def open(self, path: str) -> StoredFile:
         """The current version of a regular file; FileNotFoundError if there is none."""
@@ -123,6 +129,7 @@ class LocalStore:
     still holds it, so eviction never races a concurrent `pread`."""
 
     can_list = True
+    piece_size = 1 << 20
 
     def __init__(self, root: str | Path, max_open: int = 256) -> None:
         self.root = Path(root).absolute()

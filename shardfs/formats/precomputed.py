@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from shardfs.cache import ByteCache, large_value_turn
+from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.formats.encodings import decode_precomputed
@@ -257,8 +257,7 @@ class VolumeScale:
             if not gzipped:
                 return RangeFile(file, 0, file.size)
             try:
-                with large_value_turn(file.size):
-                    return BytesFile(gunzip(file.read(0, file.size), self.chunk_limit), file.owner, name)
+                return BytesFile(gunzip(file.pieces(0, file.size), self.chunk_limit), file.owner, name)
             except ValueError as e:
                 raise CorruptChunk(name, xyz, str(e)) from e
         return None

@@ -18,7 +18,7 @@ from functools import cached_property
 import mmh3
 import numpy as np
 
-from shardfs.cache import ByteCache, large_value_turn
+from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.store import Store, StoredFile
@@ -98,9 +98,6 @@ class ShardingSpec:
 MINISHARD_INDEX_LIMIT = 16 << 20  # ~700k chunks in one minishard; writers aim for a few thousand
 
 
-def decode(data: bytes, encoding: str, limit: int) -> bytes:
-    """Undo a `raw` or `gzip` encoding, with output bounded by limit (ValueError past it)."""
-    return gunzip(data, limit) if encoding == "gzip" else data
 
 
 @dataclass(frozen=True)
@@ -211,11 +208,13 @@ class ShardedKV:
         return size
 
     def _read_encoded(self, file: StoredFile, start: int, stop: int, encoding: str, limit: int) -> bytes:
-        """Read and decode a stored range; a range longer than its decoded limit is refused unread."""
+        """Read and decode a stored range (`raw` or `gzip`), the output bounded by limit (ValueError past
+        it); a range longer than its decoded limit is refused unread."""
         if stop - start > limit + 1024:
             raise ValueError(f"{stop - start} stored bytes exceed the {limit}-byte limit")
-        with large_value_turn(stop - start):
-            return decode(file.read(start, stop), encoding, limit)
+        if encoding == "gzip":  # read as it is decoded: a large value is not held twice
+            return gunzip(file.pieces(start, stop), limit)
+        return file.read(start, stop)
 
     def value(self, chunk: Chunk) -> bytes:
         """The stored value with `data_encoding` undone."""
