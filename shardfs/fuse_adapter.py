@@ -28,8 +28,10 @@ log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
 
 BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
+FUSE_CAP_NO_OPEN_SUPPORT = 1 << 17  # libfuse's fuse_common.h
 REQUEST_FILES = 4  # a request may decode as much as this many of the largest files (nested shards, a view)
 READDIR = metrics.OPS.labels("readdir")
+OPENED = metrics.OPS.labels("open")
 
 
 _pinned: set[int] = set()
@@ -123,6 +125,7 @@ class ShardFS(mfusepy.Operations):
     def __init__(self, tree: Tree, mtime_ns: int, on_ready: Callable[[], None] | None = None) -> None:
         self.tree = tree
         self.on_ready = on_ready
+        self.no_open = False  # until the kernel says it can do without OPEN (init_with_config)
         self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
         self._dirs: dict[int, DirCursor] = {}
         self._handles = itertools.count(1)
@@ -136,7 +139,11 @@ class ShardFS(mfusepy.Operations):
         nlink = 2 if kind == stat.S_IFDIR else 1
         return {"st_mode": kind | mode, "st_nlink": nlink, "st_uid": owner.uid, "st_gid": owner.gid, **self._times}
 
-    def init(self, path: str) -> None:
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        """The mount is live. Whether the kernel takes ENOSYS for OPEN as "no open needed" (FUSE no_open,
+        Linux 4.19 on): an older one would fail the open instead."""
+        self.no_open = bool(conn is not None and conn.capable & FUSE_CAP_NO_OPEN_SUPPORT)
+        log.info("kernel sends OPEN: %s", "no (no_open)" if self.no_open else "yes", extra={"event": "no_open"})
         if self.on_ready is not None:
             self.on_ready()
 
@@ -155,7 +162,10 @@ class ShardFS(mfusepy.Operations):
         """ENOSYS tells the kernel it need not ask (FUSE no_open): it then sends neither OPEN nor RELEASE
         again and keeps a file's pages across opens, so a warm read never leaves the kernel. Permissions
         are checked by the kernel itself (`default_permissions`); writes are refused by the `ro` mount."""
-        raise mfusepy.FuseOSError(errno.ENOSYS)
+        OPENED.observe(0)  # counted, so that `shardfs stats` shows whether the kernel still asks
+        if self.no_open:
+            raise mfusepy.FuseOSError(errno.ENOSYS)
+        return 0
 
     @errors_to_errno
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:

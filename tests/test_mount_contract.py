@@ -71,13 +71,24 @@ def test_the_kernel_holds_the_default_options(volume, mount) -> None:
 
 
 def test_a_file_read_twice_is_read_from_the_daemon_once(volume, mount) -> None:
-    """kernel_cache: pages stay across opens, so a second read of a file never enters the daemon."""
+    """Pages stay across opens (no_open keeps them; kernel_cache, where a kernel lacks no_open), so a second
+    read of a file never enters the daemon."""
     m = mount(volume[0])
     chunk = m.path / "4_4_40" / "-5-11_3-19_7-15"
     first = chunk.read_bytes()
     before = op_counts(m.path)
     assert chunk.read_bytes() == first == (volume[1] / "4_4_40" / "-5-11_3-19_7-15").read_bytes()
     assert op_counts(m.path).get("read", 0) == before.get("read", 0)
+
+
+def test_the_kernel_opens_files_without_asking(volume, mount) -> None:
+    """FUSE no_open: OPEN is answered with ENOSYS once, after which the kernel opens files by itself (no
+    OPEN, no RELEASE): twenty distinct files opened, at most one OPEN reached the daemon."""
+    m = mount(volume[0])
+    names = sorted(os.listdir(m.path / "4_4_40"))[:20]
+    for name in names:
+        assert (m.path / "4_4_40" / name).read_bytes() == (volume[1] / "4_4_40" / name).read_bytes()
+    assert op_counts(m.path).get("open", 0) <= 1 and len(names) == 20
 
 
 def test_names_attributes_and_absences_are_kept_by_the_kernel(volume, mount) -> None:

@@ -98,8 +98,6 @@ class ShardingSpec:
 MINISHARD_INDEX_LIMIT = 16 << 20  # ~700k chunks in one minishard; writers aim for a few thousand
 
 
-
-
 @dataclass(frozen=True)
 class MinishardIndex:
     """The decoded index of one minishard: key -> absolute [start, stop) of its bytes, in stored order.
