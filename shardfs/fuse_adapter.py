@@ -141,7 +141,7 @@ class ShardFS(mfusepy.Operations):
 
     def init_with_config(self, conn: Any, config: Any) -> None:
         """The mount is live. Whether the kernel takes ENOSYS for OPEN as "no open needed" (FUSE no_open,
-        Linux 4.19 on): an older one would fail the open instead."""
+        protocol 7.23 on): one without it would fail the open instead."""
         self.no_open = bool(conn is not None and conn.capable & FUSE_CAP_NO_OPEN_SUPPORT)
         log.info("kernel sends OPEN: %s", "no (no_open)" if self.no_open else "yes", extra={"event": "no_open"})
         if self.on_ready is not None:

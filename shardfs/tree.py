@@ -112,7 +112,6 @@ class Tree:
         self.passthrough = passthrough
         self.store = store
         self.cache = cache
-        self.owner = store.owner("")
         self.files = {path: BytesFile(data, store.owner(path)) for path, data in files.items()}
         self.providers = providers
         self._last: tuple[str | None, Node | None] = (None, None)

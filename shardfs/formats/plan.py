@@ -15,6 +15,7 @@ from shardfs.errors import SourceError
 from shardfs.store import Owner, Store
 from shardfs.tree import File, Provider
 
+LARGEST = 1 << 62  # sizes, shapes and offsets past it would overflow the int64 maths of chunk positions
 METADATA_LIMIT = 64 << 20  # bytes of one metadata file (`info`, `zarr.json`) parsed
 METADATA_DEPTH = 64  # nesting of its JSON: real metadata has under 10
 

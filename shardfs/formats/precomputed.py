@@ -18,7 +18,7 @@ from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.formats.encodings import decode_precomputed
-from shardfs.formats.plan import Array, Plan, load_json
+from shardfs.formats.plan import LARGEST, Array, Plan, load_json
 from shardfs.shards.morton import MortonCode
 from shardfs.shards.neuroglancer import UINT64_MAX, Chunk, ShardedKV, ShardingSpec
 from shardfs.store import Store
@@ -26,7 +26,6 @@ from shardfs.tree import BytesFile, File, RangeFile
 
 log = logging.getLogger("shardfs")
 
-LARGEST = 1 << 62  # sizes and offsets past it would overflow the int64 maths of positions; no volume is near it
 VOXEL_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "uint64": 8, "int64": 8,
                "float32": 4, "float64": 8}  # fmt: skip
 

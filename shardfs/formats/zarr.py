@@ -24,7 +24,7 @@ import numpy as np
 from shardfs.cache import ByteCache, large_value_turn
 from shardfs.codecs import UNDO
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.formats.plan import Array, Compressor, Plan, grid_position, load_json
+from shardfs.formats.plan import LARGEST, Array, Compressor, Plan, grid_position, load_json
 from shardfs.shards.zarr import IndexLayout
 from shardfs.store import Store, StoredFile
 from shardfs.tree import BytesFile, Dir, File, Node, RangeFile
@@ -32,7 +32,6 @@ from shardfs.tree import BytesFile, Dir, File, Node, RangeFile
 log = logging.getLogger("shardfs")
 
 DRAFT_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
-LARGEST = 1 << 62  # shapes past it would overflow the int64 maths of chunk positions
 MAX_NESTING = 8  # sharding levels; writers use one or two, and each level is work for every lookup
 
 
