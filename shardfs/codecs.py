@@ -47,13 +47,31 @@ def _bounded(pieces: Iterator[bytes], limit: int, codec: str) -> bytearray:
     return out
 
 
-def gunzip(data: bytes | bytearray | Iterable[bytes], limit: int) -> bytearray:
+def gunzip(data: bytes | bytearray | Iterable[bytes], limit: int) -> bytes | bytearray:
     """Every gzip member of data: bytes, or their pieces in order (read from the store as they are needed,
     so a large stored value is never held whole beside its output). ValueError on bad gzip, trailing junk,
     or output beyond limit bytes; a refused bomb costs at most limit bytes, briefly."""
+    if isinstance(data, bytes | bytearray) and len(data) <= STEP:
+        small = _small_gunzip(data, limit)
+        if small is not None:
+            return small
     pieces = _slices(data) if isinstance(data, bytes | bytearray) else iter(data)
     # Pieces of at most 1 MiB: a small limit is one call, a large one cannot double its buffer past it.
     return _bounded(_gzip_pieces(pieces, min(limit + 1, STEP)), limit, "gzip")
+
+
+def _small_gunzip(data: bytes | bytearray, limit: int) -> bytes | None:
+    """The common case in one call (one member, small output: every chunk of a volume), or None for the
+    general path to handle, errors included. Output past LARGE_VALUE goes that way too, to take its turn."""
+    member = zlib.decompressobj(wbits=31)
+    try:
+        out = member.decompress(data, min(limit, LARGE_VALUE) + 1)
+    except zlib.error:
+        return None
+    if not member.eof or member.unused_data or len(out) > min(limit, LARGE_VALUE):
+        return None
+    _spend(len(out))
+    return out
 
 
 def _slices(data: bytes | bytearray) -> Iterator[memoryview]:

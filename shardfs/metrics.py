@@ -7,11 +7,16 @@ The cache's figures are read from the cache itself when scraped, so hits cost no
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import bisect
+import math
+import threading
+from collections import defaultdict
+from collections.abc import Hashable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from shardfs.cache import ByteCache
 
@@ -21,12 +26,100 @@ REGISTRY = CollectorRegistry()
 # From a warm getattr (~10 µs) to a cold decode of a big chunk on a slow disk (seconds).
 LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
 
-OPS = Histogram(
-    "shardfs_fuse_op_seconds", "FUSE operations answered, by type", ["op"], buckets=LATENCY_BUCKETS, registry=REGISTRY
-)
-SERVED = Counter("shardfs_served_bytes", "Bytes returned to readers", registry=REGISTRY)
-STORE_READS = Counter("shardfs_store_reads", "Byte-range reads of source files", registry=REGISTRY)
-STORE_BYTES = Counter("shardfs_store_read_bytes", "Bytes read from source files", registry=REGISTRY)
+
+class Tally:
+    """Counts kept without a lock: each thread adds into a dict of its own, and a scrape sums them.
+    prometheus_client's counters take a lock per increment (0.3 µs; 0.6 µs a histogram observation),
+    and a cold file costs five of them: a tenth of shardfs's own work per file."""
+
+    def __init__(self) -> None:
+        self._mine = threading.local()
+        self._every: list[dict[Hashable, float]] = []  # one per thread that ever counted: few, and small
+        self._lock = threading.Lock()
+
+    def add(self, key: Hashable, amount: float = 1) -> None:
+        try:
+            counts = self._mine.counts
+        except AttributeError:
+            counts = self._mine.counts = {}
+            with self._lock:
+                self._every.append(counts)
+        counts[key] = counts.get(key, 0) + amount
+
+    def totals(self) -> dict[Hashable, float]:
+        out: dict[Hashable, float] = defaultdict(float)
+        with self._lock:
+            every = list(self._every)
+        for counts in every:
+            for key, value in list(counts.items()):  # a copy: its thread may be adding a key
+                out[key] += value
+        return out
+
+
+_TALLY = Tally()
+
+
+class FastCounter:
+    """A counter on the hot path (bytes served, store reads): prometheus_client's `inc`, counted in the tally."""
+
+    def __init__(self, name: str, help: str) -> None:
+        self.name, self.help = name, help
+
+    def inc(self, amount: float = 1) -> None:
+        _TALLY.add(self.name, amount)
+
+    def collect(self, totals: dict[Hashable, float]) -> Metric:
+        return CounterMetricFamily(self.name, self.help, value=totals[self.name])
+
+
+class FastHistogram:
+    """Latency by FUSE operation, counted in the tally: `labels(op).observe(seconds)` as prometheus_client's."""
+
+    def __init__(self, name: str, help: str, label: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.help, self.label, self.buckets = name, help, label, buckets
+
+    def labels(self, value: str) -> _Observer:
+        return _Observer(self.name, value, self.buckets)
+
+    def collect(self, totals: dict[Hashable, float]) -> Metric:
+        family = HistogramMetricFamily(self.name, self.help, labels=[self.label])
+        values = sorted({key[1] for key in totals if isinstance(key, tuple) and key[0] == self.name})
+        for value in values:
+            cumulative, buckets = 0.0, []
+            for i, bound in enumerate((*self.buckets, math.inf)):
+                cumulative += totals.get((self.name, value, i), 0)
+                buckets.append((floatToGoString(bound), cumulative))
+            family.add_metric([value], buckets, totals.get((self.name, value, "sum"), 0))
+        return family
+
+
+class _Observer:
+    __slots__ = ("_count", "_sum", "buckets")
+
+    def __init__(self, name: str, value: str, buckets: tuple[float, ...]) -> None:
+        self._count = [(name, value, i) for i in range(len(buckets) + 1)]
+        self._sum = (name, value, "sum")
+        self.buckets = buckets
+
+    def observe(self, seconds: float) -> None:
+        _TALLY.add(self._count[bisect.bisect_left(self.buckets, seconds)])
+        _TALLY.add(self._sum, seconds)
+
+
+OPS = FastHistogram("shardfs_fuse_op_seconds", "FUSE operations answered, by type", "op", LATENCY_BUCKETS)
+SERVED = FastCounter("shardfs_served_bytes", "Bytes returned to readers")
+STORE_READS = FastCounter("shardfs_store_reads", "Byte-range reads of source files")
+STORE_BYTES = FastCounter("shardfs_store_read_bytes", "Bytes read from source files")
+
+
+class TallyCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        totals = _TALLY.totals()
+        for metric in (OPS, SERVED, STORE_READS, STORE_BYTES):
+            yield metric.collect(totals)
+
+
+REGISTRY.register(TallyCollector())
 ERRORS = Counter("shardfs_errors", "Operations answered with an error other than ENOENT", ["errno"], registry=REGISTRY)
 START_TIME = Gauge("shardfs_start_time_seconds", "When the mount went live, in Unix time", registry=REGISTRY)
 # Requests to a remote source (`head`, `get`, `list`) by outcome: ok, not_found, denied, changed, failed

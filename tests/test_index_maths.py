@@ -162,15 +162,20 @@ def test_morton_decode_outside_grid() -> None:
     assert m.decode(MortonCode((8, 4, 8)).encode((6, 0, 0))) is None  # x = 6 is outside a grid of 5
 
 
-def test_volume_chunk_names() -> None:
-    v = VolumeChunks(size=[70, 50, 33], chunk=[16, 16, 8], offset=[-5, 3, 7])
+@pytest.mark.parametrize("table_cells", [1 << 15, 0], ids=["by table", "parsed"])
+def test_volume_chunk_names(table_cells: int) -> None:
+    v = VolumeChunks(size=[70, 50, 33], chunk=[16, 16, 8], offset=[-5, 3, 7], table_cells=table_cells)
     assert v.name(0) == "-5-11_3-19_7-15"
     edge = v.morton.encode((4, 3, 4))
     assert v.name(edge) == "59-65_51-53_39-40"  # clipped at the upper bound
     assert v.key("59-65_51-53_39-40") == edge
     assert v.key("-5-11_3-19_7-15") == 0
-    for bad in ["59-75_51-53_39-40", "-4-12_3-19_7-15", "-5-11_3-19_7-015", "+5-11_3-19_7-15", "75-91_3-19_7-15", "x"]:
-        assert v.key(bad) is None, bad
+    bad = ["59-75_51-53_39-40", "-4-12_3-19_7-15", "-5-11_3-19_7-015", "+5-11_3-19_7-15", "75-91_3-19_7-15", "x",
+           "-5-11_3-19", "-5-11_3-19_7-15_7-15", "-5-11_3-19_7-15_", "-5-11__3-19_7-15", "-0-11_3-19_7-15"]  # fmt: skip
+    for name in bad:
+        assert v.key(name) is None, name
+    for key in range(1 << v.morton.key_bits):
+        assert v.name(key) is None or v.key(v.name(key)) == key
 
 
 def test_segment_and_grid_names() -> None:

@@ -10,6 +10,7 @@ import posixpath
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 import numpy as np
@@ -78,21 +79,45 @@ _INT = r"(0|-?[1-9][0-9]*)"  # canonical decimals only: one chunk, one name
 _VOLUME_NAME = re.compile(f"{_INT}-{_INT}_{_INT}-{_INT}_{_INT}-{_INT}")
 
 
+TABLE_CELLS = 1 << 15  # grid cells along all three dimensions up to which names are parsed by table
+
+
 class VolumeChunks:
     """Volume scales: `x0-x1_y0-y1_z0-z1` in absolute voxels, clipped at the upper bound."""
 
-    def __init__(self, size: list[int], chunk: list[int], offset: list[int]) -> None:
+    def __init__(self, size: list[int], chunk: list[int], offset: list[int], table_cells: int = TABLE_CELLS) -> None:
         self.size, self.chunk, self.offset = size, chunk, offset
         self._dims = list(zip(chunk, offset, size, strict=True))
-        self.morton = MortonCode([-(-s // c) for s, c in zip(size, chunk, strict=True)])
+        self.grid = [-(-s // c) for s, c in zip(size, chunk, strict=True)]
+        self.morton = MortonCode(self.grid)
+        self._table_cells = table_cells
+
+    @cached_property
+    def _tables(self) -> list[dict[str, int]] | None:
+        """Per dimension, "x0-x1" → its bits of the key: a cold lookup parses every name, and three dict
+        probes cost a tenth of parsing and checking the numbers. Made at first use (a few MB at most,
+        a few ms), not at mount; grids too long for it are parsed."""
+        if sum(self.grid) > self._table_cells:
+            return None
+        grid = enumerate(self.grid)
+        return [{self._bounds(d, p): self.morton.encode(_along(d, p)) for p in range(n)} for d, n in grid]
+
+    def _bounds(self, d: int, p: int) -> str:
+        c, o, s = self._dims[d]
+        return f"{o + p * c}-{o + min((p + 1) * c, s)}"
 
     def name_of(self, pos: Sequence[int]) -> str:
-        return "_".join(
-            f"{o + p * c}-{o + min((p + 1) * c, s)}"
-            for p, c, o, s in zip(pos, self.chunk, self.offset, self.size, strict=True)
-        )
+        return "_".join(self._bounds(d, p) for d, p in enumerate(pos))
 
     def key(self, name: str) -> int | None:
+        tables = self._tables
+        if tables is not None:
+            x, y, z = tables
+            parts = name.split("_")
+            try:
+                return x[parts[0]] | y[parts[1]] | z[parts[2]] if len(parts) == 3 else None
+            except KeyError:
+                return None
         m = _VOLUME_NAME.fullmatch(name)
         if m is None:
             return None
@@ -108,6 +133,13 @@ class VolumeChunks:
     def name(self, key: int) -> str | None:
         pos = self.morton.decode(key)
         return None if pos is None else self.name_of(pos)
+
+
+def _along(d: int, p: int) -> list[int]:
+    """The grid position p cells along dimension d, 0 along the others."""
+    pos = [0, 0, 0]
+    pos[d] = p
+    return pos
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -210,8 +210,9 @@ class ShardedKV:
         it); a range longer than its decoded limit is refused unread."""
         if stop - start > limit + 1024:
             raise ValueError(f"{stop - start} stored bytes exceed the {limit}-byte limit")
-        if encoding == "gzip":  # read as it is decoded: a large value is not held twice
-            return gunzip(file.pieces(start, stop), limit)
+        if encoding == "gzip":  # a large value is read as it is decoded, so as not to be held twice
+            small = stop - start <= self.store.piece_size
+            return gunzip(file.read(start, stop) if small else file.pieces(start, stop), limit)
         return file.read(start, stop)
 
     def value(self, chunk: Chunk) -> bytes:
