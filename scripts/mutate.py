@@ -110,6 +110,15 @@ MUTATIONS = [
              ("tests/test_isolation.py::test_a_source_under_a_closed_directory_is_closed",)),
     Mutation("a short read served short", "shardfs/store.py", "if len(data) != stop - start:", "if False:",
              ("tests/test_bounds.py::test_a_shard_truncated_under_the_mount_is_eio_never_short",)),
+    Mutation("volume names by table one cell off", "shardfs/formats/precomputed.py",
+             "self.morton.encode(_along(d, p))", "self.morton.encode(_along(d, p + 1))",
+             (ATTRIBUTES,)),
+    Mutation("latency buckets off by one at their bounds", "shardfs/metrics.py",
+             "bisect.bisect_left(self.buckets", "bisect.bisect_right(self.buckets",
+             ("tests/test_metrics.py::test_histogram_and_counter_read_as_prometheus_clients_own",)),
+    Mutation("a multi-member gzip chunk cut to its first member", "shardfs/codecs.py",
+             "if not member.eof or member.unused_data or", "if not member.eof or",
+             ("tests/test_index_maths.py::test_gzip_decode",)),
 ]  # fmt: skip
 
 

@@ -7,6 +7,7 @@ import zlib
 import numpy as np
 import pytest
 
+from shardfs.cache import LARGE_VALUE
 from shardfs.codecs import gunzip
 from shardfs.errors import SourceError
 from shardfs.formats.precomputed import GridCells, SegmentIds, VolumeChunks, fragment_bytes
@@ -98,6 +99,11 @@ def test_gzip_decode() -> None:
     assert gunzip(gzip.compress(b"hello ") + gzip.compress(b"world"), 100) == b"hello world"  # two members
     pieces = gzip.compress(b"hello ") + gzip.compress(b"world")
     assert gunzip((pieces[i : i + 3] for i in range(0, len(pieces), 3)), 100) == b"hello world"  # fed in pieces
+    assert gunzip(gzip.compress(b"hello"), 5) == b"hello"  # exactly at the limit
+    with pytest.raises(ValueError, match="more than the 4-byte limit"):
+        gunzip(gzip.compress(b"hello"), 4)
+    large = bytes(range(256)) * (LARGE_VALUE // 128)  # past the one-call path: decoded in its turn, in pieces
+    assert gunzip(gzip.compress(large), len(large)) == large
 
 
 @pytest.mark.parametrize(
