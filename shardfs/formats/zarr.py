@@ -143,14 +143,14 @@ class ChunkKeys:
             return self.lead.rstrip("/.") or "0"
         return self.lead + self.separator.join(map(str, pos))
 
-    @property
+    @functools.cached_property
     def top(self) -> str:
         """The fixed directory every key lies in (`c` for `c/1/2`), or ''."""
         return self.lead[:-1] if self.lead.endswith("/") else ""
 
     def parse(self, rel: str) -> tuple[tuple[int, ...], bool] | None:
         """(position or position prefix, is a whole key) of a path under the array, or None if not a key."""
-        if rel == self.key(()) and self.ndim == 0:
+        if self.ndim == 0 and rel == self.key(()):
             return (), True
         if self.top and rel == self.top:
             return (), False
@@ -265,7 +265,8 @@ class ZarrArray:
         return tuple(p // n for p, n in zip(pos, self.per_shard, strict=False))
 
     def _shard_path(self, shard: tuple[int, ...]) -> str:
-        return posixpath.join(self.directory, self.keys.key(shard))
+        key = self.keys.key(shard)
+        return f"{self.directory}/{key}" if self.directory else key
 
     def hides(self, rel: str) -> bool:
         return self.keys.owns(rel)
