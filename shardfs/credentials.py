@@ -58,18 +58,23 @@ def on_gce(dmi: Path = DMI) -> bool:
 
 
 def aws(url: str) -> Boto3CredentialProvider | None:
-    """boto3's credentials for url, or None when there are none. Imported here: only a signed s3:// source
-    pays for boto3 (about 0.1 s), and only in the daemon that reads it."""
+    """boto3's credentials for url, or None when there are none. Imported here: only an s3:// source not
+    mounted --anonymous pays for importing boto3 (about 0.1 s), and only in the process that reads it."""
     import boto3
     import botocore.exceptions
     import botocore.session
     from obstore.auth.boto3 import Boto3CredentialProvider
 
+    # botocore logs a failed refresh as a warning with its traceback; the reason reaches shardfs's own line.
+    logging.getLogger("botocore.credentials").setLevel(logging.ERROR)
     session = botocore.session.Session()
-    if not on_ec2():
-        session.get_component("credential_provider").remove("iam-role")
     try:
+        if not on_ec2():
+            session.get_component("credential_provider").remove("iam-role")
         provider = Boto3CredentialProvider(boto3.Session(botocore_session=session), ttl=AWS_KEPT)
+        # Deferred sources (SSO, assume-role) fetch now: a failure refuses the mount in words, rather than
+        # surfacing from obstore's first request as a refusal the server never made.
+        provider.credentials.get_frozen_credentials()
     except ValueError:  # boto3's chain came up empty
         return None
     except botocore.exceptions.BotoCoreError as e:  # a named profile missing, an SSO login expired...

@@ -81,11 +81,20 @@ def test_aws_profile_in_home_signs_requests(bucket, home, server, mount, monkeyp
     read_a_chunk(mount(f"s3://{BUCKET}/vol", "--endpoint", server.url, "--anonymous").path, bucket[1])
 
 
-def test_missing_aws_profile_is_refused_with_its_name(home, server, monkeypatch) -> None:
-    monkeypatch.setenv("AWS_PROFILE", "nowhere")
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [("", "could not be found"), ("sso_start_url = https://sso.invalid\nsso_region = eu-west-3\n", "SSO Token")],
+)
+def test_named_profile_that_gives_nothing_refuses_the_mount(home, server, monkeypatch, config, why) -> None:
+    """A profile named but missing, or whose SSO login is not there: the reason, not a refusal the server
+    never made, and no request sent without the credentials the user asked for."""
+    (home / ".aws").mkdir()
+    (home / ".aws" / "config").write_text(f"[profile elsewhere]\n{config}sso_account_id = 1\nsso_role_name = r\n")
+    monkeypatch.setenv("AWS_PROFILE", "elsewhere" if config else "nowhere")
     r = shardfs("ls", f"s3://{BUCKET}/vol", "--endpoint", server.url, check=False)
-    assert r.returncode == 2 and f"s3://{BUCKET}/vol" in r.stderr and "nowhere" in r.stderr, r.stderr
-    assert not server.authorizations, "went ahead without the credentials the user named"
+    assert r.returncode == 2 and f"s3://{BUCKET}/vol" in r.stderr and "AWS credentials" in r.stderr, r.stderr
+    assert why in r.stderr and "access denied" not in r.stderr, r.stderr
+    assert not server.authorizations
 
 
 def b64(text: str) -> bytes:
@@ -151,7 +160,10 @@ def test_no_credentials_anywhere_goes_unsigned_without_asking_a_metadata_service
     bucket, home, server, mount, monkeypatch
 ) -> None:
     metadata = Metadata()
-    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", metadata.url)  # where botocore would ask
+    # Where botocore and object_store would ask, were the metadata services not skipped off their clouds.
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", metadata.url)
+    monkeypatch.setenv("GCE_METADATA_HOST", metadata.url.removeprefix("http://"))
+    monkeypatch.setenv("GCE_METADATA_IP", metadata.url.removeprefix("http://"))
     server.admit = lambda auth: auth is None
     try:
         for url in (f"s3://{BUCKET}/vol", f"gs://{BUCKET}/vol"):
