@@ -97,8 +97,8 @@ def test_named_profile_that_gives_nothing_refuses_the_mount(home, server, monkey
     assert not server.authorizations
 
 
-def b64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+def b64(data: bytes) -> bytes:
+    return base64.urlsafe_b64decode(data + b"=" * (-len(data) % 4))
 
 
 def test_gcloud_application_default_credentials_sign_requests(bucket, home, server, mount) -> None:
@@ -115,15 +115,15 @@ def test_gcloud_application_default_credentials_sign_requests(bucket, home, serv
     )  # fmt: skip
 
     def admit(auth: str | None) -> bool:
-        """A bearer token signed by the service account's key, naming it."""
+        """A bearer JWT (object_store signs its own, no token endpoint) by the service account's key, naming it."""
         if not (auth or "").startswith("Bearer "):
             return False
-        head, claims, signature = auth.removeprefix("Bearer ").encode().split(b".")
         try:
-            key.public_key().verify(b64(signature.decode()), head + b"." + claims, padding.PKCS1v15(), hashes.SHA256())
+            head, claims, signature = auth.removeprefix("Bearer ").encode().split(b".")
+            key.public_key().verify(b64(signature), head + b"." + claims, padding.PKCS1v15(), hashes.SHA256())
         except Exception:
             return False
-        return json.loads(b64(claims.decode()))["iss"] == email
+        return json.loads(b64(claims))["iss"] == email
 
     server.admit = admit
     m = mount(f"gs://{BUCKET}/vol", "--endpoint", server.url, "--log-level", "INFO")
