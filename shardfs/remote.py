@@ -24,7 +24,7 @@ from cachetools import LRUCache
 from obstore.exceptions import PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import GCSStore, HTTPStore, S3Store
 
-from shardfs import metrics
+from shardfs import credentials, metrics
 from shardfs.disk_cache import DiskCache
 from shardfs.location import Remote
 from shardfs.store import Owner, StoreChanged, StoredFile
@@ -34,11 +34,6 @@ log = logging.getLogger("shardfs")
 DEFAULT_TIMEOUT = 30.0
 OPENED = 65536  # objects whose size and version are remembered: a few MB, and a shard is opened once
 T = TypeVar("T")
-
-# Credentials obstore finds by itself in the environment. Without them a request is sent unsigned, not
-# to an instance metadata service that may not exist (and would make every mount wait on it).
-S3_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
-GCS_CREDENTIALS = ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_APPLICATION_CREDENTIALS")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +65,8 @@ def client_options(access: Access, url: str) -> tuple[dict[str, Any], dict[str, 
 
 
 def make_client(remote: Remote, access: Access) -> Any:
-    """The obstore store for a remote source; unsigned when asked or when no credentials are found."""
+    """The obstore store for a remote source; unsigned when asked or when no credentials are found (see
+    shardfs/credentials.py for where they are looked for)."""
     endpoint = access.endpoint or ""
     options, retry = client_options(access, endpoint or remote.url)
     common: dict[str, Any] = {"client_options": options, "retry_config": retry}
@@ -78,15 +74,15 @@ def make_client(remote: Remote, access: Access) -> Any:
         return HTTPStore(remote.url, **common)
     prefix = remote.prefix or None
     if remote.scheme == "s3":
-        signed = not access.anonymous and any(os.environ.get(v) for v in S3_CREDENTIALS)
-        config: dict[str, Any] = {"skip_signature": not signed}
+        provider = None if access.anonymous else credentials.aws(remote.url)
+        config: dict[str, Any] = {"skip_signature": provider is None}
         if endpoint:
             config["endpoint"] = endpoint
         if access.region:
-            config["region"] = access.region
-        _say_unsigned(remote, access, signed)
-        return S3Store(remote.bucket, prefix=prefix, config=config, **common)
-    signed = not access.anonymous and any(os.environ.get(v) for v in GCS_CREDENTIALS)
+            config["region"] = access.region  # else the profile's, or AWS_DEFAULT_REGION, or us-east-1
+        _say_unsigned(remote, access, provider is not None)
+        return S3Store(remote.bucket, prefix=prefix, config=config, credential_provider=provider, **common)
+    signed = not access.anonymous and credentials.gcs(remote.url)
     config = {"skip_signature": not signed}
     if endpoint:
         config["base_url"] = endpoint

@@ -1,7 +1,8 @@
 """A loopback web server for remote-source tests: files under a directory, served with Range, ETag and
 Last-Modified as object stores and CDNs serve them, with latency, request counts and scripted failures.
 With a bucket directory under its root it is also what obstore's GCSStore asks of GCS: objects at
-`/{bucket}/{key}` (the key percent-encoded) and ListObjectsV2 XML listings at `/{bucket}?list-type=2`."""
+`/{bucket}/{key}` (the key percent-encoded) and ListObjectsV2 XML listings at `/{bucket}?list-type=2`,
+which is also what obstore's S3Store asks of a path-style endpoint."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -24,7 +25,9 @@ from xml.sax.saxutils import escape
 class RangeServer:
     """Serves root at `url`. `fail[path] = [503, 429, ...]` answers those statuses first, in order, then
     the file; `always` answers every request with that status; `hang` makes every request wait (bounded)
-    before answering; `latency` delays every answer. `requests` counts (method, path)."""
+    before answering; `latency` delays every answer. `requests` counts (method, path); `authorizations`
+    holds every request's Authorization header (None when unsigned), and a request whose header `admit`
+    refuses is answered 403, as a private bucket answers."""
 
     def __init__(self, root: Path, latency: float = 0.0) -> None:
         self.root = root
@@ -33,6 +36,8 @@ class RangeServer:
         self.always: int | None = None
         self.hang = False
         self.requests: Counter[tuple[str, str]] = Counter()
+        self.authorizations: list[str | None] = []
+        self.admit: Callable[[str | None], bool] | None = None
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -68,6 +73,7 @@ class RangeServer:
                 path = unquote(url.path).lstrip("/")
                 with server.lock:
                     server.requests[(self.command, path)] += 1
+                    server.authorizations.append(self.headers.get("Authorization"))
                     scripted = server.fail.get(path)
                     status = scripted.pop(0) if scripted else server.always
                 if server.hang:
@@ -76,6 +82,8 @@ class RangeServer:
                     time.sleep(server.latency)
                 if status is not None:
                     return self._status(status)
+                if server.admit is not None and not server.admit(self.headers.get("Authorization")):
+                    return self._status(403)
                 if ".." in path.split("/"):
                     return self._status(404)
                 query = parse_qs(url.query)

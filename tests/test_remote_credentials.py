@@ -1,0 +1,194 @@
+"""Credentials found where each cloud's tools keep them, not only in the environment: an AWS profile in
+~/.aws and gcloud's application-default credentials in ~/.config/gcloud, each under a temporary HOME, sign
+the requests that reach a loopback bucket which refuses anything else; with none anywhere, requests go
+unsigned and the log says so, without asking an instance metadata service that is not there."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
+
+from shardfs.credentials import on_ec2, on_gce
+from tests import peers
+from tests.conftest import shardfs
+from tests.http_server import RangeServer
+
+BUCKET = "bkt"
+KEY_ID, SECRET = "AKIASHARDFSLAB", "lab-secret-never-logged"
+SCALE = "4_4_40"
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(root served, unsharded twin): a sharded precomputed volume at BUCKET/vol."""
+    root = tmp_path_factory.mktemp("creds")
+    peers.write_tensorstore_volume(root / BUCKET / "vol", data_encoding="raw", unsharded_twin=root / "twin")
+    return root, root / "twin"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty HOME and no cloud variables: only what a test writes there can be found."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "GOOGLE_", "CLOUDSDK_", "GCE_")):
+            monkeypatch.delenv(name)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def server(bucket) -> Iterator[RangeServer]:
+    with RangeServer(bucket[0]).running() as s:
+        yield s
+
+
+def read_a_chunk(path: Path, twin: Path) -> None:
+    name = sorted(os.listdir(twin / SCALE))[0]
+    assert (path / SCALE / name).read_bytes() == (twin / SCALE / name).read_bytes()
+
+
+def test_aws_profile_in_home_signs_requests(bucket, home, server, mount, monkeypatch) -> None:
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text(
+        "[default]\naws_access_key_id = AKIANOTTHISONE\naws_secret_access_key = other\n"
+        f"[lab]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {SECRET}\n"
+    )
+    (home / ".aws" / "config").write_text("[profile lab]\nregion = eu-west-3\n")
+    monkeypatch.setenv("AWS_PROFILE", "lab")
+    # SigV4 with the profile's key, scoped to the profile's region; anything else is refused.
+    server.admit = lambda auth: (
+        (auth or "").startswith(f"AWS4-HMAC-SHA256 Credential={KEY_ID}/") and ("/eu-west-3/s3/aws4_request" in auth)
+    )
+    m = mount(f"s3://{BUCKET}/vol", "--endpoint", server.url, "--log-level", "INFO")
+    read_a_chunk(m.path, bucket[1])
+    log = m.log_text()
+    assert "requests signed with AWS credentials from shared-credentials-file (profile lab)" in log, log
+    assert SECRET not in log and "unsigned" not in log
+
+    # --anonymous sends nothing signed, whatever is found.
+    server.admit = lambda auth: auth is None
+    read_a_chunk(mount(f"s3://{BUCKET}/vol", "--endpoint", server.url, "--anonymous").path, bucket[1])
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [("", "could not be found"), ("sso_start_url = https://sso.invalid\nsso_region = eu-west-3\n", "SSO Token")],
+)
+def test_named_profile_that_gives_nothing_refuses_the_mount(home, server, monkeypatch, config, why) -> None:
+    """A profile named but missing, or whose SSO login is not there: the reason, not a refusal the server
+    never made, and no request sent without the credentials the user asked for."""
+    (home / ".aws").mkdir()
+    (home / ".aws" / "config").write_text(f"[profile elsewhere]\n{config}sso_account_id = 1\nsso_role_name = r\n")
+    monkeypatch.setenv("AWS_PROFILE", "elsewhere" if config else "nowhere")
+    r = shardfs("ls", f"s3://{BUCKET}/vol", "--endpoint", server.url, check=False)
+    assert r.returncode == 2 and f"s3://{BUCKET}/vol" in r.stderr and "AWS credentials" in r.stderr, r.stderr
+    assert why in r.stderr and "access denied" not in r.stderr, r.stderr
+    assert not server.authorizations
+
+
+def b64(data: bytes) -> bytes:
+    return base64.urlsafe_b64decode(data + b"=" * (-len(data) % 4))
+
+
+def test_gcloud_application_default_credentials_sign_requests(bucket, home, server, mount) -> None:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    email = "reader@lab.iam.gserviceaccount.com"
+    adc = home / ".config" / "gcloud" / "application_default_credentials.json"
+    adc.parent.mkdir(parents=True)
+    adc.write_text(
+        json.dumps({
+            "type": "service_account", "project_id": "lab", "private_key_id": "k1", "private_key": pem.decode(),
+            "client_email": email, "client_id": "1", "token_uri": f"{server.url}/token",
+        })
+    )  # fmt: skip
+
+    def admit(auth: str | None) -> bool:
+        """A bearer JWT (object_store signs its own, no token endpoint) by the service account's key, naming it."""
+        if not (auth or "").startswith("Bearer "):
+            return False
+        try:
+            head, claims, signature = auth.removeprefix("Bearer ").encode().split(b".")
+            key.public_key().verify(b64(signature), head + b"." + claims, padding.PKCS1v15(), hashes.SHA256())
+        except Exception:
+            return False
+        return json.loads(b64(claims))["iss"] == email
+
+    server.admit = admit
+    m = mount(f"gs://{BUCKET}/vol", "--endpoint", server.url, "--log-level", "INFO")
+    read_a_chunk(m.path, bucket[1])
+    assert f"requests signed with GCS credentials from application-default credentials ({adc})" in m.log_text()
+
+
+class Metadata:
+    """A loopback stand-in for an instance metadata service that answers nothing useful, counting asks."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                outer.asked += 1
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_PUT = _any
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.skipif(on_ec2() or on_gce(), reason="on a cloud VM the metadata service is rightly asked")
+def test_no_credentials_anywhere_goes_unsigned_without_asking_a_metadata_service(
+    bucket, home, server, mount, monkeypatch
+) -> None:
+    metadata = Metadata()
+    # Where botocore and object_store would ask, were the metadata services not skipped off their clouds.
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", metadata.url)
+    monkeypatch.setenv("GCE_METADATA_HOST", metadata.url.removeprefix("http://"))
+    monkeypatch.setenv("GCE_METADATA_IP", metadata.url.removeprefix("http://"))
+    server.admit = lambda auth: auth is None
+    try:
+        for url in (f"s3://{BUCKET}/vol", f"gs://{BUCKET}/vol"):
+            m = mount(url, "--endpoint", server.url, "--log-level", "INFO")
+            read_a_chunk(m.path, bucket[1])
+            assert f"{url}: no credentials found; requests are sent unsigned" in m.log_text()
+    finally:
+        metadata.server.shutdown()
+        metadata.server.server_close()
+    assert metadata.asked == 0
+
+
+def test_cloud_residency_from_dmi(tmp_path: Path) -> None:
+    """The cheap check made before trusting a metadata service: what each cloud's firmware says."""
+    nitro, xen, gce, laptop = (tmp_path / n for n in ("nitro", "xen", "gce", "laptop"))
+    for d, files in {
+        nitro: {"sys_vendor": "Amazon EC2\n", "product_name": "m6i.large\n"},
+        xen: {"sys_vendor": "Xen\n", "product_name": "HVM domU\n"},
+        gce: {"sys_vendor": "Google\n", "product_name": "Google Compute Engine\n"},
+        laptop: {"sys_vendor": "LENOVO\n", "product_name": "20XW\n"},
+    }.items():
+        d.mkdir()
+        for name, text in files.items():
+            (d / name).write_text(text)
+    (tmp_path / "uuid").write_text("ec2e1916-9099-7caf-fd21-012345abcdef\n")
+    assert on_ec2(nitro, tmp_path / "none") and on_ec2(xen, tmp_path / "uuid")
+    assert not on_ec2(gce, tmp_path / "none") and not on_ec2(laptop, tmp_path / "none")
+    assert on_gce(gce) and not on_gce(nitro) and not on_gce(laptop) and not on_gce(tmp_path / "none")
