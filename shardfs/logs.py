@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 FIELDS = ("event", "path", "shard", "key", "suppressed")  # passed as `extra=` by the calls that know them
@@ -36,7 +36,7 @@ def _value(value: object) -> str:
 
 class Logfmt(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        when = datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+        when = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
         parts = [f"time={when.replace('+00:00', 'Z')}", f"level={record.levelname.lower()}"]
         parts.append(f"event={_value(_event(record))}")
         parts += [f"{name}={_value(getattr(record, name))}" for name in FIELDS[1:] if hasattr(record, name)]

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -133,7 +133,7 @@ class RangeServer:
                         rows.append(f"<CommonPrefixes><Prefix>{key}/</Prefix></CommonPrefixes>")
                         continue
                     st = e.stat()
-                    when = datetime.fromtimestamp(st.st_mtime, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+                    when = datetime.fromtimestamp(st.st_mtime, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
                     rows.append(
                         f"<Contents><Key>{key}</Key><LastModified>{when}</LastModified>"
                         f"<ETag>{escape(_etag(st))}</ETag><Size>{st.st_size}</Size></Contents>"
