@@ -270,12 +270,13 @@ def main() -> None:
         serve_noop(*args.serve_noop)
         return
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the spinners and mounts are cleaned up
     work = Path(tempfile.mkdtemp(prefix="shardfs-bench-"))
     try:
         with spinners(not args.no_spinners):
             run(work, args)
     finally:
-        for m in work.glob("mnt-*"):
+        for m in work.glob("*/mnt-*"):  # each case's mounts are in a directory of its own
             subprocess.run(["fusermount3", "-uz", str(m)], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
 
