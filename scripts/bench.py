@@ -28,7 +28,7 @@ A last case transcodes: a little-endian uint16 zarr array as N5 blocks (decoded,
 in MB/s against decoding the same stored chunks in-process, in one thread, with the same library; through
 the mount with one reader and with four (libfuse's threads then decode in parallel: zstd drops the GIL).
 
-    .venv/bin/python scripts/bench.py [--chunks 20000] [--sample 4000] [--repeats 3] [--no-spinners]
+    .venv/bin/python scripts/bench.py [--chunks 20000] [--sample 4000] [--repeats 5] [--no-spinners]
 """
 
 from __future__ import annotations
@@ -262,7 +262,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=int, default=20000, help="chunks in the precomputed volume")
     ap.add_argument("--sample", type=int, default=4000, help="random chunks read per pass")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="passes of each kind; figures are medians")
     ap.add_argument("--no-spinners", action="store_true", help="let idle vCPUs halt (to see what they cost)")
     ap.add_argument("--serve-noop", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
