@@ -8,10 +8,10 @@
  *     noop_ll LISTING MOUNTPOINT [-f] [-o ro,default_permissions,max_idle_threads=10,...]
  */
 #define FUSE_USE_VERSION 312
-#define _GNU_SOURCE
+#define _GNU_SOURCE  /* asprintf, getline, strndup */
 #include <errno.h>
 #include <fuse_lowlevel.h>
-#include <search.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +22,7 @@
 #define BLOCK_SIZE (1 << 20) /* shardfs's st_blksize */
 
 struct node {
-	char *path;     /* relative to the root, "" for the root; the hash table's key */
+	char *path;     /* relative to the root, "" for the root */
 	const char *name;  /* the last component of path */
 	off_t size;
 	int is_dir;
@@ -32,7 +32,8 @@ struct node {
 
 static struct node *nodes;  /* nodes[ino - 1]: the root is inode 1 (FUSE_ROOT_ID) */
 static size_t nnodes, capnodes;
-static struct hsearch_data by_path;
+static fuse_ino_t *by_path;  /* open addressing on a hash of the whole path: inode, or 0 for empty */
+static size_t nslots;  /* a power of two, at least twice the nodes */
 static char zeros[BLOCK_SIZE];
 
 static void *xrealloc(void *p, size_t n)
@@ -45,12 +46,25 @@ static void *xrealloc(void *p, size_t n)
 	return p;
 }
 
+/* The slot of path in by_path: its inode, or the empty slot where it belongs. FNV-1a over the whole
+ * path: glibc's hsearch shifts its 32-bit hash 4 bits a character, so only a key's first 8 characters
+ * count, and the precomputed volume's names ("8_8_8/0-8_...") share theirs. */
+static fuse_ino_t *slot(const char *path)
+{
+	uint64_t h = 14695981039346656037ULL;
+	for (const char *c = path; *c; c++)
+		h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+	for (size_t i = h & (nslots - 1);; i = (i + 1) & (nslots - 1))
+		if (!by_path[i] || !strcmp(nodes[by_path[i] - 1].path, path))
+			return &by_path[i];
+}
+
 /* The inode at path, made (with its ancestors, as directories) if it is not there yet. */
 static fuse_ino_t intern(const char *path, int is_dir)
 {
-	ENTRY want = {.key = (char *)path}, *found;
-	if (hsearch_r(want, FIND, &found, &by_path))
-		return (fuse_ino_t)(size_t)found->data;
+	fuse_ino_t *found = slot(path);
+	if (*found)
+		return *found;
 	fuse_ino_t parent = 0;
 	const char *slash = strrchr(path, '/');
 	if (*path) {
@@ -66,11 +80,11 @@ static fuse_ino_t intern(const char *path, int is_dir)
 	*n = (struct node){.path = strdup(path), .is_dir = is_dir};
 	n->name = slash ? strrchr(n->path, '/') + 1 : n->path;
 	fuse_ino_t ino = nnodes;
-	want = (ENTRY){.key = n->path, .data = (void *)(size_t)ino};
-	if (!hsearch_r(want, ENTER, &found, &by_path)) {
-		perror("noop_ll: hsearch");
+	if (2 * nnodes > nslots) {
+		fprintf(stderr, "noop_ll: more directories than the table was sized for\n");
 		exit(1);
 	}
+	*slot(path) = ino;  /* found again: the ancestors made since may have taken that slot */
 	if (parent) {
 		struct node *p = &nodes[parent - 1];  /* after the realloc above */
 		if (p->nchildren == p->cap) {
@@ -93,10 +107,10 @@ static void load(const char *listing)
 	for (int c; (c = getc(f)) != EOF;)
 		lines += c == '\n';
 	rewind(f);
-	if (!hcreate_r(4 * lines + 1024, &by_path)) {
-		perror("noop_ll: hcreate");
-		exit(1);
-	}
+	for (nslots = 1024; nslots < 4 * lines; nslots *= 2)
+		;
+	by_path = xrealloc(NULL, nslots * sizeof *by_path);
+	memset(by_path, 0, nslots * sizeof *by_path);
 	intern("", 1);
 	char *line = NULL;
 	size_t len = 0;
@@ -142,13 +156,10 @@ static void noop_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 		fuse_reply_err(req, ENOMEM);
 		return;
 	}
-	ENTRY want = {.key = path}, *found;
 	/* ino 0 with a timeout is a negative entry: the kernel remembers the absence. */
-	struct fuse_entry_param e = {.attr_timeout = ONE_DAY, .entry_timeout = ONE_DAY};
-	if (hsearch_r(want, FIND, &found, &by_path)) {
-		e.ino = (fuse_ino_t)(size_t)found->data;
+	struct fuse_entry_param e = {.attr_timeout = ONE_DAY, .entry_timeout = ONE_DAY, .ino = *slot(path)};
+	if (e.ino)
 		e.attr = attributes(e.ino);
-	}
 	free(path);
 	fuse_reply_entry(req, &e);
 }
