@@ -1,33 +1,46 @@
 #!/usr/bin/env python3
-"""shardfs against the ceiling of its stack and against plain files, as ratios from one run.
+"""shardfs against the limits of FUSE and against plain files, as ratios from one run.
 
 Two datasets, a sharded precomputed volume written by tensorstore and a sharded zarr v3 array written
-by zarr-python 3, the latter also as `--view n5` (zero-copy); three ways to serve the same chunk files,
-each read the same way (random open+read+close):
+by zarr-python 3, the latter also as `--view n5` (zero-copy); four ways to serve the same chunk files,
+each read the same way (random open+read+close), in an order that alternates between repeats:
+- a C no-op: `noop_ll.c` beside this script, built here against libfuse3's low-level API, serving the
+  same names and sizes as zeros with shardfs's mount options and FUSE `no_open`: the limit of FUSE;
+- a Python no-op: shardfs's own adapter, options and libfuse loop over an in-memory tree of the same
+  names and sizes (also `no_open`): what shardfs would be if finding a chunk cost nothing;
 - shardfs, mounted on the sharded dataset;
-- a no-op FUSE filesystem: the same adapter, options and libfuse loop over an in-memory tree of the
-  same names and sizes, serving zeros, in a session of its own as the daemon is. It is what shardfs
-  would be if finding a chunk cost nothing;
 - the same chunks as plain files on disk (copied out of the mount with cp -r).
+Every FUSE server runs in a session of its own, as the detached daemon does, and must log that the
+kernel sends no OPEN.
 
-Cold is a fresh mount (empty kernel and shardfs caches; the shard files themselves are in the page
-cache, as they are for the plain files). Warm is a second pass over the same files on the same mount.
-Each figure is the median of --repeats runs. Peak RSS is the daemon's VmHWM after reading every chunk.
+Cold is a fresh mount for every pass, 1 reader and 4 alike (empty kernel and shardfs caches; the shard
+files themselves are in the page cache, as are the plain files). Warm is a second pass over the same
+files on the same mount. Each figure is the median of --repeats runs; the serving process's CPU time
+(user + system, all threads) is reported per file read. Peak RSS is the daemon's VmHWM after reading
+every chunk.
+
+Idle-priority busy loops, one per CPU, run throughout (unless --no-spinners): on a virtual machine an
+idle vCPU halts and waking it costs more than a FUSE round trip, so without them the figures measure
+the hypervisor's wake-ups. They take only CPU time nobody else wants (SCHED_IDLE, in a session whose
+autogroup is at nice 19).
 
 A last case transcodes: a little-endian uint16 zarr array as N5 blocks (decoded, byte-swapped, raw),
 in MB/s against decoding the same stored chunks in-process, in one thread, with the same library; through
 the mount with one reader and with four (libfuse's threads then decode in parallel: zstd drops the GIL).
 
-    .venv/bin/python scripts/bench.py [--chunks 102400] [--sample 10000] [--repeats 5]
+    .venv/bin/python scripts/bench.py [--chunks 20000] [--sample 4000] [--repeats 5] [--no-spinners]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +50,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
+NOOP_C = Path(__file__).with_name("noop_ll.c")
+KINDS = ("c-noop", "noop", "shardfs", "plain")  # the table's columns; the order alternates between repeats
+NO_OPEN = "kernel sends OPEN: no"  # what shardfs (so the Python no-op) and noop_ll.c log under FUSE no_open
 READER = """
 import os, sys, time
 paths = open(sys.argv[1]).read().split("\\n")
@@ -85,24 +101,28 @@ def write_dataset(root: Path, chunks: int) -> None:
 
 
 def serve_noop(listing: Path, mountpoint: Path) -> None:
-    """Serve the names and sizes in listing (one 'relpath size' per line) with the real adapter."""
+    """Serve the names and sizes in listing (one 'relpath size' per line) with the real adapter, logging
+    to stderr as the daemon logs to its file (the bench checks its no_open line)."""
     from shardfs.cache import ByteCache
     from shardfs.daemon import fuse_options, serve
-    from shardfs.tree import DIR, BytesFile, Owner
+    from shardfs.logs import log_to
+    from shardfs.store import Owner
+    from shardfs.tree import BytesFile, Dir
 
+    owner = Owner(os.getuid(), os.getgid(), 0o555)
     zeros = bytes(1 << 20)
     files, dirs = {}, {"": set()}
     for line in listing.read_text().splitlines():
         path, size = line.rsplit(" ", 1)
-        files[path] = BytesFile(zeros[: int(size)])
+        files[path] = BytesFile(zeros[: int(size)], owner)
         parent = ""
         for part in path.split("/")[:-1]:
             dirs.setdefault(parent, set()).add(part)
             parent = f"{parent}/{part}".lstrip("/")
         dirs.setdefault(parent, set()).add(path.rsplit("/", 1)[-1])
+    directory = Dir(owner)
 
     class NoopTree:
-        owner = Owner(os.getuid(), os.getgid(), 0o555)
         cache = ByteCache(0)  # reported by the metrics like shardfs', never used
 
         def drop_caches(self) -> None:
@@ -110,7 +130,7 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
 
         def lookup(self, path: str) -> object:
             if path in dirs:
-                return DIR
+                return directory
             try:
                 return files[path]
             except KeyError:
@@ -119,34 +139,93 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
         def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
             return ((name, f"{path}/{name}".lstrip("/") in dirs) for name in sorted(dirs[path]))
 
+    log_to(None)
+    logging.getLogger().setLevel(logging.INFO)
     serve(NoopTree(), 0, mountpoint, fuse_options("noop", {}))  # type: ignore[arg-type]
 
 
-class Mounted:
-    """A mount of one of the three kinds; plain files need no mount."""
+def build_c_noop(work: Path) -> Path:
+    """noop_ll.c compiled against the installed libfuse3, the library shardfs runs on."""
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], check=True, capture_output=True, text=True)
+    program = work / "noop_ll"
+    subprocess.run(["gcc", "-O2", "-Wall", "-o", str(program), str(NOOP_C), *flags.stdout.split()], check=True)
+    return program
 
-    def __init__(self, kind: str, source: Path, listing: Path, where: Path, view: str = "native") -> None:
-        self.kind, self.path, self.proc = kind, where, None
+
+def c_noop_options() -> str:
+    """shardfs's mount options, less those of libfuse's high-level API, which noop_ll.c does itself
+    (day-long timeouts; no_open keeps pages across opens as kernel_cache does)."""
+    from shardfs.daemon import fuse_options
+
+    high_level = ("kernel_cache", "attr_timeout", "entry_timeout", "negative_timeout")
+    options = fuse_options("noop", {}).items()
+    return ",".join(k if v is True else f"{k}={v}" for k, v in options if k not in high_level)
+
+
+@contextlib.contextmanager
+def spinners(enabled: bool = True) -> Iterator[None]:
+    """One busy loop per CPU at idle priority, in a session of its own whose autogroup is at nice 19:
+    they keep the vCPUs from halting (a wake-up costs more than a FUSE round trip) and yield to any
+    other work. Killed, as a process group, when the block ends."""
+    if not enabled:
+        yield
+        return
+    loops = len(os.sched_getaffinity(0))
+    spin = 'chrt -i 0 sh -c "while :; do :; done" &'
+    script = f"echo 19 > /proc/self/autogroup; for _ in $(seq {loops}); do {spin} done; wait"
+    proc = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    try:
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+class Mounted:
+    """A mount of one of the four kinds (plain files need none) and the pid of the process serving it.
+    The C no-op needs its program (`build_c_noop`)."""
+
+    def __init__(
+        self, kind: str, source: Path, listing: Path, where: Path, view: str = "native", program: Path | None = None
+    ) -> None:
+        self.kind, self.path, self.proc, self.pid = kind, where, None, None
         if kind == "plain":
             self.path = source
             return
         where.mkdir(parents=True, exist_ok=True)
+        log = where.with_name(f"{where.name}.log")
+        log.unlink(missing_ok=True)
         if kind == "shardfs":
-            subprocess.run([*SHARDFS, "mount", str(source), str(where), "--view", view], check=True)
+            mount = [*SHARDFS, "mount", str(source), str(where), "--view", view, "--log-file", str(log)]
+            subprocess.run([*mount, "--log-level", "info"], check=True)
+            found = subprocess.run(["pgrep", "-f", f"shardfs mount .* {where} --view"], capture_output=True, text=True)
+            self.pid = int(found.stdout.split()[0])
         else:
             # A session of its own, as the detached shardfs daemon has: with the kernel's autogroup
             # scheduling, a server sharing the readers' session gets their CPU share (warm reads 1.4x faster).
-            command = [sys.executable, __file__, "--serve-noop", str(listing), str(where)]
-            self.proc = subprocess.Popen(command, start_new_session=True)
-            deadline = time.monotonic() + 30
-            while not os.path.ismount(where):
-                assert time.monotonic() < deadline and self.proc.poll() is None, "no-op mount failed"
-                time.sleep(0.02)
+            if kind == "c-noop":
+                assert program is not None, "the C no-op needs its program"
+                command = [str(program), str(listing), str(where), "-f", "-o", c_noop_options()]
+            else:
+                command = [sys.executable, __file__, "--serve-noop", str(listing), str(where)]
+            with log.open("w") as stderr:
+                self.proc = subprocess.Popen(command, start_new_session=True, stderr=stderr)
+            self.pid = self.proc.pid
+        # Logged once the kernel's INIT is answered, so the mount is live by then.
+        deadline = time.monotonic() + 30
+        while "kernel sends OPEN" not in log.read_text():
+            alive = self.proc is None or self.proc.poll() is None
+            assert alive and time.monotonic() < deadline, f"{kind} mount failed; see {log}"
+            time.sleep(0.02)
+        assert NO_OPEN in log.read_text(), f"{kind}: the kernel still sends OPEN; the figures would not be comparable"
+
+    def cpu_seconds(self) -> float:
+        """User and system CPU time of the serving process, all its threads (those exited too)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def daemon_peak_rss(self) -> int:
-        out = subprocess.run(["pgrep", "-f", f"shardfs mount .* {self.path} --view"], capture_output=True, text=True)
-        pid = out.stdout.split()[0]
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
         raise RuntimeError("no VmHWM")
@@ -181,20 +260,23 @@ def read_files(root: Path, names: list[str], readers: int, scratch: Path) -> flo
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--chunks", type=int, default=102400, help="chunks in the volume (>= 100k for the RSS figure)")
-    ap.add_argument("--sample", type=int, default=10000, help="random chunks read per pass")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--chunks", type=int, default=20000, help="chunks in the precomputed volume")
+    ap.add_argument("--sample", type=int, default=4000, help="random chunks read per pass")
+    ap.add_argument("--repeats", type=int, default=5, help="passes of each kind; figures are medians")
+    ap.add_argument("--no-spinners", action="store_true", help="let idle vCPUs halt (to see what they cost)")
     ap.add_argument("--serve-noop", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_noop:
         serve_noop(*args.serve_noop)
         return
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that the spinners and mounts are cleaned up
     work = Path(tempfile.mkdtemp(prefix="shardfs-bench-"))
     try:
-        run(work, args)
+        with spinners(not args.no_spinners):
+            run(work, args)
     finally:
-        for m in work.glob("mnt-*"):
+        for m in work.glob("*/mnt-*"):  # each case's mounts are in a directory of its own
             subprocess.run(["fusermount3", "-uz", str(m)], capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
 
@@ -220,7 +302,8 @@ def write_zarr_uint16(root: Path) -> None:
 
 
 def run(work: Path, args: argparse.Namespace) -> None:
-    summary = {}
+    summary: dict[str, object] = {"spinners": not args.no_spinners}
+    program = build_c_noop(work)
     cases = (
         ("precomputed", lambda root: write_dataset(root, args.chunks), "native"),
         ("zarr", write_zarr, "native"),
@@ -232,7 +315,7 @@ def run(work: Path, args: argparse.Namespace) -> None:
         write(source)
         os.sync()
         print(f"\n== {label}: wrote {source} in {time.monotonic() - t:.1f}s")
-        summary[label] = measure(work / f"{source.name}-run", source, args, view)
+        summary[label] = measure(work / f"{source.name}-run", source, args, program, view)
     print("\n== transcoding: little-endian uint16 zarr (zstd) as N5 (big-endian, raw)")
     summary["zarr as N5, transcoded"] = transcoding(work / "transcode", args)
     print(json.dumps(summary))
@@ -285,7 +368,7 @@ def transcoding(work: Path, args: argparse.Namespace) -> dict:
     return {"mb_per_s": {k: round(v) for k, v in med.items()}, "shardfs_vs_in_process": ratios}
 
 
-def measure(work: Path, source: Path, args: argparse.Namespace, view: str = "native") -> dict:
+def measure(work: Path, source: Path, args: argparse.Namespace, program: Path, view: str = "native") -> dict:
     work.mkdir()
     plain = work / "plain"
 
@@ -305,31 +388,52 @@ def measure(work: Path, source: Path, args: argparse.Namespace, view: str = "nat
     print(f"daemon peak RSS over the full scan, default cache budget: {peak / 2**20:.0f} MiB")
 
     sample = random.Random(0).sample(chunks, min(args.sample, len(chunks)))
-    results: dict[tuple[str, int, str], list[float]] = {}
+    rates: dict[tuple[str, int, str], list[float]] = {}
+    cpu: dict[tuple[str, int, str], list[float]] = {}  # µs of the server's CPU per file
     for rep in range(args.repeats):
         for readers in (1, 4):
-            kinds = ("noop", "shardfs", "plain")
-            for kind in kinds if rep % 2 == 0 else kinds[::-1]:  # alternate, so order biases cancel
-                m = Mounted(kind, plain if kind == "plain" else source, listing, work / f"mnt-{kind}", view)
+            for kind in KINDS if rep % 2 == 0 else KINDS[::-1]:  # alternate, so order biases cancel
+                source_of = plain if kind == "plain" else source
+                m = Mounted(kind, source_of, listing, work / f"mnt-{kind}", view, program)
                 try:
-                    for phase in ("cold", "warm"):
-                        rate = read_files(m.path, sample, readers, work)
-                        results.setdefault((kind, readers, phase), []).append(rate)
+                    for phase in ("cold", "warm"):  # a fresh mount for every cold pass
+                        before = m.cpu_seconds() if m.pid else 0.0
+                        rates.setdefault((kind, readers, phase), []).append(read_files(m.path, sample, readers, work))
+                        if m.pid:
+                            used = (m.cpu_seconds() - before) / len(sample) * 1e6
+                            cpu.setdefault((kind, readers, phase), []).append(used)
                 finally:
                     m.close()
         print(f"repeat {rep + 1}/{args.repeats} done", flush=True)
+    return report(len(sample), args.repeats, rates, cpu, peak)
 
-    med = {k: statistics.median(v) for k, v in results.items()}
-    print(f"\nrandom open+read+close of {len(sample)} chunks, files/s (median of {args.repeats})")
-    print(f"{'readers':>7} {'pass':>5} {'no-op FUSE':>11} {'shardfs':>9} {'plain':>9} {'vs no-op':>9} {'vs plain':>9}")
-    ratios = {}
+
+def report(
+    files: int, repeats: int, rates: dict[tuple[str, int, str], list[float]],
+    cpu: dict[tuple[str, int, str], list[float]], peak: int,
+) -> dict:  # fmt: skip
+    """The table of medians (files/s, shardfs's ratios to each anchor, the servers' CPU µs per file) and
+    the same as a dict for the JSON summary."""
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
+    served = [k for k in KINDS if k != "plain"]
+    print(f"\nrandom open+read+close of {files} chunks, files/s (median of {repeats}); server CPU µs per file")
+    head = f"{'readers':>7} {'pass':>5} {'C no-op':>8} {'py no-op':>8} {'shardfs':>8} {'plain':>8}"
+    print(f"{head} {'/py':>6} {'/C':>6} {'/plain':>6} {'cpu C':>6} {'cpu py':>6} {'cpu sfs':>7}")
+    summary: dict[str, dict] = {"files_per_s": {}, "shardfs_vs": {}, "cpu_us_per_file": {}}
     for readers in (1, 4):
         for phase in ("cold", "warm"):
-            noop, ours, disk = (med[(k, readers, phase)] for k in ("noop", "shardfs", "plain"))
-            ratios[f"{readers}r_{phase}"] = round(ours / noop, 2)
-            rates = f"{noop:>11.0f} {ours:>9.0f} {disk:>9.0f}"
-            print(f"{readers:>7} {phase:>5} {rates} {ours / noop:>8.2f}x {ours / disk:>8.2f}x")
-    return {"shardfs_vs_noop": ratios, "peak_rss_mib": round(peak / 2**20)}
+            key = f"{readers}r_{phase}"
+            c, py, ours, disk = (med[(k, readers, phase)] for k in KINDS)
+            ratios = {"py_noop": ours / py, "c_noop": ours / c, "plain": ours / disk}
+            used = {k: cpu_med[(k, readers, phase)] for k in served}
+            row = f"{readers:>7} {phase:>5} {c:>8.0f} {py:>8.0f} {ours:>8.0f} {disk:>8.0f}"
+            shares = " ".join(f"{r:>5.2f}x" for r in ratios.values())
+            print(f"{row} {shares} {used['c-noop']:>6.0f} {used['noop']:>6.0f} {used['shardfs']:>7.0f}")
+            summary["files_per_s"][key] = {k: round(med[(k, readers, phase)]) for k in KINDS}
+            summary["shardfs_vs"][key] = {k: round(r, 2) for k, r in ratios.items()}
+            summary["cpu_us_per_file"][key] = {k: round(v) for k, v in used.items()}
+    return {**summary, "peak_rss_mib": round(peak / 2**20)}
 
 
 if __name__ == "__main__":
