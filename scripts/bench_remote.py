@@ -284,6 +284,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="passes of 16 readers (each on a new sample)")
     ap.add_argument("--latency", type=float, default=0.02, help="seconds the server waits before each answer")
     ap.add_argument("--warm", type=int, default=1000, help="chunks read first, so that every index is cached")
+    ap.add_argument("-o", dest="options", help="FUSE options for every shardfs mount, e.g. max_idle_threads=64")
     ap.add_argument("--only", choices=("precomputed", "zarr"), help="one dataset only")
     ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -355,7 +356,8 @@ def measure(work: Path, source: Path, url: str, kind: str, server: Server, args:
     # shardfs: 16 readers (repeats), then 1 reader; GETs counted at the server for each pass.
     rates: dict[str, list[float]] = {"shardfs, 16 readers": [], "shardfs, 1 reader": []}
     gets_per_chunk = []
-    with mounted(url, work / "mnt-remote") as m:
+    options = ["-o", args.options] if args.options else []
+    with mounted(url, work / "mnt-remote", *options) as m:
         read_files(m.path, warm, IN_FLIGHT, work)
         for i, sample in enumerate(samples):
             readers = IN_FLIGHT if i < args.repeats else 1
@@ -406,8 +408,8 @@ def measure(work: Path, source: Path, url: str, kind: str, server: Server, args:
     out["speedup_16_vs_1"] = round(med["shardfs, 16 readers"] / med["shardfs, 1 reader"], 2)
     out["shardfs_vs_tensorstore"] = round(med["shardfs, 16 readers"] / med["tensorstore, 16 in flight"], 2)
     out["most_requests_per_s"] = round(most_rate)
-    out["cold_first_chunk"] = cold_first_chunk(work, url, kind, samples[0][:3], server)
-    out["peak_rss_mib"] = full_scan(work, url, names, server)
+    out["cold_first_chunk"] = cold_first_chunk(work, url, kind, samples[0][:3], server, options)
+    out["peak_rss_mib"] = full_scan(work, url, names, options)
     print(f"\n{kind}: chunks/s, median of {args.repeats} (1 reader: one pass): {out['chunks_per_s']}")
     print(
         f"GETs per chunk once warm: {out['gets_per_chunk_warm']:.2f}; 16 readers vs 1: "
@@ -419,12 +421,14 @@ def measure(work: Path, source: Path, url: str, kind: str, server: Server, args:
     return out
 
 
-def cold_first_chunk(work: Path, url: str, kind: str, names: list[str], server: Server) -> dict[str, str]:
+def cold_first_chunk(
+    work: Path, url: str, kind: str, names: list[str], server: Server, options: list[str]
+) -> dict[str, str]:
     """Time to the bytes of one chunk from nothing, in round trips of the injected latency, median over
     names (each from a fresh start); opening (info, zarr.json) is done before the clock starts."""
     runs: dict[str, list[tuple[float, int]]] = {"shardfs": [], "tensorstore": [], "cloud-volume": []}
     for name in names:
-        with mounted(url, work / "mnt-cold") as m:
+        with mounted(url, work / "mnt-cold", *options) as m:
             with server.counting() as c:
                 (m.path / name).read_bytes()
             runs["shardfs"].append((c["seconds"], c["GET"] + c["HEAD"]))
@@ -444,9 +448,9 @@ def cold_first_chunk(work: Path, url: str, kind: str, names: list[str], server: 
     }
 
 
-def full_scan(work: Path, url: str, names: list[str], server: Server) -> int:
+def full_scan(work: Path, url: str, names: list[str], options: list[str]) -> int:
     """The daemon's peak RSS in MiB after 16 readers read every chunk through a fresh mount."""
-    with mounted(url, work / "mnt-scan") as m:
+    with mounted(url, work / "mnt-scan", *options) as m:
         t = time.monotonic()
         read_files(m.path, names, IN_FLIGHT, work)
         peak = m.peak_rss()

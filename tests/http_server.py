@@ -36,7 +36,7 @@ class RangeServer:
         self.hang = False
         self.requests: Counter[tuple[str, str]] = Counter()
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = _Server(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -166,6 +166,13 @@ class RangeServer:
         finally:
             self.server.shutdown()
             self.server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    """A listen backlog for many clients connecting at once (the standard library's 5 drops the rest of a
+    burst, and their connections wait a second for the retransmitted SYN)."""
+
+    request_queue_size = 128
 
 
 def _etag(st: os.stat_result) -> str:
