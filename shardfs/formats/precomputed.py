@@ -164,9 +164,10 @@ class ChunkDir:
         return chunk_file(self.kv, chunk)
 
     def _decoded_on_read(self, chunk: Chunk, length: int) -> File:
-        """A gzip chunk of raw voxels: its size is known from the grid, so a lookup (which the kernel sends
-        one at a time per directory under libfuse < 3.16) fetches nothing; the read, which runs in parallel,
-        fetches and decodes it. A chunk that does not decode to that size is corrupt: EIO when read."""
+        """A gzip chunk of raw voxels: its size is known from the grid, so a lookup fetches nothing (the
+        kernel sends one LOOKUP at a time per directory when libfuse does not pass FUSE_PARALLEL_DIROPS on,
+        as 3.14 never does); the read, which runs in parallel, fetches and decodes it. A chunk that does not
+        decode to that size is corrupt: EIO when read."""
 
         def make() -> bytes:
             value = self.kv.value(chunk)
