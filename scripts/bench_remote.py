@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -291,13 +290,12 @@ def main() -> None:
     if args.serve:
         serve(Path(args.serve[0]), float(args.serve[1]))
         return
-    work = Path(tempfile.mkdtemp(prefix="shardfs-rbench-"))
-    try:
-        run(work, args)
-    finally:
-        for m in work.glob("mnt-*"):
-            subprocess.run(["fusermount3", "-uz", str(m)], capture_output=True)
-        shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="shardfs-rbench-") as scratch:
+        try:
+            run(Path(scratch), args)
+        finally:  # a mount left by a failed run would keep the directory from being removed
+            for m in Path(scratch).glob("mnt-*"):
+                subprocess.run(["fusermount3", "-uz", str(m)], capture_output=True)
 
 
 def run(work: Path, args: argparse.Namespace) -> None:
