@@ -88,8 +88,9 @@ def test_one_get_per_chunk_once_warm(volume, server, mount) -> None:
 
 def test_sixteen_readers_overlap(volume, server, mount) -> None:
     """With 50 ms per request, 16 readers finish in a fraction of the serial time: their reads overlap.
-    Lookups are stat'ed first: this kernel sends one LOOKUP at a time per directory (fusectl's `waiting`
-    stays at 1), so it is the reads, one GET each, that can overlap."""
+    Lookups are stat'ed first: the kernel sends one LOOKUP at a time per directory (fusectl's `waiting`
+    stays at 1; libfuse 3.14 never passes FUSE_PARALLEL_DIROPS on), so it is the reads, one GET each, that
+    can overlap."""
     _, twin, _ = volume
     m = mount(server.url)
     names = chunk_names(twin, "4_4_40")
