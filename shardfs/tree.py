@@ -8,7 +8,7 @@ The FUSE adapter, `shardfs ls`/`cat` and the tests all use this, so FUSE knows n
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -72,6 +72,25 @@ class BytesFile:
 
     def read(self, offset: int, length: int) -> bytes:
         return bytes(memoryview(self.data)[offset : offset + length])
+
+
+@dataclass(slots=True)
+class LazyFile:
+    """A decoded or transcoded chunk whose size is known from metadata alone (raw bytes), so `stat` and
+    `ls -l` decode nothing; the first read makes the bytes, into the byte-bounded cache, and later reads share them."""
+
+    length: int
+    cache: ByteCache
+    key: tuple
+    make: Callable[[], Any]  # bytes, or an array of them
+    nbytes: int  # what make holds until then (a stored chunk already in memory), for the node cache's budget
+    owner: Owner  # the stored chunk's, or the array directory's for a block made of the fill value
+
+    def size(self) -> int:
+        return self.length
+
+    def read(self, offset: int, length: int) -> bytes:
+        return bytes(self.cache.get_or_make(self.key, self.make)[offset : offset + length])
 
 
 @dataclass(slots=True)

@@ -27,11 +27,13 @@ class RangeServer:
     the file; `always` answers every request with that status; `hang` makes every request wait (bounded)
     before answering; `latency` delays every answer. `requests` counts (method, path); `authorizations`
     holds every request's Authorization header (None when unsigned), and a request whose header `admit`
-    refuses is answered 403, as a private bucket answers."""
+    refuses is answered 403, as a private bucket answers. Suffix ranges (`bytes=-N`) are ignored (the whole
+    object is sent), as some servers do, unless `suffix_ranges`."""
 
-    def __init__(self, root: Path, latency: float = 0.0) -> None:
+    def __init__(self, root: Path, latency: float = 0.0, suffix_ranges: bool = False) -> None:
         self.root = root
         self.latency = latency
+        self.suffix_ranges = suffix_ranges
         self.fail: dict[str, list[int]] = {}
         self.always: int | None = None
         self.hang = False
@@ -39,7 +41,7 @@ class RangeServer:
         self.authorizations: list[str | None] = []
         self.admit: Callable[[str | None], bool] | None = None
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = _Server(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -58,6 +60,9 @@ class RangeServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body leave in two writes: with Nagle's algorithm the body would wait for the
+            # client's delayed ACK of the headers (40 ms on Linux), as no real web server makes it wait.
+            disable_nagle_algorithm = True
 
             def log_message(self, format: str, *args: object) -> None:
                 pass
@@ -99,7 +104,11 @@ class RangeServer:
                     return self._status(412)
                 start, stop = 0, st.st_size
                 ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
-                if ranged:
+                suffix = re.fullmatch(r"bytes=-(\d+)", self.headers.get("Range", ""))
+                if suffix and server.suffix_ranges:
+                    start = max(st.st_size - int(suffix.group(1)), 0)
+                    ranged = suffix
+                elif ranged:
                     start = int(ranged.group(1))
                     stop = min(int(ranged.group(2)) + 1 if ranged.group(2) else st.st_size, st.st_size)
                     if start >= st.st_size:
@@ -165,6 +174,13 @@ class RangeServer:
         finally:
             self.server.shutdown()
             self.server.server_close()
+
+
+class _Server(ThreadingHTTPServer):
+    """A listen backlog for many clients connecting at once (the standard library's 5 drops the rest of a
+    burst, and their connections wait a second for the retransmitted SYN)."""
+
+    request_queue_size = 128
 
 
 def _etag(st: os.stat_result) -> str:

@@ -23,7 +23,7 @@ from shardfs.formats.plan import LARGEST, Array, Plan, load_json
 from shardfs.shards.morton import MortonCode
 from shardfs.shards.neuroglancer import UINT64_MAX, Chunk, ShardedKV, ShardingSpec
 from shardfs.store import Store
-from shardfs.tree import BytesFile, File, RangeFile
+from shardfs.tree import BytesFile, File, LazyFile, RangeFile
 
 log = logging.getLogger("shardfs")
 
@@ -109,6 +109,12 @@ class VolumeChunks:
     def name_of(self, pos: Sequence[int]) -> str:
         return "_".join(self._bounds(d, p) for d, p in enumerate(pos))
 
+    def voxels(self, key: int) -> int:
+        """Voxels in the chunk at key, clipped at the volume's upper bound as it is stored."""
+        pos = self.morton.decode(key)
+        assert pos is not None, key
+        return math.prod(min((p + 1) * c, s) - p * c for p, (c, _, s) in zip(pos, self._dims, strict=True))
+
     def key(self, name: str) -> int | None:
         tables = self._tables
         if tables is not None:
@@ -162,6 +168,7 @@ class ChunkDir:
     naming: Naming
     kind: str
     details: dict[str, Any] = field(default_factory=dict)
+    raw_voxel_bytes: int = 0  # a volume scale of `encoding: raw`: bytes a voxel decodes to (channels included)
 
     def hides(self, rel: str) -> bool:
         return rel.endswith(".shard")
@@ -181,7 +188,29 @@ class ChunkDir:
 
     def child(self, name: str) -> File | None:
         key = self.naming.key(name)
-        return None if key is None else chunk_file(self.kv, self._stored(key, name))
+        if key is None:
+            return None
+        chunk = self._stored(key, name)
+        if self.raw_voxel_bytes and self.kv.spec.data_encoding == "gzip" and isinstance(self.naming, VolumeChunks):
+            return self._decoded_on_read(chunk, self.naming.voxels(key) * self.raw_voxel_bytes)
+        return chunk_file(self.kv, chunk)
+
+    def _decoded_on_read(self, chunk: Chunk, length: int) -> File:
+        """A gzip chunk of raw voxels: its size is known from the grid, so a lookup fetches nothing (the
+        kernel sends one LOOKUP at a time per directory when libfuse does not pass FUSE_PARALLEL_DIROPS on,
+        as 3.14 never does); the read, which runs in parallel, fetches and decodes it. A chunk that does not
+        decode to that size is corrupt: EIO when read."""
+
+        def make() -> bytes:
+            value = self.kv.value(chunk)
+            if len(value) != length:
+                raise CorruptChunk(
+                    chunk.shard, chunk.key, f"decodes to {len(value)} bytes, not {length} raw voxel bytes"
+                )
+            return value
+
+        key = ("chunk", chunk.file.path, chunk.file.version, chunk.key)
+        return LazyFile(length, self.kv.cache, key, make, 0, chunk.file.owner)
 
     def _stored(self, key: int, name: str) -> Chunk:
         """Where key's bytes are; a name that parses but is not stored is ENOENT."""
@@ -415,7 +444,8 @@ class Precomputed(Plan):
                 "size": naming.size, "chunk_size": naming.chunk, "voxel_offset": naming.offset,
                 "encoding": scale.get("encoding"),
             }  # fmt: skip
-            self.providers[scale_dir] = ChunkDir(kv, naming, "volume scale", details)
+            raw = voxel_bytes if scale.get("encoding", "raw") == "raw" else 0
+            self.providers[scale_dir] = ChunkDir(kv, naming, "volume scale", details, raw)
         for sub in ("mesh", "skeletons"):
             if sub in info:
                 self.add_info(self._subdir(directory, info[sub], where, sub), required=False)

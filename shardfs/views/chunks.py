@@ -4,39 +4,18 @@ decoded and re-laid; and the files that carry either without decoding twice."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numcodecs
 import numpy as np
 
-from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk
 from shardfs.formats.plan import Array, Compressor
 from shardfs.store import Owner
 from shardfs.tree import File
 
 BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-
-
-@dataclass(slots=True)
-class LazyFile:
-    """A transcoded chunk whose size is known from metadata alone (raw bytes), so `stat` and `ls -l`
-    decode nothing; the first read makes the bytes, into the byte-bounded cache, and later reads share them."""
-
-    length: int
-    cache: ByteCache
-    key: tuple
-    make: Callable[[], bytes | np.ndarray]
-    nbytes: int  # what make holds until then (a stored chunk already in memory), for the node cache's budget
-    owner: Owner  # the stored chunk's, or the array directory's for a block made of the fill value
-
-    def size(self) -> int:
-        return self.length
-
-    def read(self, offset: int, length: int) -> bytes:
-        return bytes(self.cache.get_or_make(self.key, self.make)[offset : offset + length])
 
 
 @dataclass(slots=True)

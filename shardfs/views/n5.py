@@ -23,8 +23,8 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Plan, grid_position
-from shardfs.tree import BytesFile, Dir, File, Node
-from shardfs.views.chunks import LazyFile, PrefixedFile, decoded, edge_shape, encode, nbytes, numcodecs_config
+from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
+from shardfs.views.chunks import PrefixedFile, decoded, edge_shape, encode, nbytes, numcodecs_config
 
 VERSION = "4.0.0"
 DATA_TYPES = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64"}

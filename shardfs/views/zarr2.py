@@ -19,8 +19,8 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Plan, grid_position
-from shardfs.tree import File, Node
-from shardfs.views.chunks import LazyFile, decoded, edge_shape, nbytes, numcodecs_config
+from shardfs.tree import File, LazyFile, Node
+from shardfs.views.chunks import decoded, edge_shape, nbytes, numcodecs_config
 
 
 class Zarr2Array:

@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""shardfs on a remote source (issue 12): a loopback HTTP server with injected latency per request.
+
+Two datasets written by real writers (scripts/bench.py's): a sharded precomputed volume (tensorstore,
+cloud-volume's sharding chooser, gzip in the shards) and a sharded zarr v3 array (zarr-python 3), served
+by tests/http_server.py's RangeServer in a process of its own, which counts every request, so that GETs
+are counted where they arrive. For each dataset, on one mount by URL:
+
+- warm: a disjoint set of chunks is read first, so that every shard and minishard index is cached;
+- 16 readers, then 1 reader (processes doing open+read+close, as scripts/bench.py's): random chunks
+  never read before, files/s and GETs per chunk counted at the server;
+- tensorstore in-process, 16 reads in flight, the same chunks as chunk-aligned regions after warming
+  its own index cache the same way; cloud-volume (precomputed only) with 16 threads over one CloudVolume;
+- cold first chunk: a fresh mount (or a fresh CloudVolume / tensorstore open) and one chunk, in round
+  trips of the injected latency and in requests counted at the server;
+- the daemon's peak RSS (VmHWM) after 16 readers read every chunk through a fresh mount.
+
+The server's own capacity (requests/s with no latency and with the latency, under the concurrency the
+figures use) is measured first and printed beside the highest request rate any figure needed.
+
+    .venv/bin/python scripts/bench_remote.py [--chunks 16384] [--sample 2000] [--repeats 3] [--latency 0.02]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import read_files, write_dataset, write_zarr  # noqa: E402  (scripts/ is on the path)
+
+SHARDFS = [sys.executable, "-m", "shardfs"]
+IN_FLIGHT = 16  # readers through the mount, reads in flight in-process
+FUSECTL = Path("/sys/fs/fuse/connections")
+
+
+# -- the server, in a process of its own ---------------------------------------------------------------------------
+
+
+def serve(root: Path, latency: float) -> None:
+    """RangeServer over root. Prints its URL, then answers each line on stdin with the requests counted so
+    far (by method), the most answered at once, and its own CPU seconds, as one JSON line."""
+    from tests.http_server import RangeServer
+
+    server = RangeServer(root, latency, suffix_ranges=True)  # tensorstore reads zarr shard indexes so
+    busy = {"now": 0, "most": 0}
+    lock = threading.Lock()
+    plain = server.server.RequestHandlerClass
+
+    class Counted(plain):  # type: ignore[misc, valid-type]
+        """The same handler, counting requests in progress: how many the server answers at once."""
+
+        def _answer(self, body: bool) -> None:
+            with lock:
+                busy["now"] += 1
+                busy["most"] = max(busy["most"], busy["now"])
+            try:
+                super()._answer(body)
+            finally:
+                with lock:
+                    busy["now"] -= 1
+
+    server.server.RequestHandlerClass = Counted
+    with server.running():
+        print(server.url, flush=True)
+        for line in sys.stdin:
+            with server.lock:
+                counts: dict[str, int] = {}
+                for (method, _), n in server.requests.items():
+                    counts[method] = counts.get(method, 0) + n
+            with lock:
+                most, busy["most"] = busy["most"], busy["now"]
+            cpu = sum(os.times()[:2])
+            print(json.dumps({**counts, "most_at_once": most, "cpu": cpu, "said": line.strip()}), flush=True)
+
+
+class Server:
+    """A RangeServer process and its counts."""
+
+    def __init__(self, root: Path, latency: float) -> None:
+        command = [sys.executable, __file__, "--serve", str(root), str(latency)]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout and self.proc.stdin
+        self.url = self.proc.stdout.readline().strip()
+        self.latency = latency
+
+    def stats(self) -> dict[str, Any]:
+        """Requests so far by method ('GET', 'HEAD'), the most in progress at once since the last call,
+        and the server's CPU seconds."""
+        assert self.proc.stdout and self.proc.stdin
+        self.proc.stdin.write("stats\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    @contextmanager
+    def counting(self) -> Iterator[dict[str, Any]]:
+        """Requests, the most at once and server CPU seconds during the block, and the block's seconds."""
+        out: dict[str, Any] = {}
+        before, t = self.stats(), time.perf_counter()
+        yield out
+        seconds, after = time.perf_counter() - t, self.stats()
+        out.update({k: after.get(k, 0) - before.get(k, 0) for k in ("GET", "HEAD", "cpu")})
+        out.update(most_at_once=after["most_at_once"], seconds=seconds)
+
+    def close(self) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+def capacity(url: str, key: str, concurrency: int, seconds: float = 3.0) -> float:
+    """Requests/s the server answers to `concurrency` clients in a loop, each a 512-byte range GET through
+    obstore (which drops the GIL: this process is not the limit)."""
+    import obstore
+    from obstore.store import HTTPStore
+
+    store = HTTPStore(url, client_options={"allow_http": True})
+    stop = time.monotonic() + seconds
+    done = [0] * concurrency
+
+    def client(i: int) -> None:
+        while time.monotonic() < stop:
+            obstore.get(store, key, options={"range": (i * 512, i * 512 + 512)}).bytes()
+            done[i] += 1
+
+    obstore.get(store, key, options={"range": (0, 1)}).bytes()  # connect once before timing
+    t = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(client, range(concurrency)))
+    return sum(done) / (time.perf_counter() - t)
+
+
+# -- mounts, readers, diagnostics ----------------------------------------------------------------------------------
+
+
+class Mount:
+    """shardfs mounted on a URL (or a local directory), unmounted by close()."""
+
+    def __init__(self, source: str, where: Path, *options: str) -> None:
+        where.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*SHARDFS, "mount", *options, source, str(where)], check=True)
+        self.path = where
+        self.connection = FUSECTL / str(os.minor(os.stat(where).st_dev))  # fusectl names it by device
+
+    def daemon_pid(self) -> int:
+        out = subprocess.run(["pgrep", "-f", f"shardfs mount .* {self.path}$"], capture_output=True, text=True)
+        return int(out.stdout.split()[0])
+
+    def peak_rss(self) -> int:
+        """The daemon's VmHWM, in bytes."""
+        for line in Path(f"/proc/{self.daemon_pid()}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmHWM")
+
+    def close(self) -> None:
+        subprocess.run(["fusermount3", "-u", str(self.path)], check=True)
+
+
+@contextmanager
+def mounted(source: str, where: Path, *options: str) -> Iterator[Mount]:
+    m = Mount(source, where, *options)
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+@contextmanager
+def sampling(read: Callable[[], int], every: float = 0.002) -> Iterator[dict[str, float]]:
+    """Samples read() in a thread while the block runs: its mean and maximum."""
+    seen: list[int] = []
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.is_set():
+            seen.append(read())
+            time.sleep(every)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    out: dict[str, float] = {}
+    try:
+        yield out
+    finally:
+        done.set()
+        thread.join()
+        out.update(mean=statistics.fmean(seen) if seen else 0.0, max=max(seen, default=0))
+
+
+def fusectl_waiting(m: Mount) -> Callable[[], int]:
+    """Requests the kernel has sent to this mount's daemon and not yet had answered."""
+    path = m.connection / "waiting"
+    return lambda: int(path.read_text()) if path.exists() else -1  # fusectl may not be mounted
+
+
+def chunk_names(source: Path, scratch: Path) -> list[str]:
+    """Every chunk file of the dataset, by relative path, listed through a local mount of its source."""
+    names = []
+    with mounted(str(source), scratch / "mnt-list") as m:
+        for top, _, files in os.walk(m.path):
+            for f in files:
+                if f not in ("info", "zarr.json", "provenance"):
+                    names.append(os.path.relpath(os.path.join(top, f), m.path))
+    return sorted(names)
+
+
+# -- in-process peers ----------------------------------------------------------------------------------------------
+
+
+def region(kind: str, name: str) -> tuple[slice, ...]:
+    """The chunk-aligned region a chunk file holds: precomputed 'x0-x1_y0-y1_z0-z1', zarr 'c/i/j/k'."""
+    if kind == "precomputed":
+        bounds = [tuple(map(int, b.split("-"))) for b in name.rsplit("/", 1)[-1].split("_")]
+        return tuple(slice(a, b) for a, b in bounds)
+    grid = [int(p) for p in name.split("/")[1:]]
+    return tuple(slice(g * c, (g + 1) * c) for g, c in zip(grid, (8, 8, 10), strict=True))
+
+
+def tensorstore_open(kind: str, url: str) -> Any:
+    """A tensorstore over HTTP with a fresh context: an empty cache pool big enough for every index, and
+    cached data trusted once opened (as shardfs trusts an immutable source), so no index is revalidated."""
+    import tensorstore as ts
+
+    driver = "neuroglancer_precomputed" if kind == "precomputed" else "zarr3"
+    spec = {"driver": driver, "kvstore": f"{url}/", "recheck_cached_data": "open", "recheck_cached_metadata": "open"}
+    context = ts.Context({"cache_pool": {"total_bytes_limit": 256 << 20}})
+    return ts.open(spec, context=context, read=True).result()
+
+
+def tensorstore_read(store: Any, kind: str, names: list[str]) -> float:
+    """Chunks/s reading names as regions, IN_FLIGHT reads outstanding at any time."""
+    slots = threading.Semaphore(IN_FLIGHT)
+    futures = []
+    t = time.perf_counter()
+    for name in names:
+        slots.acquire()
+        future = store[region(kind, name)].read()
+        future.add_done_callback(lambda _: slots.release())
+        futures.append(future)
+    for future in futures:
+        future.result()
+    return len(names) / (time.perf_counter() - t)
+
+
+def cloudvolume_open(url: str) -> Any:
+    from cloudvolume import CloudVolume
+
+    return CloudVolume(f"precomputed://{url}", mip=0, progress=False, cache=False, fill_missing=False)
+
+
+def cloudvolume_read(cv: Any, names: list[str]) -> float:
+    """Chunks/s reading names as cutouts from IN_FLIGHT threads sharing one CloudVolume (its own parallel=
+    splits one large cutout across processes, which one-chunk cutouts do not have)."""
+    t = time.perf_counter()
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        list(pool.map(lambda n: cv[region("precomputed", n)], names))
+    return len(names) / (time.perf_counter() - t)
+
+
+# -- the benchmark -------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=16384, help="chunks in the precomputed volume (>= 16k)")
+    ap.add_argument("--sample", type=int, default=2000, help="random chunks, never read before, per pass")
+    ap.add_argument("--repeats", type=int, default=3, help="passes of 16 readers (each on a new sample)")
+    ap.add_argument("--latency", type=float, default=0.02, help="seconds the server waits before each answer")
+    ap.add_argument("--warm", type=int, default=1000, help="chunks read first, so that every index is cached")
+    ap.add_argument("-o", dest="options", help="FUSE options for every shardfs mount, e.g. max_idle_threads=64")
+    ap.add_argument("--only", choices=("precomputed", "zarr"), help="one dataset only")
+    ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve:
+        serve(Path(args.serve[0]), float(args.serve[1]))
+        return
+    with tempfile.TemporaryDirectory(prefix="shardfs-rbench-") as scratch:
+        try:
+            run(Path(scratch), args)
+        finally:  # a mount left by a failed run would keep the directory from being removed
+            for m in Path(scratch).glob("mnt-*"):
+                subprocess.run(["fusermount3", "-uz", str(m)], capture_output=True)
+
+
+def run(work: Path, args: argparse.Namespace) -> None:
+    data = work / "data"
+    data.mkdir()
+    t = time.monotonic()
+    write_dataset(data / "precomputed", args.chunks)
+    write_zarr(data / "zarr")
+    os.sync()
+    print(f"wrote both datasets in {time.monotonic() - t:.1f}s")
+
+    server = Server(data, args.latency)
+    try:
+        summary = {"server": server_capacity(data, server)}
+        for kind in ("precomputed", "zarr"):
+            if args.only in (None, kind):
+                print(f"\n== {kind}", flush=True)
+                summary[kind] = measure(work, data / kind, f"{server.url}/{kind}", kind, server, args)
+    finally:
+        server.close()
+    needed = max(r["most_requests_per_s"] for k, r in summary.items() if k != "server")
+    print(f"\nthe most requests/s any pass asked of the server: {needed:.0f}; its capacity: {summary['server']}")
+    print(json.dumps(summary))
+
+
+def server_capacity(data: Path, server: Server) -> dict[str, float]:
+    """Requests/s the server process answers, with no latency and with the benchmark's."""
+    shard = next(p for p in (data / "precomputed").rglob("*.shard"))
+    key = str(shard.relative_to(data))
+    out = {}
+    idle = Server(data, 0.0)
+    try:
+        for concurrency in (16, 64):
+            out[f"latency 0, {concurrency} clients"] = round(capacity(idle.url, key, concurrency))
+    finally:
+        idle.close()
+    out[f"latency {server.latency * 1e3:.0f} ms, 64 clients"] = round(capacity(server.url, key, 64))
+    print(
+        f"server capacity, requests/s: {out} (64 clients at {server.latency * 1e3:.0f} ms: at most "
+        f"{64 / server.latency:.0f})"
+    )
+    return out
+
+
+def measure(work: Path, source: Path, url: str, kind: str, server: Server, args: argparse.Namespace) -> dict:
+    names = chunk_names(source, work)
+    rtt = server.latency
+    order = random.Random(0).sample(names, len(names))
+    warm, rest = order[: args.warm], order[args.warm :]
+    samples = [rest[i * args.sample : (i + 1) * args.sample] for i in range(args.repeats + 1)]
+    assert len(samples[-1]) == args.sample, f"{len(names)} chunks are too few for {args.repeats + 1} samples"
+    print(f"{len(names)} chunks; warm with {args.warm}, then samples of {args.sample} never read before")
+    out: dict[str, Any] = {"chunks": len(names)}
+    most_rate = 0.0
+
+    # shardfs: 16 readers (repeats), then 1 reader; GETs counted at the server for each pass.
+    rates: dict[str, list[float]] = {"shardfs, 16 readers": [], "shardfs, 1 reader": []}
+    gets_per_chunk = []
+    options = ["-o", args.options] if args.options else []
+    with mounted(url, work / "mnt-remote", *options) as m:
+        read_files(m.path, warm, IN_FLIGHT, work)
+        for i, sample in enumerate(samples):
+            readers = IN_FLIGHT if i < args.repeats else 1
+            with server.counting() as c, sampling(fusectl_waiting(m)) as waiting:
+                rate = read_files(m.path, sample, readers, work)
+            rates[f"shardfs, {readers} reader{'s' if readers > 1 else ''}"].append(rate)
+            gets_per_chunk.append(c["GET"] / len(sample))
+            most_rate = max(most_rate, (c["GET"] + c["HEAD"]) / c["seconds"])
+            print(
+                f"shardfs, {readers:>2} reader(s): {rate:6.0f} chunks/s, {c['GET'] / len(sample):.2f} GETs and "
+                f"{c['HEAD'] / len(sample):.2f} HEADs per chunk; server: at most {c['most_at_once']} requests at "
+                f"once, {c['cpu'] / c['seconds']:.0%} of a core; fusectl waiting: mean {waiting['mean']:.1f}, "
+                f"max {waiting['max']:.0f}",
+                flush=True,
+            )
+
+    # tensorstore in-process: the same samples as the 16-reader passes, after warming on the same chunks.
+    store = tensorstore_open(kind, url)
+    tensorstore_read(store, kind, warm)
+    rates["tensorstore, 16 in flight"] = []
+    for sample in samples[: args.repeats]:
+        with server.counting() as c:
+            rates["tensorstore, 16 in flight"].append(tensorstore_read(store, kind, sample))
+        most_rate = max(most_rate, (c["GET"] + c["HEAD"]) / c["seconds"])
+        print(
+            f"tensorstore, 16 in flight: {rates['tensorstore, 16 in flight'][-1]:6.0f} chunks/s, "
+            f"{c['GET'] / len(sample):.2f} GETs per chunk",
+            flush=True,
+        )
+    del store
+    if kind == "precomputed":
+        cv = cloudvolume_open(url)
+        cloudvolume_read(cv, warm)
+        rates["cloud-volume, 16 threads"] = []
+        for sample in samples[: args.repeats]:
+            with server.counting() as c:
+                rates["cloud-volume, 16 threads"].append(cloudvolume_read(cv, sample))
+            most_rate = max(most_rate, (c["GET"] + c["HEAD"]) / c["seconds"])
+            print(
+                f"cloud-volume, 16 threads: {rates['cloud-volume, 16 threads'][-1]:6.0f} chunks/s, "
+                f"{c['GET'] / len(sample):.2f} GETs per chunk",
+                flush=True,
+            )
+
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    out["chunks_per_s"] = {k: round(v) for k, v in med.items()}
+    out["gets_per_chunk_warm"] = round(statistics.median(gets_per_chunk), 3)
+    out["speedup_16_vs_1"] = round(med["shardfs, 16 readers"] / med["shardfs, 1 reader"], 2)
+    out["shardfs_vs_tensorstore"] = round(med["shardfs, 16 readers"] / med["tensorstore, 16 in flight"], 2)
+    out["most_requests_per_s"] = round(most_rate)
+    out["cold_first_chunk"] = cold_first_chunk(work, url, kind, samples[0][:3], server, options)
+    out["peak_rss_mib"] = full_scan(work, url, names, options)
+    print(f"\n{kind}: chunks/s, median of {args.repeats} (1 reader: one pass): {out['chunks_per_s']}")
+    print(
+        f"GETs per chunk once warm: {out['gets_per_chunk_warm']:.2f}; 16 readers vs 1: "
+        f"{out['speedup_16_vs_1']:.1f}x; shardfs (16 readers) vs tensorstore (16 in flight): "
+        f"{out['shardfs_vs_tensorstore']:.2f}x"
+    )
+    print(f"cold first chunk, in round trips of {rtt * 1e3:.0f} ms (and requests): {out['cold_first_chunk']}")
+    print(f"daemon peak RSS over a full scan: {out['peak_rss_mib']} MiB (budget 64 MiB + 150 MiB = 214 MiB)")
+    return out
+
+
+def cold_first_chunk(
+    work: Path, url: str, kind: str, names: list[str], server: Server, options: list[str]
+) -> dict[str, str]:
+    """Time to the bytes of one chunk from nothing, in round trips of the injected latency, median over
+    names (each from a fresh start); opening (info, zarr.json) is done before the clock starts."""
+    runs: dict[str, list[tuple[float, int]]] = {"shardfs": [], "tensorstore": [], "cloud-volume": []}
+    for name in names:
+        with mounted(url, work / "mnt-cold", *options) as m:
+            with server.counting() as c:
+                (m.path / name).read_bytes()
+            runs["shardfs"].append((c["seconds"], c["GET"] + c["HEAD"]))
+        store = tensorstore_open(kind, url)
+        with server.counting() as c:
+            store[region(kind, name)].read().result()
+        runs["tensorstore"].append((c["seconds"], c["GET"] + c["HEAD"]))
+        if kind == "precomputed":
+            cv = cloudvolume_open(url)
+            with server.counting() as c:
+                cv[region(kind, name)]
+            runs["cloud-volume"].append((c["seconds"], c["GET"] + c["HEAD"]))
+    return {
+        who: f"{statistics.median(s for s, _ in r) / server.latency:.1f} ({statistics.median(n for _, n in r):.0f})"
+        for who, r in runs.items()
+        if r
+    }
+
+
+def full_scan(work: Path, url: str, names: list[str], options: list[str]) -> int:
+    """The daemon's peak RSS in MiB after 16 readers read every chunk through a fresh mount."""
+    with mounted(url, work / "mnt-scan", *options) as m:
+        t = time.monotonic()
+        read_files(m.path, names, IN_FLIGHT, work)
+        peak = m.peak_rss()
+        print(f"full scan of {len(names)} chunks, 16 readers: {time.monotonic() - t:.1f}s", flush=True)
+    return round(peak / 2**20)
+
+
+if __name__ == "__main__":
+    main()
