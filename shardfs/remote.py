@@ -150,7 +150,8 @@ class RemoteStore:
     def open(self, path: str) -> StoredFile:
         """The object's size and version, from one HEAD, remembered (absence too): the data is immutable
         while mounted, and a shard's size is needed by every read of it."""
-        found = self._opened.get(path)
+        with self._lock:  # cachetools' LRU reorders itself on get: not safe to share unlocked
+            found = self._opened.get(path)
         if found is None:
             try:
                 meta = self._call("head", path, lambda: obstore.head(self._store(), path))

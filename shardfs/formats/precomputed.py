@@ -93,14 +93,17 @@ class VolumeChunks:
         self._table_cells = table_cells
 
     @cached_property
-    def _tables(self) -> list[dict[str, int]] | None:
-        """Per dimension, "x0-x1" → its bits of the key: a cold lookup parses every name, and three dict
-        probes cost a tenth of parsing and checking the numbers. Made at first use (a few MB at most,
-        a few ms), not at mount; grids too long for it are parsed."""
+    def _tables(self) -> list[dict[str, tuple[int, int]]] | None:
+        """Per dimension, "x0-x1" → (its bits of the key, its width in voxels): a cold lookup parses every
+        name, and three dict probes cost a tenth of parsing and checking the numbers. Made at first use
+        (a few MB at most, a few ms), not at mount; grids too long for it are parsed."""
         if sum(self.grid) > self._table_cells:
             return None
-        grid = enumerate(self.grid)
-        return [{self._bounds(d, p): self.morton.encode(_along(d, p)) for p in range(n)} for d, n in grid]
+        tables = []
+        for d, n in enumerate(self.grid):
+            c, _, s = self._dims[d]
+            tables.append({self._bounds(d, p): (self.morton.encode(_along(d, p)), min(c, s - p * c)) for p in range(n)})
+        return tables
 
     def _bounds(self, d: int, p: int) -> str:
         c, o, s = self._dims[d]
@@ -109,11 +112,15 @@ class VolumeChunks:
     def name_of(self, pos: Sequence[int]) -> str:
         return "_".join(self._bounds(d, p) for d, p in enumerate(pos))
 
-    def voxels(self, key: int) -> int:
-        """Voxels in the chunk at key, clipped at the volume's upper bound as it is stored."""
-        pos = self.morton.decode(key)
-        assert pos is not None, key
-        return math.prod(min((p + 1) * c, s) - p * c for p, (c, _, s) in zip(pos, self._dims, strict=True))
+    def voxels(self, name: str) -> int:
+        """Voxels in the chunk a valid name names, clipped at the volume's upper bound as it is stored."""
+        tables = self._tables
+        if tables is not None:
+            a, b, c = name.split("_")
+            return tables[0][a][1] * tables[1][b][1] * tables[2][c][1]
+        pos = self.morton.decode(self.key(name))  # type: ignore[arg-type]
+        assert pos is not None, name
+        return math.prod(min(c, s - p * c) for p, (c, _, s) in zip(pos, self._dims, strict=True))
 
     def key(self, name: str) -> int | None:
         tables = self._tables
@@ -121,7 +128,7 @@ class VolumeChunks:
             x, y, z = tables
             parts = name.split("_")
             try:
-                return x[parts[0]] | y[parts[1]] | z[parts[2]] if len(parts) == 3 else None
+                return x[parts[0]][0] | y[parts[1]][0] | z[parts[2]][0] if len(parts) == 3 else None
             except KeyError:
                 return None
         m = _VOLUME_NAME.fullmatch(name)
@@ -192,7 +199,7 @@ class ChunkDir:
             return None
         chunk = self._stored(key, name)
         if self.raw_voxel_bytes and self.kv.spec.data_encoding == "gzip" and isinstance(self.naming, VolumeChunks):
-            return self._decoded_on_read(chunk, self.naming.voxels(key) * self.raw_voxel_bytes)
+            return self._decoded_on_read(chunk, self.naming.voxels(name) * self.raw_voxel_bytes)
         return chunk_file(self.kv, chunk)
 
     def _decoded_on_read(self, chunk: Chunk, length: int) -> File:
