@@ -77,7 +77,9 @@ class BytesFile:
 @dataclass(slots=True)
 class LazyFile:
     """A decoded or transcoded chunk whose size is known from metadata alone (raw bytes), so `stat` and
-    `ls -l` decode nothing; the first read makes the bytes, into the byte-bounded cache, and later reads share them."""
+    `ls -l` decode nothing. A file read whole by one request is made and handed over, not kept: the kernel
+    keeps its pages (FUSE no_open), so no later read would find it here. One read in pieces makes the bytes
+    into the byte-bounded cache, and later pieces share them."""
 
     length: int
     cache: ByteCache
@@ -90,6 +92,8 @@ class LazyFile:
         return self.length
 
     def read(self, offset: int, length: int) -> bytes:
+        if offset == 0 and length >= self.length:
+            return bytes(self.make())
         return bytes(self.cache.get_or_make(self.key, self.make)[offset : offset + length])
 
 
