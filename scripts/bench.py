@@ -225,16 +225,21 @@ class Mounted:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def daemon_peak_rss(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmHWM")
+        return peak_rss(self.pid)
 
     def close(self) -> None:
         if self.kind != "plain":
             subprocess.run(["fusermount3", "-u", str(self.path)], check=True)
         if self.proc:
             self.proc.wait(timeout=30)
+
+
+def peak_rss(pid: int) -> int:
+    """A process's peak resident memory (VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM")
 
 
 def read_files(root: Path, names: list[str], readers: int, scratch: Path) -> float:

@@ -42,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import read_files, write_dataset, write_zarr  # noqa: E402  (scripts/ is on the path)
+from bench import peak_rss, read_files, write_dataset, write_zarr  # noqa: E402  (scripts/ is on the path)
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 IN_FLIGHT = 16  # readers through the mount, reads in flight in-process
@@ -162,11 +162,7 @@ class Mount:
         return int(out.stdout.split()[0])
 
     def peak_rss(self) -> int:
-        """The daemon's VmHWM, in bytes."""
-        for line in Path(f"/proc/{self.daemon_pid()}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmHWM")
+        return peak_rss(self.daemon_pid())
 
     def close(self) -> None:
         subprocess.run(["fusermount3", "-u", str(self.path)], check=True)
