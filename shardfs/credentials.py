@@ -77,7 +77,7 @@ def aws(url: str) -> Boto3CredentialProvider | None:
         provider.credentials.get_frozen_credentials()
     except ValueError:  # boto3's chain came up empty
         return None
-    except botocore.exceptions.BotoCoreError as e:  # a named profile missing, an SSO login expired...
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:  # no profile, STS refused...
         raise SourceError(f"{url}: AWS credentials: {e}") from None
     method = provider.credentials.method
     profile = session.get_config_variable("profile")

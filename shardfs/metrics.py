@@ -122,7 +122,7 @@ class TallyCollector(Collector):
 REGISTRY.register(TallyCollector())
 ERRORS = Counter("shardfs_errors", "Operations answered with an error other than ENOENT", ["errno"], registry=REGISTRY)
 START_TIME = Gauge("shardfs_start_time_seconds", "When the mount went live, in Unix time", registry=REGISTRY)
-# Requests to a remote source (`head`, `get`, `list`) by outcome: ok, not_found, denied, changed, failed
+# Requests to a remote source (`head`, `get`, `list`) by outcome: ok, not_found, denied, changed, failed, refused
 # (failed: a server error or timeout that obstore's retries, with backoff, could not get past).
 REMOTE_REQUESTS = Counter(
     "shardfs_remote_requests", "Requests to a remote source, by kind and outcome", ["request", "outcome"],

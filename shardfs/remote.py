@@ -26,6 +26,7 @@ from obstore.store import GCSStore, HTTPStore, S3Store
 
 from shardfs import credentials, metrics
 from shardfs.disk_cache import DiskCache
+from shardfs.errors import SourceError
 from shardfs.location import Remote
 from shardfs.store import Owner, StoreChanged, StoredFile
 
@@ -137,6 +138,9 @@ class RemoteStore:
             outcome = "denied"
             log.error("%s: access denied: %s", self.where(path), _first_line(e), extra={"event": "remote_denied"})
             raise PermissionError(errno.EACCES, "access denied by the server", self.where(path)) from None
+        except SourceError:  # no client could be made (credentials): the mount's reason, not the server's
+            outcome = "refused"
+            raise
         except Exception as e:  # 5xx and timeouts once retries are spent, refused connections, bad answers
             outcome = "failed"
             log.error("%s: %s failed: %s", self.where(path), what, _first_line(e), extra={"event": "remote_failed"})

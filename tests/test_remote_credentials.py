@@ -97,6 +97,29 @@ def test_named_profile_that_gives_nothing_refuses_the_mount(home, server, monkey
     assert not server.authorizations
 
 
+STS_REFUSAL = (
+    b'<ErrorResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/"><Error><Type>Sender</Type>'
+    b"<Code>AccessDenied</Code><Message>not allowed to assume r</Message></Error><RequestId>1</RequestId>"
+    b"</ErrorResponse>"
+)
+
+
+def test_a_role_the_sts_refuses_refuses_the_mount(home, server, monkeypatch) -> None:
+    """A profile that assumes a role STS will not grant: STS's reason (botocore raises ClientError, not
+    one of its own errors), with no request to the bucket."""
+    sts = Metadata(answer=(403, STS_REFUSAL))
+    (home / ".aws").mkdir()
+    (home / ".aws" / "config").write_text(
+        "[profile elsewhere]\nrole_arn = arn:aws:iam::123456789012:role/r\nsource_profile = base\nregion = eu-west-3\n"
+    )
+    (home / ".aws" / "credentials").write_text("[base]\naws_access_key_id = AKIDBASE\naws_secret_access_key = s\n")
+    monkeypatch.setenv("AWS_PROFILE", "elsewhere")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", sts.url)
+    r = shardfs("ls", f"s3://{BUCKET}/vol", "--endpoint", server.url, check=False)
+    assert r.returncode == 2 and "AWS credentials" in r.stderr and "not allowed to assume r" in r.stderr, r.stderr
+    assert sts.asked >= 1 and not server.authorizations
+
+
 def b64(data: bytes) -> bytes:
     return base64.urlsafe_b64decode(data + b"=" * (-len(data) % 4))
 
@@ -132,20 +155,24 @@ def test_gcloud_application_default_credentials_sign_requests(bucket, home, serv
 
 
 class Metadata:
-    """A loopback stand-in for an instance metadata service that answers nothing useful, counting asks."""
+    """A loopback stand-in for an instance metadata service (or STS) that answers nothing useful, counting
+    asks."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer: tuple[int, bytes] = (404, b"")) -> None:
+        """answer: the status and body every request gets (STS's refusal, for the assume-role test)."""
         self.asked = 0
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def _any(self) -> None:
                 outer.asked += 1
-                self.send_response(404)
-                self.send_header("Content-Length", "0")
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(answer[0])
+                self.send_header("Content-Length", str(len(answer[1])))
                 self.end_headers()
+                self.wfile.write(answer[1])
 
-            do_GET = do_PUT = _any
+            do_GET = do_PUT = do_POST = _any
 
             def log_message(self, format: str, *args: object) -> None:
                 pass
