@@ -16,9 +16,11 @@ are counted where they arrive. For each dataset, on one mount by URL:
 - the daemon's peak RSS (VmHWM) after 16 readers read every chunk through a fresh mount.
 
 The server's own capacity (requests/s with no latency and with the latency, under the concurrency the
-figures use) is measured first and printed beside the highest request rate any figure needed.
+figures use) is measured first and printed beside the highest request rate any figure needed. As in
+scripts/bench.py, idle-priority busy loops keep the cores awake throughout (unless --no-spinners).
 
     .venv/bin/python scripts/bench_remote.py [--chunks 16384] [--sample 2000] [--repeats 3] [--latency 0.02]
+                                             [--no-spinners]
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import peak_rss, read_files, write_dataset, write_zarr  # noqa: E402  (scripts/ is on the path)
+from bench import peak_rss, read_files, spinners, write_dataset, write_zarr  # noqa: E402  (scripts/ is on the path)
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 IN_FLIGHT = 16  # readers through the mount, reads in flight in-process
@@ -281,12 +283,13 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=1000, help="chunks read first, so that every index is cached")
     ap.add_argument("-o", dest="options", help="FUSE options for every shardfs mount, e.g. max_idle_threads=64")
     ap.add_argument("--only", choices=("precomputed", "zarr"), help="one dataset only")
+    ap.add_argument("--no-spinners", action="store_true", help="let idle vCPUs halt (to see what they cost)")
     ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         serve(Path(args.serve[0]), float(args.serve[1]))
         return
-    with tempfile.TemporaryDirectory(prefix="shardfs-rbench-") as scratch:
+    with spinners(not args.no_spinners), tempfile.TemporaryDirectory(prefix="shardfs-rbench-") as scratch:
         try:
             run(Path(scratch), args)
         finally:  # a mount left by a failed run would keep the directory from being removed
@@ -314,7 +317,7 @@ def run(work: Path, args: argparse.Namespace) -> None:
         server.close()
     needed = max(r["most_requests_per_s"] for k, r in summary.items() if k != "server")
     print(f"\nthe most requests/s any pass asked of the server: {needed:.0f}; its capacity: {summary['server']}")
-    print(json.dumps(summary))
+    print(json.dumps({"spinners": not args.no_spinners, **summary}))
 
 
 def server_capacity(data: Path, server: Server) -> dict[str, float]:

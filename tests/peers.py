@@ -177,6 +177,25 @@ def write_tensorstore_kv(
     return dict(items)
 
 
+def create_tensorstore_zarr3(
+    root: pathlib.Path, shape: list[int], data_type: str, shard: list[int], inner: list[int], **sharding: Any
+) -> ts.TensorStore:
+    """A new zarr v3 array in root, sharded by tensorstore's `sharding_indexed` codec (shards of `shard`,
+    inner chunks of `inner`; `sharding`: the codec's other configuration, e.g. inner `codecs`)."""
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "file", "path": str(root)},
+        "metadata": {
+            "shape": shape,
+            "data_type": data_type,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": shard}},
+            "codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": inner, **sharding}}],
+        },
+        "create": True,
+    }
+    return ts.open(spec).result()
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. Annotations (encoded here per the neuroglancer spec, sharded by tensorstore)
 

@@ -179,19 +179,8 @@ def test_zarr_array_over_http(tmp_path, mount) -> None:
     """A tensorstore zarr v3 sharded array: every inner chunk costs at most 2 GETs cold plus one HEAD per
     shard, and zarr-python and tensorstore read the mount."""
     root = tmp_path / "a.zarr"
-    spec = {
-        "driver": "zarr3",
-        "kvstore": f"file://{root}",
-        "metadata": {
-            "shape": [40, 36],
-            "data_type": "uint16",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [20, 18]}},
-            "codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [5, 6]}}],
-        },
-        "create": True,
-    }
     data = np.arange(40 * 36, dtype=np.uint16).reshape(40, 36)
-    ts.open(spec).result().write(data).result()
+    peers.create_tensorstore_zarr3(root, [40, 36], "uint16", [20, 18], [5, 6]).write(data).result()
     with RangeServer(root).running() as server:
         m = mount(f"zarr3://{server.url}")
         chunks = [f"c/{i}/{j}" for i in range(8) for j in range(6)]

@@ -207,18 +207,7 @@ def test_ome_zarr_05_is_read_as_04(zarr_views, mount) -> None:
 
 def test_tensorstore_zarr3_sharded_in_both_views(tmp_path, mount) -> None:
     source = tmp_path / "ts.zarr"
-    spec = {
-        "driver": "zarr3",
-        "kvstore": {"driver": "file", "path": str(source)},
-        "metadata": {
-            "shape": [37, 29],
-            "data_type": "uint32",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [16, 16]}},
-            "codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [4, 8]}}],
-        },
-        "create": True,
-    }
-    array = ts.open(spec).result()
+    array = peers.create_tensorstore_zarr3(source, [37, 29], "uint32", [16, 16], [4, 8])
     data = np.arange(37 * 29, dtype="uint32").reshape(37, 29)
     array[:30, :20].write(data[:30, :20]).result()
     expected = array.read().result()

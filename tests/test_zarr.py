@@ -21,6 +21,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, Sharding
 from shardfs.codecs import UNDO
 from shardfs.formats.zarr import ChunkKeys, Unsupported, unshard
 from shardfs.shards.zarr import EMPTY, IndexLayout
+from tests import peers
 from tests.conftest import assert_eio, shardfs
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -253,27 +254,11 @@ def test_listing_is_exact(zarr_source, mount) -> None:
 
 def test_tensorstore_zarr3_sharded(tmp_path, mount) -> None:
     root = tmp_path / "ts.zarr"
-    spec = {
-        "driver": "zarr3",
-        "kvstore": f"file://{root}",
-        "metadata": {
-            "shape": [70, 33, 9],
-            "data_type": "uint16",
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [32, 16, 9]}},
-            "codecs": [
-                {
-                    "name": "sharding_indexed",
-                    "configuration": {
-                        "chunk_shape": [8, 8, 3],
-                        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd"}],
-                        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
-                    },
-                }
-            ],
-        },
-        "create": True,
-    }
-    written = ts.open(spec).result()
+    little = {"name": "bytes", "configuration": {"endian": "little"}}
+    written = peers.create_tensorstore_zarr3(
+        root, [70, 33, 9], "uint16", [32, 16, 9], [8, 8, 3],
+        codecs=[little, {"name": "zstd"}], index_codecs=[little, {"name": "crc32c"}],
+    )  # fmt: skip
     data = np.random.default_rng(1).integers(0, 60000, written.shape, dtype=np.uint16)
     written[...] = data
     m = mount(root)
