@@ -20,6 +20,8 @@ from shardfs.check import check
 from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
 from shardfs.disk_cache import DiskCache
 from shardfs.errors import CorruptChunk, SourceError
+from shardfs.location import redact_userinfo
+from shardfs.logs import LogFileError, log_to_terminal, redact
 from shardfs.remote import DEFAULT_TIMEOUT, Access
 from shardfs.service import ServiceError
 from shardfs.source import Source, is_remote, open_source
@@ -204,7 +206,7 @@ def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p, commands = parser()
     args = p.parse_args(mount_argv(sys.argv[1:] if argv is None else argv, commands))
-    logging.basicConfig(level=args.__dict__.get("log_level", "WARNING"), format="%(levelname)s: %(message)s")
+    log_to_terminal(args.__dict__.get("log_level", "WARNING"))
     try:
         if args.command == "unmount":
             unmount(args.mountpoint.absolute())
@@ -227,19 +229,24 @@ def main(argv: list[str] | None = None) -> int:
             return check(source, progress=sys.stderr.isatty())
         else:
             info(source)
-    except (SourceError, MountError, CorruptChunk, ServiceError) as e:
-        print(f"shardfs: {e}", file=sys.stderr)
+    except (SourceError, MountError, CorruptChunk, ServiceError, LogFileError) as e:
+        say(str(e))
         return 2 if isinstance(e, (SourceError, UsageError)) else 1
     except FileNotFoundError as e:
-        print(f"shardfs: {e.filename or e}: no such file in the virtual tree", file=sys.stderr)
+        say(f"{e.filename or e}: no such file in the virtual tree")
         return 1
     except BrokenPipeError:
         return 0
     except Exception as e:  # a source shaped in a way no check foresaw: one line, not a traceback
         logging.getLogger("shardfs").debug("unexpected error", exc_info=True)
-        print(f"shardfs: {args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})", file=sys.stderr)
+        say(f"{args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})")
         return 2
     return 0
+
+
+def say(error: str) -> None:
+    """An error, one line on stderr, without the secrets a source URL or a library's message may hold."""
+    print(f"shardfs: {redact(error)}", file=sys.stderr)
 
 
 def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | None) -> int:
@@ -251,7 +258,7 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
 
     remote = is_remote(args.source)
     source: Source | Callable[[], Source] = opened
-    name, local = args.source, None
+    name, local = redact_userinfo(args.source), None  # fsname: /proc/mounts is readable by everyone
     if not remote:
         source = opened()
         name, local = source.name, source.local

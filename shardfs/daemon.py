@@ -27,7 +27,7 @@ from shardfs import metrics, service, stats_socket
 from shardfs.cache import return_freed_memory
 from shardfs.errors import SourceError
 from shardfs.fuse_adapter import ShardFS
-from shardfs.logs import log_to
+from shardfs.logs import log_to, open_log
 from shardfs.rundir import own_dir
 from shardfs.source import Source
 from shardfs.stderr_capture import StderrCapture
@@ -215,9 +215,11 @@ def mount(
         serve(_opened(source).tree, mtime_ns, mountpoint, options, metrics_at=metrics_at)
         return
     log_file = log_file or default_log_file(mountpoint)
+    log_fd = open_log(log_file)  # here, so that a log file that cannot be ours alone is refused in words
     ready_r, ready_w = os.pipe()
     if os.fork():
         os.close(ready_w)
+        os.close(log_fd)
         with os.fdopen(ready_r, "rb") as ready:
             answer = ready.read().decode(errors="replace")
         if answer.startswith(REFUSED):
@@ -233,11 +235,11 @@ def mount(
         source.tree.store.forget()  # its files would be closed under it next
         descriptors = source.tree.store.descriptors()
     # Nothing the caller left open keeps its pipes or files alive; the pipe and the source's root stay.
-    keep = sorted({2, ready_w, *descriptors})
+    keep = sorted({2, ready_w, log_fd, *descriptors})
     for low, high in itertools.pairwise([*keep, os.sysconf("SC_OPEN_MAX")]):
         os.closerange(low + 1, high)
-    _detach_stdio(log_file)
-    log_to(log_file)
+    _detach_stdio(log_fd)
+    log_to(None)  # stderr is the log file now
 
     def ready() -> None:
         os.write(ready_w, b"ready")
@@ -266,9 +268,9 @@ def _opened(source: Source | Callable[[], Source]) -> Source:
     return source if isinstance(source, Source) else source()
 
 
-def _detach_stdio(log_file: Path) -> None:
+def _detach_stdio(log_fd: int) -> None:
+    """stdin and stdout to /dev/null, stderr to the log file (see logs.open_log)."""
     null = os.open(os.devnull, os.O_RDWR)
-    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.dup2(log_fd, 2)  # libfuse's own messages land in the log too

@@ -72,7 +72,9 @@ def make_client(remote: Remote, access: Access) -> Any:
     options, retry = client_options(access, endpoint or remote.url)
     common: dict[str, Any] = {"client_options": options, "retry_config": retry}
     if remote.scheme in ("http", "https"):
-        return HTTPStore(remote.url, **common)
+        if remote.authorization:  # the URL's user:password; reqwest drops it on a redirect to another host
+            options["default_headers"] = {"authorization": remote.authorization}
+        return HTTPStore(remote.address, **common)
     prefix = remote.prefix or None
     if remote.scheme == "s3":
         provider = None if access.anonymous else credentials.aws(remote.url)
