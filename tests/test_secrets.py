@@ -130,8 +130,9 @@ def test_an_assumed_roles_credentials_reach_no_log_at_debug(volume, moto, home, 
         assert_no_secret(text, secrets)
 
 
-def test_log_files_are_their_owners_alone(volume, mount, tmp_path) -> None:
-    """Created 0600 whatever the umask, detached and in the foreground; a wider one narrowed; a link refused."""
+def test_log_files_are_their_owners_alone(volume, mount, tmp_path, user) -> None:
+    """Created 0600 whatever the umask, detached and in the foreground; a wider one narrowed; a link, or a file
+    another user owns (who would read what the daemon logs), refused."""
     old = os.umask(0o022)
     try:
         m = mount(volume[0], "--log-level", "INFO")
@@ -153,6 +154,12 @@ def test_log_files_are_their_owners_alone(volume, mount, tmp_path) -> None:
     refused = shardfs("mount", volume[0], point, "--log-file", tmp_path / "link.log", check=False)
     assert refused.returncode == 1 and "link.log: cannot be the log file: is a symbolic link" in refused.stderr
     assert not os.path.ismount(point) and target.read_text() == ""
+    theirs = tmp_path / "theirs.log"
+    theirs.write_text("")
+    os.chown(theirs, *user)
+    refused = shardfs("mount", volume[0], point, "--log-file", theirs, check=False)
+    assert refused.returncode == 1 and "theirs.log: cannot be the log file: another user owns it" in refused.stderr
+    assert not os.path.ismount(point) and theirs.read_text() == ""
 
 
 class Recorder:
