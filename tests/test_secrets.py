@@ -259,3 +259,23 @@ def test_names_that_are_not_utf8_log_as_logfmt(volume, mount) -> None:
     assert_logfmt(m.log)
     logged = m.log_text()
     assert all(f"path={json.dumps('/' + name)}" in logged for name in BAD_NAMES[:3]), logged
+
+
+def test_what_an_s3_redirect_to_another_host_carries(home, monkeypatch) -> None:
+    """A known limit, pinned so that an obstore which fixes it is noticed: obstore 0.12 (object_store 0.14,
+    reqwest 0.13) follows a 307 to another host with no setting to stop it; reqwest drops the Authorization
+    header (the signature, naming the key id) there, but forwards the session token in x-amz-security-token."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", BASE_KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", BASE_SECRET)
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "session-token-of-the-test")
+    elsewhere = Recorder("127.0.0.2")
+    here = Recorder("127.0.0.1", redirect=elsewhere.url)
+    try:
+        r = shardfs("ls", f"s3://{BUCKET}/vol", "--endpoint", here.url, "--log-level", "DEBUG", check=False)
+    finally:
+        here.close()
+        elsewhere.close()
+    assert r.returncode != 0 and "session-token-of-the-test" not in r.stderr + r.stdout
+    assert here.headers and all(BASE_KEY_ID in h["authorization"] for h in here.headers)
+    assert elsewhere.headers and not any("authorization" in h or BASE_SECRET in str(h) for h in elsewhere.headers)
+    assert all(h["x-amz-security-token"] == "session-token-of-the-test" for h in elsewhere.headers)  # the limit
