@@ -170,7 +170,7 @@ def serve(
         if on_ready is not None:
             on_ready()
 
-    service.handle_signals(tree)  # first: every thread started after it inherits the blocked signals
+    service.handle_signals(tree)  # before libfuse's threads: they inherit the blocked signals
     return_freed_memory()
     try:
         if metrics_at is not None:
@@ -211,6 +211,7 @@ def mount(
     prepare_mountpoint(mountpoint, local, allow_non_empty)
     mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
     if foreground:
+        service.block_signals()  # before a remote source is opened: obstore's threads start with it
         log_to(log_file)
         serve(_opened(source).tree, mtime_ns, mountpoint, options, metrics_at=metrics_at)
         return
@@ -228,6 +229,7 @@ def mount(
     # The daemon: a session of its own, stdio off the caller's terminal and pipes, logs to the file.
     os.close(ready_r)
     os.setsid()
+    service.block_signals()  # before a remote source is opened: obstore's threads start with it
     descriptors = []
     if isinstance(source, Source):
         source.tree.store.forget()  # its files would be closed under it next

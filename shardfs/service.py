@@ -37,10 +37,17 @@ def tell_systemd(state: Notification) -> None:
             log.warning("could not tell systemd %s: %s", state.name, error)
 
 
-def handle_signals(tree: Tree) -> None:
-    """Take SIGHUP and SIGUSR1 in one thread of ours. Call before any other thread starts: threads
-    inherit the blocked mask, so libfuse's own SIGHUP handler (which would end the mount) never runs."""
+def block_signals() -> None:
+    """Block SIGHUP and SIGUSR1 in the calling thread, and so in every thread started from it after: call it
+    first thing in the daemon, before anything starts a thread (obstore's runtime, libfuse's workers), so
+    that only handle_signals' thread ever takes them. A thread that did not block them would run their
+    default action (SIGHUP and SIGUSR1 end the process) or libfuse's (SIGHUP ends the mount)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+
+
+def handle_signals(tree: Tree) -> None:
+    """Take SIGHUP and SIGUSR1 in one thread of ours: SIGHUP drops every cache, SIGUSR1 toggles DEBUG."""
+    block_signals()  # idempotent; already done where the daemon began
     base_level = logging.getLogger().level
 
     def wait() -> None:

@@ -24,6 +24,7 @@ from shardfs.logs import BURST
 from shardfs.rundir import runtime_dir
 from tests import peers
 from tests.conftest import REPO, SHARDFS, assert_eio, scrape, shardfs
+from tests.http_server import RangeServer
 from tests.test_daemon import daemon_of, wait_until
 
 UNIT = REPO / "systemd" / "shardfs@.service"
@@ -312,3 +313,18 @@ def test_sigusr1_toggles_debug_logging(kv, mount) -> None:
     daemon.send_signal(signal.SIGUSR1)
     wait_until(lambda: 'msg="SIGUSR1: log level WARNING"' in m.log_text())
     assert daemon.is_running() and (m.path / "3").read_bytes() == kv[1][3]
+
+
+def test_sighup_and_sigusr1_keep_a_remote_mount(kv, mount) -> None:
+    """A remote source starts obstore's runtime threads while it is opened, before the FUSE loop: they must
+    leave SIGHUP and SIGUSR1 to the daemon's one signal thread too, or either signal ends the daemon."""
+    with RangeServer(kv[0]).running() as server:
+        m = mount(server.url)
+        assert (m.path / "2").read_bytes() == kv[1][2]
+        daemon = daemon_of(m.path)
+        for sig, event in ((signal.SIGUSR1, "event=log_level"), (signal.SIGHUP, "event=caches_dropped")) * 3:
+            before = m.log_text().count(event)
+            daemon.send_signal(sig)
+            wait_until(lambda event=event, before=before: m.log_text().count(event) > before)
+        assert daemon.is_running() and os.path.ismount(m.path)
+        assert (m.path / "4").read_bytes() == kv[1][4]
