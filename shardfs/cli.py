@@ -162,6 +162,7 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     )  # fmt: skip
     u = command("unmount", "unmount a shardfs mount")
     u.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
+    u.add_argument("--any-type", action="store_true", help="unmount whatever is mounted there, even if not shardfs")
     st = command("stats", "a live mount's figures: uptime, operations, bytes served, cache hit rate, errors")
     st.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
     st.add_argument("--prometheus", action="store_true", help="every figure, in Prometheus' text format")
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.__dict__.get("log_level", "WARNING"), format="%(levelname)s: %(message)s")
     try:
         if args.command == "unmount":
-            unmount(args.mountpoint.absolute())
+            unmount(args.mountpoint.absolute(), args.any_type)
             return 0
         if args.command == "stats":
             text = stats_socket.read(args.mountpoint.absolute())

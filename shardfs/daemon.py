@@ -23,7 +23,7 @@ from pathlib import Path
 import mfusepy
 from cysystemd.daemon import Notification
 
-from shardfs import metrics, service, stats_socket
+from shardfs import metrics, mountinfo, service, stats_socket
 from shardfs.cache import return_freed_memory
 from shardfs.errors import SourceError
 from shardfs.fuse_adapter import ShardFS
@@ -122,12 +122,17 @@ def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: b
             raise UsageError(f"{mountpoint}: mountpoint is not empty; pass --allow-non-empty to mount over it")
 
 
-def unmount(mountpoint: Path) -> None:
+def unmount(mountpoint: Path, any_type: bool = False) -> None:
+    """Unmount the shardfs mount at mountpoint; anything else mounted there is refused unless any_type, so
+    that root's `shardfs unmount` with a mistyped path cannot take down a disk or another FUSE daemon."""
     if not is_stale(mountpoint):
         if not os.path.lexists(mountpoint):
             raise UsageError(f"{mountpoint}: does not exist")
         if not os.path.ismount(mountpoint):
             raise MountError(f"{mountpoint}: not mounted")
+    found = mountinfo.topmost(mountpoint)
+    if not any_type and found is not None and found.fstype != mountinfo.SHARDFS_TYPE:
+        raise MountError(f"{mountpoint}: a {found.fstype} mount, not shardfs; pass --any-type to unmount it anyway")
     result = fusermount(False, mountpoint)
     if result.returncode != 0:
         raise MountError(result.stderr.strip() or f"{mountpoint}: unmount failed")

@@ -90,6 +90,23 @@ def test_unmount_and_mount_name_what_is_missing(kv, tmp_path) -> None:
     one_line_error(shardfs("mount", kv[0], missing, check=False), 2, str(missing), "mountpoint does not exist")
 
 
+def test_unmount_touches_only_shardfs_unless_told(tmp_path) -> None:
+    """Root's `shardfs unmount` of a path where something else is mounted refuses and leaves it mounted."""
+    point = tmp_path / "other"
+    point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "shardfs-test-tmpfs", point], check=True)
+    try:
+        (point / "kept").write_text("still here")
+        refused = shardfs("unmount", point, check=False)
+        one_line_error(refused, 1, str(point), "a tmpfs mount, not shardfs", "--any-type")
+        assert os.path.ismount(point) and (point / "kept").read_text() == "still here"
+        shardfs("unmount", "--any-type", point)
+        assert not os.path.ismount(point)
+    finally:
+        if os.path.ismount(point):
+            subprocess.run(["umount", point], check=False)
+
+
 def test_decimal_cache_size(kv, mount) -> None:
     m = mount(kv[0], "--cache-size", "1.5G")
     figures = scrape(shardfs("stats", "--prometheus", m.path).stdout)
