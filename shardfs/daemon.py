@@ -177,10 +177,11 @@ def serve(
 
     service.handle_signals(tree)  # before libfuse's threads: they inherit the blocked signals
     return_freed_memory()
+    figures = service.Paced(metrics.text)
     try:
         if metrics_at is not None:
-            service.serve_metrics(metrics_at)
-        remove_stats_socket = stats_socket.serve(mountpoint, metrics.text)
+            service.serve_metrics(metrics_at, figures)
+        remove_stats_socket = stats_socket.serve(mountpoint, figures)
     except service.ServiceError as e:
         raise MountError(str(e)) from None
     metrics.watch_cache(tree.cache)

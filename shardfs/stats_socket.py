@@ -20,7 +20,7 @@ from pathlib import Path
 
 from shardfs import mountinfo
 from shardfs.rundir import own_dir, runtime_dir, trusted_dir
-from shardfs.service import ServiceError
+from shardfs.service import IDLE_TIMEOUT, ServiceError
 
 UCRED = struct.Struct("3i")  # pid, uid, gid, as SO_PEERCRED gives them
 
@@ -52,6 +52,7 @@ def serve(mountpoint: Path, figures: Callable[[], bytes]) -> Callable[[], None]:
         while True:
             conn, _ = server.accept()
             with conn, contextlib.suppress(OSError):
+                conn.settimeout(IDLE_TIMEOUT)  # a client that never reads holds up the next one no longer
                 conn.sendall(figures())
 
     threading.Thread(target=answer, name="shardfs-stats", daemon=True).start()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardfs import stats_socket
+from shardfs import service, stats_socket
 from shardfs.cli import mount_argv, parser
 from shardfs.logs import BURST
 from shardfs.rundir import runtime_dir
@@ -242,31 +244,92 @@ def test_another_user_can_neither_block_a_mount_nor_fake_its_stats(kv, other_use
             shardfs("unmount", point)
 
 
+TRUST_CHECKS = """
+import json, os, subprocess, sys
+from shardfs import stats_socket
+from shardfs.rundir import runtime_dir
+source, point, log, *other_user = sys.argv[1:]
+shardfs = [sys.executable, "-m", "shardfs"]
+stats = lambda: subprocess.run([*shardfs, "stats", point], capture_output=True, text=True, timeout=60)
+subprocess.run([*shardfs, "mount", source, point, "--log-file", log], check=True)
+try:
+    directory = runtime_dir(0)
+    trusted = stats().returncode
+    directory.chmod(0o777)
+    open_dir = stats()
+    path = stats_socket.socket_path(directory, point)
+    path.unlink()  # the daemon's socket gone, a stranger's in its place
+    squatter = subprocess.Popen([*other_user, "tests.squatter", str(path)], stdout=subprocess.PIPE, text=True)
+    taken = int(squatter.stdout.readline())
+    directory.chmod(0o755)
+    faked = stats()
+    squatter.kill()
+finally:
+    subprocess.run([*shardfs, "unmount", point])
+answers = [[done.returncode, done.stderr + done.stdout] for done in (open_dir, faked)]
+print(json.dumps([trusted, taken, *answers]))
+"""
+
+
 def test_stats_trusts_only_the_mounts_own_user(kv, other_user, public_tmp) -> None:
-    """What root alone could set up, as the checks' own test: an open directory, then a stranger's socket."""
+    """What root alone could set up, as the checks' own test: an open directory, then a stranger's socket. Run
+    in a mount namespace of its own, with a fresh /run: root's /run/shardfs serves every other daemon."""
+    point = public_tmp / "m"
+    point.mkdir()
+    private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none /run && exec "$@"']
+    script = [sys.executable, "-c", TRUST_CHECKS, str(kv[0]), str(point), str(public_tmp / "log"), *other_user]
+    done = subprocess.run([*private, "-", *script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    trusted, taken, open_dir, faked = json.loads(done.stdout)
+    assert trusted == 0 and taken == 1
+    why = "/run/shardfs: not a directory of uid 0 closed to others; its stats are not trusted\n"
+    assert open_dir == [1, f"shardfs: {why}"]
+    assert faked[0] == 1 and "answered by uid" in faked[1] and "999999" not in faked[1]
+    assert not os.path.ismount(point)
+
+
+def test_a_flood_of_stats_requests_costs_the_daemon_little(kv, other_user, public_tmp) -> None:
+    """Another user connecting to the stats socket as fast as it can gets at most one answer per
+    ANSWER_INTERVAL, so the daemon spends a small share of a core on it (before, all of one, under the GIL
+    the readers need)."""
     point = public_tmp / "m"
     point.mkdir()
     shardfs("mount", kv[0], point, "--log-file", public_tmp / "log")
-    directory = runtime_dir(0)
-    path = stats_socket.socket_path(directory, point)
-    squatter = None
     try:
-        directory.chmod(0o777)
-        done = shardfs("stats", point, check=False)
-        assert done.returncode == 1 and f"{directory}: not a directory of uid 0 closed to others" in done.stderr
-        path.unlink()  # the daemon's socket gone, a stranger's in its place
-        command = [*other_user, "tests.squatter", str(path)]
-        squatter = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
-        assert squatter.stdout is not None and int(squatter.stdout.readline()) == 1
-        directory.chmod(0o755)
-        done = shardfs("stats", point, check=False)
-        assert done.returncode == 1 and "answered by uid" in done.stderr and "999999" not in done.stdout
+        daemon = daemon_of(point)
+        path = stats_socket.socket_path(runtime_dir(0), point)
+        busy = sum(daemon.cpu_times()[:2])
+        flood = subprocess.run([*other_user, "tests.flooder", str(path), "2"], capture_output=True, text=True,
+                               timeout=60, cwd=REPO, check=True)  # fmt: skip
+        busy = sum(daemon.cpu_times()[:2]) - busy
+        assert 0 < int(flood.stdout) <= 2 / service.ANSWER_INTERVAL + 20, flood.stdout
+        assert busy < 0.5, f"the daemon spent {busy:.2f} s of CPU answering a 2 s flood"
+        assert scrape(shardfs("stats", "--prometheus", point).stdout)["shardfs_served_bytes_total", frozenset()] == 0
     finally:
-        directory.chmod(0o755)
-        if squatter is not None:
-            squatter.kill()
-            squatter.wait()
         shardfs("unmount", point)
+
+
+def test_idle_metrics_connections_time_out_and_are_bounded(kv, mount) -> None:
+    """Connections to --metrics that never send a request hold no thread past IDLE_TIMEOUT, and never more
+    than METRICS_CONNECTIONS threads at once."""
+    port = free_port()
+    m = mount(kv[0], "--metrics", str(port))
+    daemon = daemon_of(m.path)
+    threads = daemon.num_threads()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+    try:
+        wait_until(lambda: daemon.num_threads() >= threads + service.METRICS_CONNECTIONS)
+        assert daemon.num_threads() <= threads + service.METRICS_CONNECTIONS
+        started = time.monotonic()
+        idle[0].settimeout(30)
+        assert idle[0].recv(1) == b""  # closed by the daemon
+        assert time.monotonic() - started <= service.IDLE_TIMEOUT + 2
+        wait_until(lambda: daemon.num_threads() == threads)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            assert ("shardfs_served_bytes_total", frozenset()) in scrape(reply.read().decode())
+    finally:
+        for conn in idle:
+            conn.close()
 
 
 def test_repeated_errors_are_rate_limited(half_broken, mount) -> None:
