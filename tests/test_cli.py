@@ -49,12 +49,27 @@ def test_mountpoint_that_is_the_source_inside_it_or_above_it_is_refused(tmp_path
         (["--cache-size", "x"], ["--cache-size", "'x'", "512M"]),
         (["--cache-size", "1000"], ["--cache-size", "too small", "64K"]),
         (["--cache-size", "0"], ["--cache-size", "too small", "64K"]),
+        (["--cache-size", "-5M"], ["--cache-size", "'-5M'", "512M"]),
+        (["--endpoint", "not-a-url"], ["--endpoint", "'not-a-url'", "https://"]),
+        (["-o", "view=zarr2", "--view", "n5"], ["--view", "given twice", "'zarr2'", "'n5'"]),
     ],
 )
 def test_bad_option_is_one_line_naming_the_valid_values(kv, tmp_path, args, words) -> None:
     for form in (["mount", kv[0], tmp_path], [kv[0], tmp_path]):  # the command, and the mount-helper form
         one_line_error(shardfs(*form, *args, check=False), 2, *words)
     assert not os.path.ismount(tmp_path)
+
+
+def test_remote_options_on_a_local_source_are_named_as_ignored(kv, tmp_path) -> None:
+    point = tmp_path / "m"
+    point.mkdir()
+    done = shardfs("mount", kv[0], point, "--timeout", "5", "--region", "eu-west-1", "--allow-other")
+    try:
+        assert done.stderr == f"shardfs: --region, --timeout: for remote sources only; ignored for {kv[0]}\n"
+        assert "allow_other" in next(ln for ln in Path("/proc/mounts").read_text().splitlines() if str(point) in ln)
+        assert (point / "3").read_bytes() == kv[1][3]
+    finally:
+        shardfs("unmount", point)
 
 
 @pytest.mark.parametrize("foreground", [False, True])
