@@ -267,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"shardfs: {e.filename or e}: no such file in the virtual tree", file=sys.stderr)
         return 1
+    except IsADirectoryError as e:
+        print(f"shardfs: {e}: a directory; `shardfs ls` lists it", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0
     except Exception as e:  # a source shaped in a way no check foresaw: one line, not a traceback
@@ -333,7 +336,7 @@ def ls(source: Source, path: str) -> None:
 def cat(source: Source, path: str) -> None:
     node = source.tree.lookup(path)
     if isinstance(node, Dir):
-        raise FileNotFoundError(path)
+        raise IsADirectoryError(path)
     size, block = node.size(), 1 << 20
     for offset in range(0, size, block):
         sys.stdout.buffer.write(node.read(offset, block))

@@ -122,6 +122,10 @@ def test_unmount_touches_only_shardfs_unless_told(tmp_path) -> None:
             subprocess.run(["umount", point], check=False)
 
 
+def test_cat_of_a_directory_says_it_is_one(kv) -> None:
+    one_line_error(shardfs("cat", kv[0], "", check=False), 1, "a directory", "shardfs ls")
+
+
 def test_decimal_cache_size(kv, mount) -> None:
     m = mount(kv[0], "--cache-size", "1.5G")
     figures = scrape(shardfs("stats", "--prometheus", m.path).stdout)
