@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from shardfs import __version__, stats_socket
+from shardfs import __version__, metrics, stats_socket
 from shardfs.check import check
 from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
 from shardfs.disk_cache import DiskCache
@@ -311,6 +311,7 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
     if args.allow_other:
         extra["allow_other"] = True
     options = fuse_options(name, extra, remote)
+    metrics.MOUNT.info({"source": str(name), "mountpoint": str(args.mountpoint.absolute()), "view": args.view})
     log_file = args.log_file.absolute() if args.log_file else None
     mount(
         source,

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardfs import __version__
@@ -139,11 +140,24 @@ def test_version_and_help_with_defaults() -> None:
         assert said in text
 
 
+def test_stats_says_what_is_held_beyond_the_budget(tmp_path, mount) -> None:
+    """One file larger than --cache-size is kept (so a reader's 128 KiB pieces decode it once): the summary
+    says so rather than show more held than the budget allows."""
+    big = np.random.default_rng(1).bytes(300 << 10)
+    peers.write_tensorstore_kv(tmp_path / "kv", {1: big})
+    m = mount(tmp_path / "kv", "--cache-size", "128K")
+    assert (m.path / "1").read_bytes() == big
+    cache = next(line for line in shardfs("stats", m.path).stdout.splitlines() if line.startswith("cache"))
+    held = cache.split("; ")[1]
+    assert held.endswith("held of 128.0 KiB (and one file larger than that budget: 300.2 KiB)"), cache
+
+
 def test_stats_is_a_short_summary_by_default(kv, mount) -> None:
     m = mount(kv[0])
     served = sum(len((m.path / str(k)).read_bytes()) for k in range(10))
     lines = shardfs("stats", m.path).stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["uptime", "operations", "served", "cache", "errors"]
+    assert [line.split()[0] for line in lines] == ["mount", "uptime", "operations", "served", "cache", "errors"]
+    assert lines.pop(0) == f"mount       {kv[0]} at {m.path}, view native"
     assert lines[2].split()[1:] == [str(served), "B"]
     assert lines[4].split()[1] == "0;"
     uptime = lines[0].split()[1:]
