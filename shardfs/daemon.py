@@ -23,7 +23,7 @@ from pathlib import Path
 import mfusepy
 from cysystemd.daemon import Notification
 
-from shardfs import metrics, service, stats_socket
+from shardfs import metrics, mountinfo, service, stats_socket
 from shardfs.cache import return_freed_memory
 from shardfs.errors import SourceError
 from shardfs.fuse_adapter import ShardFS
@@ -122,12 +122,17 @@ def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: b
             raise UsageError(f"{mountpoint}: mountpoint is not empty; pass --allow-non-empty to mount over it")
 
 
-def unmount(mountpoint: Path) -> None:
+def unmount(mountpoint: Path, any_type: bool = False) -> None:
+    """Unmount the shardfs mount at mountpoint; anything else mounted there is refused unless any_type, so
+    that root's `shardfs unmount` with a mistyped path cannot take down a disk or another FUSE daemon."""
     if not is_stale(mountpoint):
         if not os.path.lexists(mountpoint):
             raise UsageError(f"{mountpoint}: does not exist")
         if not os.path.ismount(mountpoint):
             raise MountError(f"{mountpoint}: not mounted")
+    found = mountinfo.topmost(mountpoint)
+    if not any_type and found is not None and found.fstype != mountinfo.SHARDFS_TYPE:
+        raise MountError(f"{mountpoint}: a {found.fstype} mount, not shardfs; pass --any-type to unmount it anyway")
     result = fusermount(False, mountpoint)
     if result.returncode != 0:
         raise MountError(result.stderr.strip() or f"{mountpoint}: unmount failed")
@@ -170,12 +175,13 @@ def serve(
         if on_ready is not None:
             on_ready()
 
-    service.handle_signals(tree)  # first: every thread started after it inherits the blocked signals
+    service.handle_signals(tree)  # before libfuse's threads: they inherit the blocked signals
     return_freed_memory()
+    figures = service.Paced(metrics.text)
     try:
         if metrics_at is not None:
-            service.serve_metrics(metrics_at)
-        remove_stats_socket = stats_socket.serve(mountpoint, metrics.text)
+            service.serve_metrics(metrics_at, figures)
+        remove_stats_socket = stats_socket.serve(mountpoint, figures)
     except service.ServiceError as e:
         raise MountError(str(e)) from None
     metrics.watch_cache(tree.cache)
@@ -211,6 +217,7 @@ def mount(
     prepare_mountpoint(mountpoint, local, allow_non_empty)
     mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
     if foreground:
+        service.block_signals()  # before a remote source is opened: obstore's threads start with it
         log_to(log_file)
         serve(_opened(source).tree, mtime_ns, mountpoint, options, metrics_at=metrics_at)
         return
@@ -230,6 +237,7 @@ def mount(
     # The daemon: a session of its own, stdio off the caller's terminal and pipes, logs to the file.
     os.close(ready_r)
     os.setsid()
+    service.block_signals()  # before a remote source is opened: obstore's threads start with it
     descriptors = []
     if isinstance(source, Source):
         source.tree.store.forget()  # its files would be closed under it next

@@ -12,17 +12,24 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
-import prometheus_client
 from cysystemd.daemon import Notification, notify
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from shardfs import metrics
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
 
 SIGNALS = {signal.SIGHUP, signal.SIGUSR1}
+ANSWER_INTERVAL = 0.01  # seconds between two builds of the figures (each ~0.3 ms of the GIL): at most 3% of it
+METRICS_CONNECTIONS = 8  # --metrics connections served at once; more are closed at once
+IDLE_TIMEOUT = 5.0  # seconds a --metrics connection may wait on its client
 
 
 class ServiceError(Exception):
@@ -32,15 +39,22 @@ class ServiceError(Exception):
 def tell_systemd(state: Notification) -> None:
     """sd_notify, when run by systemd as Type=notify; otherwise nothing."""
     if os.environ.get("NOTIFY_SOCKET"):
-        error = notify(state, return_exceptions=True)
-        if error is not None:
-            log.warning("could not tell systemd %s: %s", state.name, error)
+        answer = notify(state, return_exceptions=True)  # sd_notify's count of messages sent, or the exception
+        if isinstance(answer, BaseException):
+            log.warning("could not tell systemd %s: %s", state.name, answer, extra={"event": "sd_notify"})
+
+
+def block_signals() -> None:
+    """Block SIGHUP and SIGUSR1 in the calling thread, and so in every thread started from it after: call it
+    first thing in the daemon, before anything starts a thread (obstore's runtime, libfuse's workers), so
+    that only handle_signals' thread ever takes them. A thread that did not block them would run their
+    default action (SIGHUP and SIGUSR1 end the process) or libfuse's (SIGHUP ends the mount)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
 
 def handle_signals(tree: Tree) -> None:
-    """Take SIGHUP and SIGUSR1 in one thread of ours. Call before any other thread starts: threads
-    inherit the blocked mask, so libfuse's own SIGHUP handler (which would end the mount) never runs."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    """Take SIGHUP and SIGUSR1 in one thread of ours: SIGHUP drops every cache, SIGUSR1 toggles DEBUG."""
+    block_signals()  # idempotent; already done where the daemon began
     base_level = logging.getLogger().level
 
     def wait() -> None:
@@ -57,9 +71,70 @@ def handle_signals(tree: Tree) -> None:
     threading.Thread(target=wait, name="shardfs-signals", daemon=True).start()
 
 
-def serve_metrics(address: tuple[str, int]) -> None:
+class Paced:
+    """figures(), built at most once per ANSWER_INTERVAL whoever asks: any local user can connect to the
+    stats socket or the metrics port, and a flood of them must wait, not take the GIL from the readers."""
+
+    def __init__(self, figures: Callable[[], bytes], interval: float = ANSWER_INTERVAL) -> None:
+        self.figures, self.interval = figures, interval
+        self._lock = threading.Lock()
+        self._next = 0.0
+
+    def __call__(self) -> bytes:
+        with self._lock:
+            wait = self._next - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            self._next = time.monotonic() + self.interval
+            return self.figures()
+
+
+class _MetricsServer(ThreadingHTTPServer):
+    """A thread per connection, but at most METRICS_CONNECTIONS of them: one more is closed unanswered."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], figures: Callable[[], bytes]) -> None:
+        self.figures = figures
+        self._slots = threading.BoundedSemaphore(METRICS_CONNECTIONS)
+        super().__init__(address, _MetricsHandler)
+
+    def process_request(self, request: socket.socket, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: socket.socket, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    """GET answers the figures; a client silent for IDLE_TIMEOUT is dropped (HTTP/1.0: one request each)."""
+
+    timeout = IDLE_TIMEOUT
+    server: _MetricsServer
+
+    def do_GET(self) -> None:
+        body = self.server.figures()
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # scrapes are not news; a flood of them must not flood the log
+
+
+def serve_metrics(address: tuple[str, int], figures: Callable[[], bytes]) -> None:
+    """Prometheus' text format over HTTP at address, from a thread of its own."""
     try:
-        prometheus_client.start_http_server(address[1], address[0], registry=metrics.REGISTRY)
+        server = _MetricsServer(address, figures)
     except OSError as e:
         raise ServiceError(f"--metrics {address[0]}:{address[1]}: cannot listen ({e.strerror})") from e
+    threading.Thread(target=server.serve_forever, name="shardfs-metrics", daemon=True).start()
     log.info("metrics at http://%s:%d/metrics", *address)

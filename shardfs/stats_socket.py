@@ -12,17 +12,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import re
 import socket
 import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from shardfs import mountinfo
 from shardfs.rundir import own_dir, runtime_dir, trusted_dir
-from shardfs.service import ServiceError
+from shardfs.service import IDLE_TIMEOUT, ServiceError
 
-MOUNTINFO = Path("/proc/self/mountinfo")
 UCRED = struct.Struct("3i")  # pid, uid, gid, as SO_PEERCRED gives them
 
 
@@ -53,6 +52,7 @@ def serve(mountpoint: Path, figures: Callable[[], bytes]) -> Callable[[], None]:
         while True:
             conn, _ = server.accept()
             with conn, contextlib.suppress(OSError):
+                conn.settimeout(IDLE_TIMEOUT)  # a client that never reads holds up the next one no longer
                 conn.sendall(figures())
 
     threading.Thread(target=answer, name="shardfs-stats", daemon=True).start()
@@ -75,16 +75,8 @@ def _answers(path: Path) -> bool:
 
 def mount_owner(mountpoint: Path) -> int | None:
     """The uid of the shardfs daemon mounted at mountpoint (the topmost mount there), or None."""
-    where = os.path.realpath(mountpoint)
-    owner = None
-    for line in MOUNTINFO.read_text().splitlines():
-        fields, _, fs = line.partition(" - ")
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields.split()[4])
-        if point == where:
-            fstype, _, options, *_ = fs.split()
-            uid = re.search(r"(?:^|,)user_id=(\d+)(?:,|$)", options)
-            owner = int(uid.group(1)) if fstype == "fuse.shardfs" and uid else None
-    return owner
+    found = mountinfo.topmost(mountpoint)
+    return found.daemon_uid if found is not None and found.fstype == mountinfo.SHARDFS_TYPE else None
 
 
 def read(mountpoint: Path) -> str:

@@ -7,6 +7,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardfs import __version__
@@ -49,12 +50,27 @@ def test_mountpoint_that_is_the_source_inside_it_or_above_it_is_refused(tmp_path
         (["--cache-size", "x"], ["--cache-size", "'x'", "512M"]),
         (["--cache-size", "1000"], ["--cache-size", "too small", "64K"]),
         (["--cache-size", "0"], ["--cache-size", "too small", "64K"]),
+        (["--cache-size", "-5M"], ["--cache-size", "'-5M'", "512M"]),
+        (["--endpoint", "not-a-url"], ["--endpoint", "'not-a-url'", "https://"]),
+        (["-o", "view=zarr2", "--view", "n5"], ["--view", "given twice", "'zarr2'", "'n5'"]),
     ],
 )
 def test_bad_option_is_one_line_naming_the_valid_values(kv, tmp_path, args, words) -> None:
     for form in (["mount", kv[0], tmp_path], [kv[0], tmp_path]):  # the command, and the mount-helper form
         one_line_error(shardfs(*form, *args, check=False), 2, *words)
     assert not os.path.ismount(tmp_path)
+
+
+def test_remote_options_on_a_local_source_are_named_as_ignored(kv, tmp_path) -> None:
+    point = tmp_path / "m"
+    point.mkdir()
+    done = shardfs("mount", kv[0], point, "--timeout", "5", "--region", "eu-west-1", "--allow-other")
+    try:
+        assert done.stderr == f"shardfs: --region, --timeout: for remote sources only; ignored for {kv[0]}\n"
+        assert "allow_other" in next(ln for ln in Path("/proc/mounts").read_text().splitlines() if str(point) in ln)
+        assert (point / "3").read_bytes() == kv[1][3]
+    finally:
+        shardfs("unmount", point)
 
 
 @pytest.mark.parametrize("foreground", [False, True])
@@ -90,6 +106,27 @@ def test_unmount_and_mount_name_what_is_missing(kv, tmp_path) -> None:
     one_line_error(shardfs("mount", kv[0], missing, check=False), 2, str(missing), "mountpoint does not exist")
 
 
+def test_unmount_touches_only_shardfs_unless_told(tmp_path) -> None:
+    """Root's `shardfs unmount` of a path where something else is mounted refuses and leaves it mounted."""
+    point = tmp_path / "other"
+    point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "shardfs-test-tmpfs", point], check=True)
+    try:
+        (point / "kept").write_text("still here")
+        refused = shardfs("unmount", point, check=False)
+        one_line_error(refused, 1, str(point), "a tmpfs mount, not shardfs", "--any-type")
+        assert os.path.ismount(point) and (point / "kept").read_text() == "still here"
+        shardfs("unmount", "--any-type", point)
+        assert not os.path.ismount(point)
+    finally:
+        if os.path.ismount(point):
+            subprocess.run(["umount", point], check=False)
+
+
+def test_cat_of_a_directory_says_it_is_one(kv) -> None:
+    one_line_error(shardfs("cat", kv[0], "", check=False), 1, "a directory", "shardfs ls")
+
+
 def test_decimal_cache_size(kv, mount) -> None:
     m = mount(kv[0], "--cache-size", "1.5G")
     figures = scrape(shardfs("stats", "--prometheus", m.path).stdout)
@@ -103,11 +140,24 @@ def test_version_and_help_with_defaults() -> None:
         assert said in text
 
 
+def test_stats_says_what_is_held_beyond_the_budget(tmp_path, mount) -> None:
+    """One file larger than --cache-size is kept (so a reader's 128 KiB pieces decode it once): the summary
+    says so rather than show more held than the budget allows."""
+    big = np.random.default_rng(1).bytes(300 << 10)
+    peers.write_tensorstore_kv(tmp_path / "kv", {1: big})
+    m = mount(tmp_path / "kv", "--cache-size", "128K")
+    assert (m.path / "1").read_bytes() == big
+    cache = next(line for line in shardfs("stats", m.path).stdout.splitlines() if line.startswith("cache"))
+    held = cache.split("; ")[1]
+    assert held.endswith("held of 128.0 KiB (and one file larger than that budget: 300.2 KiB)"), cache
+
+
 def test_stats_is_a_short_summary_by_default(kv, mount) -> None:
     m = mount(kv[0])
     served = sum(len((m.path / str(k)).read_bytes()) for k in range(10))
     lines = shardfs("stats", m.path).stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["uptime", "operations", "served", "cache", "errors"]
+    assert [line.split()[0] for line in lines] == ["mount", "uptime", "operations", "served", "cache", "errors"]
+    assert lines.pop(0) == f"mount       {kv[0]} at {m.path}, view native"
     assert lines[2].split()[1:] == [str(served), "B"]
     assert lines[4].split()[1] == "0;"
     uptime = lines[0].split()[1:]

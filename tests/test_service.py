@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shlex
 import shutil
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,12 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardfs import stats_socket
+from shardfs import service, stats_socket
 from shardfs.cli import mount_argv, parser
 from shardfs.logs import BURST
 from shardfs.rundir import runtime_dir
 from tests import peers
 from tests.conftest import REPO, SHARDFS, assert_eio, scrape, shardfs
+from tests.http_server import RangeServer
 from tests.test_daemon import daemon_of, wait_until
 
 UNIT = REPO / "systemd" / "shardfs@.service"
@@ -92,7 +95,8 @@ def test_type_notify_ready_once_live_and_stopping_on_sigterm(kv, tmp_path) -> No
             assert (point / "7").read_bytes() == stored[7]
             proc.send_signal(signal.SIGTERM)
             assert "STOPPING=1" in notify.recv(4096).decode().splitlines()
-            assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+            assert proc.wait(timeout=30) == 0
+            assert proc.stderr is not None and "could not tell systemd" not in proc.stderr.read()  # it did
             assert not os.path.ismount(point)
         finally:
             if proc.poll() is None:
@@ -108,9 +112,9 @@ def test_example_config_options_become_cli_options() -> None:
     p, commands = parser()
     args = p.parse_args(mount_argv([conf["SOURCE"], conf["MOUNTPOINT"], "-o", conf["OPTIONS"]], commands))
     assert args.command == "mount" and args.cache_size == 1 << 30 and args.metrics == ("127.0.0.1", 9477)
-    assert args.options == ["allow_other"]
+    assert args.allow_other and args.options == []
     fstab_words = mount_argv(["s", "m", "-o", "rw,defaults,comment=x,x-systemd.automount,dev,log-level=info"], commands)
-    assert fstab_words == ["mount", "s", "m", "--log-level", "info", "-o", "dev"]
+    assert fstab_words == ["mount", "s", "m", "--log-level=info", "-o", "dev"]
 
 
 # --- fstab and mount -t, through util-linux mount and libfuse's mount.fuse3 -------------------------
@@ -241,31 +245,92 @@ def test_another_user_can_neither_block_a_mount_nor_fake_its_stats(kv, other_use
             shardfs("unmount", point)
 
 
+TRUST_CHECKS = """
+import json, os, subprocess, sys
+from shardfs import stats_socket
+from shardfs.rundir import runtime_dir
+source, point, log, *other_user = sys.argv[1:]
+shardfs = [sys.executable, "-m", "shardfs"]
+stats = lambda: subprocess.run([*shardfs, "stats", point], capture_output=True, text=True, timeout=60)
+subprocess.run([*shardfs, "mount", source, point, "--log-file", log], check=True)
+try:
+    directory = runtime_dir(0)
+    trusted = stats().returncode
+    directory.chmod(0o777)
+    open_dir = stats()
+    path = stats_socket.socket_path(directory, point)
+    path.unlink()  # the daemon's socket gone, a stranger's in its place
+    squatter = subprocess.Popen([*other_user, "tests.squatter", str(path)], stdout=subprocess.PIPE, text=True)
+    taken = int(squatter.stdout.readline())
+    directory.chmod(0o755)
+    faked = stats()
+    squatter.kill()
+finally:
+    subprocess.run([*shardfs, "unmount", point])
+answers = [[done.returncode, done.stderr + done.stdout] for done in (open_dir, faked)]
+print(json.dumps([trusted, taken, *answers]))
+"""
+
+
 def test_stats_trusts_only_the_mounts_own_user(kv, other_user, public_tmp) -> None:
-    """What root alone could set up, as the checks' own test: an open directory, then a stranger's socket."""
+    """What root alone could set up, as the checks' own test: an open directory, then a stranger's socket. Run
+    in a mount namespace of its own, with a fresh /run: root's /run/shardfs serves every other daemon."""
+    point = public_tmp / "m"
+    point.mkdir()
+    private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none /run && exec "$@"']
+    script = [sys.executable, "-c", TRUST_CHECKS, str(kv[0]), str(point), str(public_tmp / "log"), *other_user]
+    done = subprocess.run([*private, "-", *script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    trusted, taken, open_dir, faked = json.loads(done.stdout)
+    assert trusted == 0 and taken == 1
+    why = "/run/shardfs: not a directory of uid 0 closed to others; its stats are not trusted\n"
+    assert open_dir == [1, f"shardfs: {why}"]
+    assert faked[0] == 1 and "answered by uid" in faked[1] and "999999" not in faked[1]
+    assert not os.path.ismount(point)
+
+
+def test_a_flood_of_stats_requests_costs_the_daemon_little(kv, other_user, public_tmp) -> None:
+    """Another user connecting to the stats socket as fast as it can gets at most one answer per
+    ANSWER_INTERVAL, so the daemon spends a small share of a core on it (before, all of one, under the GIL
+    the readers need)."""
     point = public_tmp / "m"
     point.mkdir()
     shardfs("mount", kv[0], point, "--log-file", public_tmp / "log")
-    directory = runtime_dir(0)
-    path = stats_socket.socket_path(directory, point)
-    squatter = None
     try:
-        directory.chmod(0o777)
-        done = shardfs("stats", point, check=False)
-        assert done.returncode == 1 and f"{directory}: not a directory of uid 0 closed to others" in done.stderr
-        path.unlink()  # the daemon's socket gone, a stranger's in its place
-        command = [*other_user, "tests.squatter", str(path)]
-        squatter = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
-        assert squatter.stdout is not None and int(squatter.stdout.readline()) == 1
-        directory.chmod(0o755)
-        done = shardfs("stats", point, check=False)
-        assert done.returncode == 1 and "answered by uid" in done.stderr and "999999" not in done.stdout
+        daemon = daemon_of(point)
+        path = stats_socket.socket_path(runtime_dir(0), point)
+        busy = sum(daemon.cpu_times()[:2])
+        flood = subprocess.run([*other_user, "tests.flooder", str(path), "2"], capture_output=True, text=True,
+                               timeout=60, cwd=REPO, check=True)  # fmt: skip
+        busy = sum(daemon.cpu_times()[:2]) - busy
+        assert 0 < int(flood.stdout) <= 2 / service.ANSWER_INTERVAL + 20, flood.stdout
+        assert busy < 0.5, f"the daemon spent {busy:.2f} s of CPU answering a 2 s flood"
+        assert scrape(shardfs("stats", "--prometheus", point).stdout)["shardfs_served_bytes_total", frozenset()] == 0
     finally:
-        directory.chmod(0o755)
-        if squatter is not None:
-            squatter.kill()
-            squatter.wait()
         shardfs("unmount", point)
+
+
+def test_idle_metrics_connections_time_out_and_are_bounded(kv, mount) -> None:
+    """Connections to --metrics that never send a request hold no thread past IDLE_TIMEOUT, and never more
+    than METRICS_CONNECTIONS threads at once."""
+    port = free_port()
+    m = mount(kv[0], "--metrics", str(port))
+    daemon = daemon_of(m.path)
+    threads = daemon.num_threads()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
+    try:
+        wait_until(lambda: daemon.num_threads() >= threads + service.METRICS_CONNECTIONS)
+        assert daemon.num_threads() <= threads + service.METRICS_CONNECTIONS
+        started = time.monotonic()
+        idle[0].settimeout(30)
+        assert idle[0].recv(1) == b""  # closed by the daemon
+        assert time.monotonic() - started <= service.IDLE_TIMEOUT + 2
+        wait_until(lambda: daemon.num_threads() == threads)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            assert ("shardfs_served_bytes_total", frozenset()) in scrape(reply.read().decode())
+    finally:
+        for conn in idle:
+            conn.close()
 
 
 def test_repeated_errors_are_rate_limited(half_broken, mount) -> None:
@@ -312,3 +377,18 @@ def test_sigusr1_toggles_debug_logging(kv, mount) -> None:
     daemon.send_signal(signal.SIGUSR1)
     wait_until(lambda: 'msg="SIGUSR1: log level WARNING"' in m.log_text())
     assert daemon.is_running() and (m.path / "3").read_bytes() == kv[1][3]
+
+
+def test_sighup_and_sigusr1_keep_a_remote_mount(kv, mount) -> None:
+    """A remote source starts obstore's runtime threads while it is opened, before the FUSE loop: they must
+    leave SIGHUP and SIGUSR1 to the daemon's one signal thread too, or either signal ends the daemon."""
+    with RangeServer(kv[0]).running() as server:
+        m = mount(server.url)
+        assert (m.path / "2").read_bytes() == kv[1][2]
+        daemon = daemon_of(m.path)
+        for sig, event in ((signal.SIGUSR1, "event=log_level"), (signal.SIGHUP, "event=caches_dropped")) * 3:
+            before = m.log_text().count(event)
+            daemon.send_signal(sig)
+            wait_until(lambda event=event, before=before: m.log_text().count(event) > before)
+        assert daemon.is_running() and os.path.ismount(m.path)
+        assert (m.path / "4").read_bytes() == kv[1][4]
