@@ -19,7 +19,7 @@ from shardfs import __version__, stats_socket
 from shardfs.check import check
 from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
 from shardfs.disk_cache import DiskCache
-from shardfs.errors import CorruptChunk, SourceError
+from shardfs.errors import CacheDirRefused, CorruptChunk, SourceError
 from shardfs.remote import DEFAULT_TIMEOUT, Access
 from shardfs.service import ServiceError
 from shardfs.source import Source, is_remote, open_source
@@ -227,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
             return check(source, progress=sys.stderr.isatty())
         else:
             info(source)
-    except (SourceError, MountError, CorruptChunk, ServiceError) as e:
+    except (SourceError, MountError, CorruptChunk, ServiceError, CacheDirRefused) as e:
         print(f"shardfs: {e}", file=sys.stderr)
-        return 2 if isinstance(e, (SourceError, UsageError)) else 1
+        return 2 if isinstance(e, (SourceError, UsageError, CacheDirRefused)) else 1
     except FileNotFoundError as e:
         print(f"shardfs: {e.filename or e}: no such file in the virtual tree", file=sys.stderr)
         return 1
@@ -266,6 +266,7 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         log_file,
         args.metrics,
         args.allow_non_empty,
+        disk.descriptors() if disk else [],
     )
     return 0
 
