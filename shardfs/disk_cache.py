@@ -38,6 +38,7 @@ MAGIC = b"shardfs-range-1\n"
 HEADER = struct.Struct("<16s32sQI")  # MAGIC, the entry's key (sha256), the range's length, crc32c of the range
 ENTRY = re.compile(r"[0-9a-f]{64}")  # the only names the cache reads, counts or deletes
 PART = ".part-"  # an entry being written, renamed to its name once whole
+PART_STALE = 600  # seconds: a part this old was left by a daemon that died writing it (a write takes ms)
 
 
 class DamagedEntry(Exception):
@@ -55,6 +56,7 @@ class DiskCache:
         self._fd = open_own_dir(directory)
         self._lock = threading.Lock()
         self._warned = False
+        self._clear_stale_parts()
         self._bytes = sum(size for _, size, _ in self._entries())
 
     def descriptors(self) -> list[int]:
@@ -154,6 +156,15 @@ class DiskCache:
                         st = e.stat(follow_symlinks=False)
                         found.append((st.st_mtime_ns, st.st_size, e.name))
         return found
+
+    def _clear_stale_parts(self) -> None:
+        """Parts left by a daemon that died writing them: counted by no budget, so removed here."""
+        stale = time.time_ns() - PART_STALE * 10**9
+        with os.scandir(self._fd) as scan:
+            for e in scan:
+                with contextlib.suppress(OSError):
+                    if e.name.startswith(PART) and e.stat(follow_symlinks=False).st_mtime_ns < stale:
+                        os.unlink(e.name, dir_fd=self._fd)
 
     def _evict(self) -> None:
         """Least recently used first, until EVICT_TO of the budget is held."""

@@ -11,6 +11,7 @@ import errno
 import os
 import resource
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -270,6 +271,20 @@ def test_a_missing_directory_is_made_for_this_user_alone(volume, server, mount, 
     st = cache.stat()
     assert (st.st_uid, st.st_mode & 0o777) == (os.geteuid(), 0o700)
     assert entries(cache) and all(p.stat().st_mode & 0o777 == 0o600 for p in entries(cache))
+
+
+def test_parts_left_by_a_dead_daemon_are_cleared(volume, server, mount, tmp_path) -> None:
+    """A half-written entry left by a daemon that died (an hour old) is removed by the next mount, as it
+    is counted by no budget; a fresh one (another daemon writing it now) is left alone."""
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    stale, fresh = cache / ".part-0123456789abcdef", cache / ".part-fedcba9876543210"
+    stale.write_bytes(bytes(1 << 20))
+    fresh.write_bytes(b"being written")
+    an_hour_ago = time.time() - 3600
+    os.utime(stale, (an_hour_ago, an_hour_ago))
+    fill(server, mount, cache, chunks(volume[1])[:1])
+    assert not stale.exists() and fresh.exists()
 
 
 @pytest.fixture
