@@ -133,7 +133,8 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
         )  # fmt: skip
         s.add_argument(
             "--cache-dir", type=Path, metavar="DIR",
-            help="remote sources: keep the byte ranges read in DIR, across mounts (default: not kept)",
+            help="remote sources: keep the byte ranges read in DIR, across mounts (default: not kept); DIR must be"
+            " yours and writable by nobody else (made 0700 if missing)",
         )  # fmt: skip
         s.add_argument(
             "--cache-dir-size", type=byte_size, default=DEFAULT_CACHE_DIR_SIZE, metavar="SIZE",
