@@ -20,7 +20,7 @@ from shardfs import __version__, metrics, stats_socket
 from shardfs.check import check
 from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
 from shardfs.disk_cache import DiskCache
-from shardfs.errors import CorruptChunk, SourceError
+from shardfs.errors import CacheDirRefused, CorruptChunk, SourceError
 from shardfs.location import redact_userinfo
 from shardfs.logs import LogFileError, log_to_terminal, redact
 from shardfs.remote import DEFAULT_TIMEOUT, Access
@@ -148,7 +148,8 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
         )  # fmt: skip
         s.add_argument(
             "--cache-dir", type=Path, metavar="DIR",
-            help="remote sources: keep the byte ranges read in DIR, across mounts (default: not kept)",
+            help="remote sources: keep the byte ranges read in DIR, across mounts (default: not kept); DIR must be"
+            " yours and writable by nobody else (made 0700 if missing)",
         )  # fmt: skip
         s.add_argument(
             "--cache-dir-size", type=byte_size, default=DEFAULT_CACHE_DIR_SIZE, metavar="SIZE",
@@ -263,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
             return check(source, progress=sys.stderr.isatty())
         else:
             info(source)
-    except (SourceError, MountError, CorruptChunk, ServiceError, LogFileError) as e:
+    except (SourceError, MountError, CorruptChunk, ServiceError, LogFileError, CacheDirRefused) as e:
         say(str(e))
-        return 2 if isinstance(e, (SourceError, UsageError)) else 1
+        return 2 if isinstance(e, (SourceError, UsageError, CacheDirRefused)) else 1
     except FileNotFoundError as e:
         say(f"{e.filename or e}: no such file in the virtual tree")
         return 1
@@ -329,6 +330,7 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         log_file,
         args.metrics,
         args.allow_non_empty,
+        disk.descriptors() if disk else [],
     )
     return 0
 

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import mfusepy
@@ -208,12 +208,14 @@ def mount(
     log_file: Path | None,
     metrics_at: tuple[str, int] | None = None,
     allow_non_empty: bool = False,
+    keep: Sequence[int] = (),
 ) -> None:
     """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise.
 
     source is an opened Source, or (for a remote one) how to open it: obstore's runtime does not survive a
     fork, so a remote source is opened by the daemon itself, which reports a refusal back as SourceError.
-    local is the source's directory, if it has one, which the mountpoint must keep clear of."""
+    local is the source's directory, if it has one, which the mountpoint must keep clear of. keep: other
+    descriptors the daemon needs (--cache-dir's directory), left open when it detaches."""
     prepare_mountpoint(mountpoint, local, allow_non_empty)
     mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
     if foreground:
@@ -242,8 +244,9 @@ def mount(
     if isinstance(source, Source):
         source.tree.store.forget()  # its files would be closed under it next
         descriptors = source.tree.store.descriptors()
-    # Nothing the caller left open keeps its pipes or files alive; the pipe and the source's root stay.
-    keep = sorted({2, ready_w, log_fd, *descriptors})
+    # Nothing the caller left open keeps its pipes or files alive; the pipe, the log, the source's root and
+    # keep stay.
+    keep = sorted({2, ready_w, log_fd, *descriptors, *keep})
     for low, high in itertools.pairwise([*keep, os.sysconf("SC_OPEN_MAX")]):
         os.closerange(low + 1, high)
     _detach_stdio(log_fd)
