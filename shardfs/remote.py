@@ -272,7 +272,7 @@ class BadAnswer(OSError):
     """A server's answer that is not the range asked for: longer, shorter, or re-encoded. The read is EIO."""
 
     def __init__(self, path: str, why: str) -> None:
-        super().__init__(errno.EIO, f"the server's answer refused ({why})", path)
+        super().__init__(errno.EIO, f"refused the server's answer ({why})", path)
 
 
 # object_store takes a path only as UTF-8 text without ASCII control characters; it refuses others unsent.
@@ -349,7 +349,7 @@ def _wrong_length(attributes: Any, start: int, asked: int, n: int) -> str:
     the object's stored encoding, as S3 keeps it: its bytes are the stored bytes, and they are taken.)"""
     encoding = attributes.get("Content-Encoding")
     if encoding and encoding != "identity":
-        return f"compressed by the server (Content-Encoding {encoding}): not the {asked} stored bytes at {start}"
+        return f"compressed by the server (Content-Encoding {encoding}), not the {asked} stored bytes at {start}"
     if n > asked:
         return f"the server sent more than the {asked} bytes asked at {start}: longer than asked"
     return f"{n} bytes at {start}, not {asked}: shorter than asked: truncated"

@@ -287,7 +287,7 @@ def test_a_wrong_answer_is_eio_naming_its_cause_and_costs_no_more_than_asked(
     name = chunk_names(twin, "4_4_40")[0]
     (m.path / "4_4_40" / name).stat()  # its indexes read: the read is one GET of the chunk
     pid = daemon_of(m.path).pid
-    _, before = peak_and_now_kib(pid)
+    before, _ = peak_and_now_kib(pid)
     setattr(server, setting, value)
     assert read_errno(m.path / "4_4_40" / name) == errno.EIO
     peak, _ = peak_and_now_kib(pid)
