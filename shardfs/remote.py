@@ -302,9 +302,10 @@ def _modified(meta: Any) -> str | None:
 
 
 def _precondition(version: tuple) -> dict[str, Any]:
-    """The strongest GET precondition a version allows (a size allows none)."""
+    """The strongest GET precondition a version allows. A size allows none, nor does a weak ETag: If-Match
+    compares strongly, so a server keeping RFC 9110 would refuse every read (the answer's ETag is compared)."""
     if version[0] == "etag":
-        return {"if_match": version[1]}
+        return {} if version[1].startswith("W/") else {"if_match": version[1]}
     if version[0] == "modified":
         return {"if_unmodified_since": datetime.fromisoformat(version[2])}
     return {}

@@ -32,7 +32,8 @@ class RangeServer:
     refuses is answered 403, as a private bucket answers. Suffix ranges (`bytes=-N`) are ignored (the whole
     object is sent), as some servers do, unless `suffix_ranges`. `ranges` records every GET's Range header.
 
-    Servers that break the rules, as some do: `etag` / `last_modified` False leave that header out;
+    Servers that break the rules, as some do: `etag` / `last_modified` False leave that header out (and
+    `weak_etags` sends weak ones, `W/"…"`, which If-Match never matches, as RFC 9110 has it);
     `preconditions` False ignores If-Match and If-Unmodified-Since; `extra` bytes follow a range's body
     (Content-Range still names the range asked; they are made as they are sent, never held), or so many
     are missing from its end when negative; `gzip`
@@ -46,6 +47,7 @@ class RangeServer:
         self.always: int | None = None
         self.hang = False
         self.etag = True
+        self.weak_etags = False
         self.last_modified = True
         self.preconditions = True
         self.extra = 0
@@ -112,7 +114,7 @@ class RangeServer:
                 if not file.is_file():
                     return self._status(404)
                 st = file.stat()
-                etag = _etag(st)
+                etag = ("W/" if server.weak_etags else "") + _etag(st)
                 if server.preconditions and not _preconditions_hold(self.headers, etag, st.st_mtime):
                     return self._status(412)
                 if self.command == "GET":
@@ -211,9 +213,10 @@ class _Server(ThreadingHTTPServer):
 
 
 def _preconditions_hold(headers: Message, etag: str, mtime: float) -> bool:
-    """If-Match and If-Unmodified-Since as RFC 9110 has them (a date to the second, as Last-Modified is)."""
+    """If-Match and If-Unmodified-Since as RFC 9110 has them: If-Match compares strongly (a weak tag never
+    matches), a date is to the second, as Last-Modified is."""
     match = headers.get("If-Match")
-    if match is not None and match != etag:
+    if match is not None and (match != etag or etag.startswith("W/")):
         return False
     since = headers.get("If-Unmodified-Since")
     return since is None or int(mtime) <= email.utils.parsedate_to_datetime(since).timestamp()

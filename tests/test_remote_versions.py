@@ -69,17 +69,19 @@ def drop_page_cache() -> None:
     [
         (True, True, True, False, "the server refused If-Match"),  # 412
         (True, True, False, False, "ETag"),  # ignored: the answer's ETag differs
+        ("weak", True, True, False, "ETag W/"),  # If-Match is not sent: it never matches a weak ETag
         (False, True, True, False, "the server refused If-Unmodified-Since"),  # 412
         (False, True, False, False, "Last-Modified"),  # ignored: the answer's date differs
         (False, False, True, True, "size"),  # nothing but the size names a version
     ],
-    ids=["etag", "etag-ignored", "last-modified", "last-modified-ignored", "size-only"],
+    ids=["etag", "etag-ignored", "weak-etag", "last-modified", "last-modified-ignored", "size-only"],
 )
 def test_an_object_replaced_under_the_mount_is_eio(volume, mount, etag, last_modified, preconditions, grow, named):
     source, twin = volume
     name, shard = first_chunk(source, twin)
     with RangeServer(source).running() as server:
-        server.etag, server.last_modified, server.preconditions = etag, last_modified, preconditions
+        server.etag, server.last_modified, server.preconditions = bool(etag), last_modified, preconditions
+        server.weak_etags = etag == "weak"
         m = mount(server.url)
         chunk = m.path / SCALE / name
         assert chunk.read_bytes() == (twin / SCALE / name).read_bytes()  # its shard opened, its indexes read
