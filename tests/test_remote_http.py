@@ -326,7 +326,7 @@ def test_timeout_gives_each_attempt_half(volume, mount) -> None:
         assert read_errno(m.path / "4_4_40" / names[-1]) == errno.EIO
         assert time.monotonic() - started < 3.0, time.monotonic() - started
         attempts = [float(t) for t in re.findall(r" in ([0-9.]+)s - HTTP error", m.log_text())]
-        assert attempts and all(1.4 < t < 1.7 for t in attempts), m.log_text()  # one attempt of 1.5 s, no retry
+        assert attempts and all(1.4 < t < 1.9 for t in attempts), m.log_text()  # one attempt of 1.5 s, no retry
 
 
 def test_a_large_value_is_read_in_pieces_of_piece_size(tmp_path, mount) -> None:
