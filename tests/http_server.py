@@ -37,7 +37,8 @@ class RangeServer:
     `preconditions` False ignores If-Match and If-Unmodified-Since; `extra` bytes follow a range's body
     (Content-Range still names the range asked; they are made as they are sent, never held), or so many
     are missing from its end when negative; `gzip`
-    compresses a range's body and says so (Content-Encoding: gzip)."""
+    compresses a range's body and says so (Content-Encoding: gzip). `content_encoding` is sent with the
+    stored bytes as they are, as S3 does for an object stored with that Content-Encoding."""
 
     def __init__(self, root: Path, latency: float = 0.0, suffix_ranges: bool = False) -> None:
         self.root = root
@@ -52,6 +53,7 @@ class RangeServer:
         self.preconditions = True
         self.extra = 0
         self.gzip = False
+        self.content_encoding: str | None = None
         self.ranges: list[str | None] = []
         self.requests: Counter[tuple[str, str]] = Counter()
         self.authorizations: list[str | None] = []
@@ -140,8 +142,8 @@ class RangeServer:
                 self.send_response(206 if ranged else 200)
                 if ranged:
                     self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{st.st_size}")
-                    if server.gzip:
-                        self.send_header("Content-Encoding", "gzip")
+                if encoding := "gzip" if ranged and server.gzip else server.content_encoding:
+                    self.send_header("Content-Encoding", encoding)
                 self.send_header("Content-Length", str(len(data) + extra))
                 self.send_header("Accept-Ranges", "bytes")
                 if server.etag:

@@ -297,6 +297,16 @@ def test_a_wrong_answer_is_eio_naming_its_cause_and_costs_no_more_than_asked(
     assert named.endswith("truncated") or not any("truncated" in line for line in errors)
 
 
+def test_a_stored_content_encoding_is_taken_as_stored(volume, server, mount) -> None:
+    """An object stored with a Content-Encoding (S3 sends it with every answer, the bytes as stored): its
+    ranges are the stored bytes, of the length asked, and are read; only a body of another length is refused."""
+    _, twin, _ = volume
+    server.content_encoding = "gzip"
+    m = mount(server.url)
+    for name in chunk_names(twin, "4_4_40"):
+        assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+
+
 def test_names_no_object_can_have_are_enoent_and_never_sent(volume, server, mount) -> None:
     """Control characters and bytes that are not UTF-8 cannot be in an object's key: such a name is absent,
     at the top (passed through to the source) and in a scale's directory, with no request and no error."""
