@@ -36,9 +36,9 @@ class RangeServer:
     `weak_etags` sends weak ones, `W/"…"`, which If-Match never matches, as RFC 9110 has it);
     `preconditions` False ignores If-Match and If-Unmodified-Since; `extra` bytes follow a range's body
     (Content-Range still names the range asked; they are made as they are sent, never held), or so many
-    are missing from its end when negative; `gzip`
-    compresses a range's body and says so (Content-Encoding: gzip). `content_encoding` is sent with the
-    stored bytes as they are, as S3 does for an object stored with that Content-Encoding."""
+    are missing from its end when negative; `gzip` compresses a range's body and says so (Content-Encoding:
+    gzip). `content_encoding` is sent with the stored bytes as they are, as S3 does for an object stored
+    with that Content-Encoding."""
 
     def __init__(self, root: Path, latency: float = 0.0, suffix_ranges: bool = False) -> None:
         self.root = root
