@@ -344,7 +344,7 @@ def _body(url: str, got: Any, start: int, stop: int) -> bytes:
             break
     if n != asked:
         raise BadAnswer(url, _wrong_length(got.attributes, start, asked, n))
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)  # bytes: callers slice, hash and size them
 
 
 def _wrong_length(attributes: Any, start: int, asked: int, n: int) -> str:
