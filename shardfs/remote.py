@@ -134,7 +134,8 @@ class RemoteStore:
         return made[1]
 
     def _call(self, what: str, path: str, request: Callable[[], T]) -> T:
-        """One request (retries included), counted and timed; obstore's errors as a disk's errno."""
+        """One request (retries included), counted and timed; obstore's errors as a disk's errno, with the reason
+    in the error (not logged here: whoever handles it logs it or prints it, once)."""
         started = time.monotonic()
         outcome = "ok"
         try:
@@ -150,14 +151,13 @@ class RemoteStore:
             raise
         except (PermissionDeniedError, UnauthenticatedError) as e:
             outcome = "denied"
-            log.error("%s: access denied: %s", self.where(path), _first_line(e), extra={"event": "remote_denied"})
-            raise PermissionError(errno.EACCES, "access denied by the server", self.where(path)) from None
+            why = f"access denied by the server: {_first_line(e)}"
+            raise PermissionError(errno.EACCES, why, self.where(path)) from None
         except SourceError:  # no client could be made (credentials): the mount's reason, not the server's
             outcome = "refused"
             raise
         except Exception as e:  # 5xx and timeouts once retries are spent, refused connections, bad answers
             outcome = "failed"
-            log.error("%s: %s failed: %s", self.where(path), what, _first_line(e), extra={"event": "remote_failed"})
             raise OSError(errno.EIO, f"{what} failed: {_first_line(e)}", self.where(path)) from None
         finally:
             metrics.REMOTE_REQUESTS.labels(what, outcome).inc()

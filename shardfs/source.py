@@ -10,7 +10,6 @@ from pathlib import Path
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
 from shardfs.disk_cache import DiskCache
 from shardfs.errors import SourceError
-from shardfs.formats.plan import Plan
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
 from shardfs.location import Remote, parse_source
@@ -55,7 +54,12 @@ def open_source(
         store, name = LocalStore(local), str(local)
     cache = ByteCache(cache_bytes, max_file_size)
     try:
-        plan = _plan(store, cache, name)
+        kind = _format(store, name)
+    except OSError as e:  # the first request of all: what failed is reaching the source, not one file of it
+        hint = "the server refused these credentials" if e.errno == errno.EACCES else "check the URL and --endpoint"
+        raise SourceError(f"{name}: cannot be reached ({e.strerror}); {hint}") from None
+    try:
+        plan = open_zarr(store, cache) if kind == "zarr" else open_precomputed(store, cache)
     except OSError as e:
         if e.errno == errno.ENOENT:
             raise
@@ -66,11 +70,12 @@ def open_source(
     return Source(name, local, tree, plan.kinds, plan.providers, cache)
 
 
-def _plan(store: Store, cache: ByteCache, name: str) -> Plan:
+def _format(store: Store, name: str) -> str:
+    """'zarr' or 'precomputed', from the root metadata file that is there."""
     if store.kind("zarr.json") == "file":
-        return open_zarr(store, cache)
+        return "zarr"
     if store.kind("info") == "file":
-        return open_precomputed(store, cache)
+        return "precomputed"
     raise SourceError(f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")
 
 

@@ -173,7 +173,10 @@ def test_unreachable_source_is_refused_in_one_line(tmp_path) -> None:
     url = f"http://127.0.0.1:{port}/data"
     r = shardfs("mount", url, point, "--timeout", TIMEOUT, "--log-file", tmp_path / "log", check=False)
     assert r.returncode == 2
-    assert r.stderr.count("\n") == 1 and url in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"shardfs: {url}: cannot be reached ("), r.stderr
+    assert "check the URL" in r.stderr and "zarr.json" not in r.stderr.partition("(")[0]
+    r = shardfs("info", url, "--timeout", TIMEOUT, check=False)  # said once, not logged and then said again
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot be reached" in r.stderr, r.stderr
     with RangeServer(tmp_path).running() as server:  # reachable, but no dataset there
         r = shardfs("ls", f"{server.url}/nothing", check=False)
         assert r.returncode == 2 and "neither 'zarr.json'" in r.stderr and server.url in r.stderr
