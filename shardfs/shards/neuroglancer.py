@@ -27,8 +27,8 @@ log = logging.getLogger("shardfs")
 
 UINT64_MAX = (1 << 64) - 1
 LISTING_BLOCK = 1 << 20  # bytes of shard index read at a time while listing
-LISTING_BUDGET = 64 << 20  # index bytes one listing of a directory may read that name nothing (see ListingBudget)
-LISTING_READ = 4 << 10  # the least a minishard index read counts for, so the budget bounds requests too
+LISTING_BUDGET = 64 << 20  # index bytes a listing may read without listing a name (see ListingBudget)
+LISTING_READ = 4 << 10  # the least a minishard index read costs it, and what a name listed gives back
 PROBED_SHARDS = 4096  # the most shard names asked for, one by one, to list a directory that cannot be listed
 PROBES_AT_ONCE = 16
 ENCODINGS = ("raw", "gzip")
@@ -149,10 +149,11 @@ class BudgetSpent(Exception):
 
 @dataclass
 class ListingBudget:
-    """The index bytes one listing may read that name nothing, so that no shard (a remote one claiming a
-    256 GiB shard index, which no hole-skipping can shorten) makes `ls` unbounded: every shard index byte
-    read counts, and every minishard index read at least LISTING_READ, less 24 bytes a name it lists. A real
-    directory spends its shard indexes; a hostile one runs out, and the listing stops there."""
+    """The index one listing may read without listing a name, so that no shard (a remote one claiming a
+    256 GiB shard index, which no hole-skipping can shorten) stalls `ls` unboundedly: every shard index byte
+    read counts, and every minishard index read at least LISTING_READ (a request's worth); each name listed
+    gives LISTING_READ back, up to the whole budget. A real directory lists long before it runs out, however
+    large; one that holds too little for what it makes us read stops, after a bounded number of requests."""
 
     left: int = LISTING_BUDGET
 
@@ -163,7 +164,7 @@ class ListingBudget:
         self.left -= nbytes
 
     def refund(self, nbytes: int) -> None:
-        self.left += nbytes
+        self.left = min(self.left + nbytes, LISTING_BUDGET)
 
 
 @dataclass(slots=True)
@@ -295,19 +296,15 @@ class ShardedKV:
             _skipped(path, e)
             return False
 
-    def minishards(self, file: StoredFile) -> Iterator[tuple[int, MinishardIndex | CorruptChunk]]:
+    def minishards(
+        self, file: StoredFile, budget: ListingBudget | None = None
+    ) -> Iterator[tuple[int, MinishardIndex | CorruptChunk]]:
         """Each non-empty minishard of one shard file with its index, or the CorruptChunk that keeps it from
         being read: listing skips those, `shardfs check` reports them. The shard index is read in blocks,
         only where the file holds data (a sparse file's holes are empty minishards), so the work is
-        bounded by the bytes stored, not by `minishard_bits`. A file shorter than its shard index raises
-        CorruptChunk."""
-        return ((minishard, index) for minishard, index, _ in self._walk(file, None))
-
-    def _walk(
-        self, file: StoredFile, budget: ListingBudget | None
-    ) -> Iterator[tuple[int, MinishardIndex | CorruptChunk, int]]:
-        """minishards(), each with what its read cost the budget, if there is one: spent before each block
-        and each minishard index is read (BudgetSpent when it runs out)."""
+        bounded by the bytes stored, not by `minishard_bits`; a listing's budget, if given, is spent before
+        each block and each minishard index is read (BudgetSpent when it runs out). A file shorter than its
+        shard index raises CorruptChunk."""
         index_size = self._index_size(file, "?")
         block = 0
         while (block := file.next_data(block) // 16 * 16) < index_size:
@@ -317,14 +314,13 @@ class ShardedKV:
             entries = np.frombuffer(file.read(block, stop), "<u8").reshape(-1, 2)
             for i in np.flatnonzero(entries[:, 1] != entries[:, 0]).tolist():
                 start, end = entries[i].tolist()
-                cost = max(min(end - start, MINISHARD_INDEX_LIMIT + 1024), LISTING_READ)  # read, or refused unread
-                if budget is not None:
-                    budget.spend(cost, file.path)
+                if budget is not None:  # what is read, or refused unread, and at least one request's worth
+                    budget.spend(max(min(end - start, MINISHARD_INDEX_LIMIT + 1024), LISTING_READ), file.path)
                 try:
                     index: MinishardIndex | CorruptChunk = self.minishard(file, block // 16 + i, entry=(start, end))
                 except CorruptChunk as e:
                     index = e
-                yield block // 16 + i, index, cost
+                yield block // 16 + i, index
             block = stop
 
     def stored_keys(self) -> Iterator[int]:
@@ -339,7 +335,7 @@ class ShardedKV:
         except BudgetSpent as e:
             if not self._budget_said:
                 self._budget_said = True
-                log.warning("%s: a listing reads at most %d bytes of index that name nothing, and the %d-byte "
+                log.warning("%s: a listing reads at most %d bytes of index without listing a name, and the %d-byte "
                             "shard index of %s is past them: the names from there on are not listed (each is "
                             "still found by name)", self.store.where(self.directory), LISTING_BUDGET,
                             self.spec.shard_index_size, self.store.where(e.shard),
@@ -348,7 +344,7 @@ class ShardedKV:
     def _keys_in(self, shard: int, path: str, budget: ListingBudget) -> Iterator[int]:
         try:
             file = self.store.open(path)
-            for minishard, index, cost in self._walk(file, budget):
+            for minishard, index in self.minishards(file, budget):
                 if isinstance(index, CorruptChunk):
                     log.error("listing skips part of a shard: %s", index, extra=index.log_fields("listing_skip"))
                     continue
@@ -357,7 +353,7 @@ class ShardedKV:
                     if self.spec.shard_and_minishard(key) == (shard, minishard):
                         listed += 1
                         yield key
-                budget.refund(min(24 * listed, cost))
+                budget.refund(LISTING_READ * listed)
         except CorruptChunk as e:
             log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
         except FileNotFoundError:
