@@ -364,6 +364,31 @@ class Precomputed(Plan):
         if path in self.seen:
             return  # a mesh or skeletons key that points back at a directory already planned
         self.seen.add(path)
+        if required:
+            self._plan_info(directory, path, required)
+            return
+        planned = (set(self.files), set(self.providers), set(self.arrays), len(self.kinds))
+        try:
+            self._plan_info(directory, path, required)
+        except SourceError as e:
+            self._serve_as_stored(directory, path, str(e), planned)
+        except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
+            why = f"{self.store.where(path)}: cannot make sense of it ({type(e).__name__}: {e})"
+            self._serve_as_stored(directory, path, why, planned)
+
+    def _serve_as_stored(self, directory: str, path: str, why: str, planned: tuple) -> None:
+        """A sub-directory's info (meshes, skeletons) that cannot be planned leaves that directory as it is
+        stored, its files passing through, and the rest of the dataset mounted: what it had planned is undone."""
+        files, providers, arrays, kinds = planned
+        for table, before in ((self.files, files), (self.providers, providers), (self.arrays, arrays)):
+            for added in set(table) - before:
+                del table[added]
+        del self.kinds[kinds:]
+        self.kinds.append(f"{directory}: served as stored: {why}")
+        self.directories.add(directory)  # still reachable where the store cannot list
+        log.warning("%s; served as it is stored", why, extra={"event": "served_as_stored", "path": path})
+
+    def _plan_info(self, directory: str, path: str, required: bool) -> None:
         where = self.store.where(path)
         try:
             info = load_json(self.store, path)
@@ -403,7 +428,8 @@ class Precomputed(Plan):
         """Take `sharding` out of obj (so the rewritten info is unsharded) and open its directory."""
         if "sharding" not in obj:
             return None
-        spec = ShardingSpec.from_json(obj.pop("sharding"), f"{where}: field '{field_name}.sharding'")
+        name = f"{field_name}.sharding" if field_name else "sharding"
+        spec = ShardingSpec.from_json(obj.pop("sharding"), f"{where}: field '{name}'")
         return ShardedKV(self.store, directory, spec, self.cache)
 
     def _subdir(self, directory: str, key: object, where: str, field_name: str) -> str:
