@@ -36,6 +36,7 @@ CONTRACT = "tests/test_mount_contract.py::"
 ATTRIBUTES = CONTRACT + "test_every_file_has_its_twins_size_and_every_node_the_sources_mtime"
 TIMEOUTS = CONTRACT + "test_names_attributes_and_absences_are_kept_by_the_kernel"
 TWINS = "tests/test_zarr.py::test_inner_chunks_are_the_unsharded_twins_files"
+VERSIONS = "tests/test_remote_versions.py::test_an_object_replaced_under_the_mount_is_eio"
 
 MUTATIONS = [
     Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
@@ -122,6 +123,64 @@ MUTATIONS = [
     Mutation("a multi-member gzip chunk cut to its first member", "shardfs/codecs.py",
              "if not member.eof or member.unused_data or", "if not member.eof or",
              ("tests/test_index_maths.py::test_gzip_decode",)),
+    # The remote store (issue 20): each GET tied to the version its index came from, answers bounded.
+    Mutation("If-Match never sent", "shardfs/remote.py",
+             'return {} if version[1].startswith("W/") else {"if_match": version[1]}', "return {}",
+             (f"{VERSIONS}[etag]",)),
+    Mutation("If-Unmodified-Since never sent", "shardfs/remote.py",
+             'return {"if_unmodified_since": datetime.fromisoformat(version[2])}', "return {}",
+             (f"{VERSIONS}[last-modified]",)),
+    Mutation("an answer's size not compared", "shardfs/remote.py", 'if meta["size"] != file.size:', "if False:",
+             (f"{VERSIONS}[size-only]",)),
+    Mutation("an answer's ETag not compared", "shardfs/remote.py",
+             'if file.version[0] == "etag" and meta.get("e_tag") != file.version[1]:', "if False:",
+             (f"{VERSIONS}[etag-ignored]",)),
+    Mutation("an answer's Last-Modified not compared", "shardfs/remote.py",
+             'if file.version[0] == "modified" and _modified(meta) != file.version[2]:', "if False:",
+             (f"{VERSIONS}[last-modified-ignored]",)),
+    Mutation("a deleted object reported as absent", "shardfs/remote.py",
+             'raise StoreChanged(url, "deleted since it was opened") from None', "raise",
+             ("tests/test_remote_versions.py::test_an_object_deleted_under_the_mount_is_eio_never_enoent",)),
+    Mutation("an unversioned source kept on disk", "shardfs/remote.py",
+             'disk = self.disk if file.version[0] != "size" else None', "disk = self.disk",
+             ("tests/test_remote_versions.py::test_a_source_without_versions_is_never_kept_on_disk",)),
+    Mutation("names no object can have sent", "shardfs/remote.py",
+             "return _NOT_IN_A_KEY.search(path) is None", "return True",
+             ("tests/test_remote_http.py::test_names_no_object_can_have_are_enoent_and_never_sent",)),
+    Mutation("each attempt a quarter of --timeout", "shardfs/remote.py",
+             '"timeout": timedelta(seconds=t / 2),', '"timeout": timedelta(seconds=t / 4),',
+             ("tests/test_remote_http.py::test_timeout_gives_each_attempt_half",)),
+    Mutation("a long answer read to its end", "shardfs/remote.py", "        if n > asked:\n            break\n", "",
+             ("tests/test_remote_http.py::test_a_wrong_answer_is_eio_naming_its_cause_and_costs_no_more_than_asked"
+              "[longer]",)),
+    Mutation("remote pieces of 4 MiB", "shardfs/remote.py", "self.piece_size = 8 << 20", "self.piece_size = 4 << 20",
+             ("tests/test_remote_http.py::test_a_large_value_is_read_in_pieces_of_piece_size",)),
+    # The disk cache (issues 18 and 20): nothing in it trusted, its key and its order kept.
+    Mutation("disk cache key without the version", "shardfs/disk_cache.py",
+             "repr((url, version, start, stop))", "repr((url, start, stop))",
+             ("tests/test_disk_cache.py::test_a_rewritten_object_is_read_anew",)),
+    Mutation("disk cache evicts the newest", "shardfs/disk_cache.py", "in sorted(entries):",
+             "in sorted(entries, reverse=True):",
+             ("tests/test_disk_cache.py::test_eviction_drops_the_least_recently_used",)),
+    Mutation("disk cache entry checksum not checked", "shardfs/disk_cache.py",
+             "!= (MAGIC, key, length, crc32c.crc32c(data)):", "!= (MAGIC, key, length, HEADER.unpack(header)[3]):",
+             ("tests/test_disk_cache.py::test_a_changed_entry_is_fetched_again_never_served",)),
+    Mutation("disk cache entry opened blocking", "shardfs/disk_cache.py",
+             "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |", "os.O_RDONLY | os.O_NOFOLLOW |",
+             ("tests/test_disk_cache.py::test_an_entry_swapped_for_a_link_or_fifo_is_never_followed[fifo]",)),
+    Mutation("disk cache directory others can write", "shardfs/disk_cache.py", "elif st.st_mode & 0o022:",
+             "elif False:", ("tests/test_disk_cache.py::test_a_directory_others_could_write_is_refused[root-0777]",)),
+    # The service (issue 18): other users cannot flood it, and unmount touches only shardfs.
+    Mutation("figures built for every caller", "shardfs/service.py", "            if wait > 0:\n",
+             "            if False:\n",
+             ("tests/test_service.py::test_a_flood_of_stats_requests_costs_the_daemon_little",)),
+    Mutation("idle metrics connections kept", "shardfs/service.py", "    timeout = IDLE_TIMEOUT\n", "",
+             ("tests/test_service.py::test_idle_metrics_connections_time_out_and_are_bounded",)),
+    Mutation("unmount of any filesystem", "shardfs/daemon.py", "if not any_type and found is not None", "if False",
+             ("tests/test_cli.py::test_unmount_touches_only_shardfs_unless_told",)),
+    Mutation("signals left to obstore's threads", "shardfs/daemon.py",
+             "    os.setsid()\n    service.block_signals()", "    os.setsid()",
+             ("tests/test_service.py::test_sighup_and_sigusr1_keep_a_remote_mount",)),
 ]  # fmt: skip
 
 

@@ -135,7 +135,7 @@ class RemoteStore:
 
     def _call(self, what: str, path: str, request: Callable[[], T]) -> T:
         """One request (retries included), counted and timed; obstore's errors as a disk's errno, with the reason
-    in the error (not logged here: whoever handles it logs it or prints it, once)."""
+        in the error (not logged here: whoever handles it logs it or prints it, once)."""
         started = time.monotonic()
         outcome = "ok"
         try:
