@@ -27,7 +27,7 @@ from shardfs import metrics, mountinfo, service, stats_socket
 from shardfs.cache import return_freed_memory
 from shardfs.errors import SourceError
 from shardfs.fuse_adapter import ShardFS
-from shardfs.logs import log_to, open_log
+from shardfs.logs import log_to, open_log, replay_early
 from shardfs.rundir import own_dir
 from shardfs.source import Source
 from shardfs.stderr_capture import StderrCapture
@@ -251,6 +251,7 @@ def mount(
         os.closerange(low + 1, high)
     _detach_stdio(log_fd)
     log_to(None)  # stderr is the log file now
+    replay_early()  # what planning the source told the terminal, in the log too
 
     def ready() -> None:
         os.write(ready_w, b"ready")

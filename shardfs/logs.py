@@ -173,6 +173,33 @@ def log_to(log_file: Path | None) -> None:
     _install(handler, Logfmt())
 
 
+class _Early(logging.Handler):
+    """Warnings and errors the CLI logged before a daemon's log existed (a local source is planned before the
+    daemon detaches), kept to be written there too: the log must hold what the terminal was told."""
+
+    KEPT = 100
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) < self.KEPT:
+            self.records.append(record)
+
+
+_early = _Early()
+
+
 def log_to_terminal(level: str) -> None:
-    """The CLI's records, from `level` up, go to stderr as `LEVEL: message`."""
+    """The CLI's records, from `level` up, go to stderr as `LEVEL: message` (and warnings are kept for
+    replay_early)."""
     _install(logging.StreamHandler(sys.stderr), Plain(), level)
+    logging.getLogger().addHandler(_early)
+
+
+def replay_early() -> None:
+    """Write the warnings kept by log_to_terminal through the handlers installed since (the daemon's log)."""
+    records, _early.records = _early.records, []
+    for record in records:
+        logging.getLogger().handle(record)

@@ -534,6 +534,8 @@ def test_a_misspelt_codec_is_a_warning_naming_the_array_and_the_known_codecs(tmp
     try:
         assert said.startswith("WARNING: ") and "typo/zarr.json" in said and "'codecs'" in said
         assert "['sharding_index']" in said and "sharding_indexed" in said
+        logged = (tmp_path / "log").read_text()  # planned before the daemon detached, and in its log too
+        assert "level=warning event=unknown_codec" in logged and "['sharding_index']" in logged
         assert sorted(p.name for p in (tmp_path / "m" / "c").iterdir()) == ["0"]  # the shard, as stored
     finally:
         shardfs("unmount", tmp_path / "m")
