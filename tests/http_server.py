@@ -133,18 +133,22 @@ class RangeServer:
                     stop = min(int(ranged.group(2)) + 1 if ranged.group(2) else st.st_size, st.st_size)
                     if start >= st.st_size:
                         return self._status(416)
-                with file.open("rb") as f:
-                    f.seek(start)
-                    data = f.read(stop - start)
-                extra = max(server.extra, -len(data)) if ranged else 0
+                data = b""  # a HEAD reads nothing (a sparse 256 GiB object is HEADed too), unless gzip sizes it
+                if body or (ranged and server.gzip):
+                    with file.open("rb") as f:
+                        f.seek(start)
+                        data = f.read(stop - start)
+                length = stop - start
+                extra = max(server.extra, -length) if ranged else 0
                 if ranged and server.gzip:
                     data = gzip.compress(data)
+                    length = len(data)
                 self.send_response(206 if ranged else 200)
                 if ranged:
                     self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{st.st_size}")
                 if encoding := "gzip" if ranged and server.gzip else server.content_encoding:
                     self.send_header("Content-Encoding", encoding)
-                self.send_header("Content-Length", str(len(data) + extra))
+                self.send_header("Content-Length", str(length + extra))
                 self.send_header("Accept-Ranges", "bytes")
                 if server.etag:
                     self.send_header("ETag", etag)

@@ -314,7 +314,8 @@ class ShardedKV:
             entries = np.frombuffer(file.read(block, stop), "<u8").reshape(-1, 2)
             for i in np.flatnonzero(entries[:, 1] != entries[:, 0]).tolist():
                 start, end = entries[i].tolist()
-                if budget is not None:  # what is read, or refused unread, and at least one request's worth
+                if budget is not None and start <= end <= file.size - index_size:  # else corrupt, and not read
+                    # what is read (or refused after the limit), and at least one request's worth
                     budget.spend(max(min(end - start, MINISHARD_INDEX_LIMIT + 1024), LISTING_READ), file.path)
                 try:
                     index: MinishardIndex | CorruptChunk = self.minishard(file, block // 16 + i, entry=(start, end))
