@@ -15,7 +15,7 @@ from shardfs.formats.zarr import open_zarr
 from shardfs.location import Remote, parse_source
 from shardfs.remote import Access, RemoteStore
 from shardfs.store import LocalStore, Store
-from shardfs.tree import Provider, Tree
+from shardfs.tree import UNLISTED, Provider, Tree
 from shardfs.views import view_of
 
 
@@ -66,7 +66,9 @@ def open_source(
         raise SourceError(f"{e.filename or name}: cannot be read: {e.strerror}") from None
     if view != "native":
         plan = view_of(plan, view)
-    tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories)
+    tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories, plan.found)
+    if not store.can_list and view == "native":
+        plan.kinds.append(f"note: {UNLISTED}")
     return Source(name, local, tree, plan.kinds, plan.providers, cache)
 
 

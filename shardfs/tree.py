@@ -7,6 +7,7 @@ The FUSE adapter, `shardfs ls`/`cat` and the tests all use this, so FUSE knows n
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +15,13 @@ from typing import Any, Protocol
 
 from shardfs.cache import LARGE_VALUE, ByteCache
 from shardfs.store import Owner, Store, StoredFile
+
+log = logging.getLogger("shardfs")
+UNLISTED = (
+    "a web server cannot list directories: only what the metadata names is listed (scales, meshes, groups and "
+    "arrays, their info and zarr.json files, and sharded directories' chunks); other files, such as an "
+    "unsharded scale's or array's chunks, are not listed, though each is found by name"
+)
 
 
 class File(Protocol):
@@ -128,10 +136,12 @@ class Tree:
     def __init__(
         self, store: Store, cache: ByteCache, files: dict[str, bytes], providers: dict[str, Provider],
         passthrough: bool = True, directories: set[str] | frozenset[str] = frozenset(),
+        found: set[str] | frozenset[str] = frozenset(),
     ) -> None:  # fmt: skip
         """passthrough: whether source files the overlay and providers do not name are shown as they are
-        (the native view), or nothing but the overlay and providers is (the other views). directories:
-        those the metadata names, shown as directories where the store cannot list them."""
+        (the native view), or nothing but the overlay and providers is (the other views). directories and
+        found: the directories the metadata names and the metadata files read, listed where the store
+        cannot list them."""
         self.passthrough = passthrough
         self.store = store
         self.cache = cache
@@ -140,8 +150,11 @@ class Tree:
         self._last: tuple[str | None, Node | None] = (None, None)
         # Overlay entries by parent directory, including the ancestors that the source may lack.
         self._overlay: dict[str, set[str]] = defaultdict(set)
-        named = directories if passthrough and not store.can_list else ()
-        for path in (*files, *providers, *named):
+        unlisted = passthrough and not store.can_list
+        named = directories if unlisted else ()
+        self._found = frozenset(found) if unlisted else frozenset()
+        self._said_unlisted = not unlisted
+        for path in (*files, *providers, *named, *self._found):
             while path:
                 parent, _, name = path.rpartition("/")
                 self._overlay[parent].add(name)
@@ -209,8 +222,11 @@ class Tree:
         overlay = self._overlay.get(path, set())
         for name in sorted(overlay):
             child = f"{path}/{name}" if path else name
-            yield name, child not in self.files
+            yield name, child not in self.files and child not in self._found
         provider, rel = (self.providers[path], "") if path in self.providers else self._provider_of(path)
+        if provider is None and not self._said_unlisted:
+            self._said_unlisted = True
+            log.warning("%s (first seen listing %s)", UNLISTED, self.store.where(path), extra={"event": "unlisted"})
         if provider is not None:
             yield from provider.entries(rel)
         if not self.passthrough:

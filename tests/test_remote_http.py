@@ -52,6 +52,7 @@ def server(volume) -> RangeServer:
 def test_precomputed_over_http_reads_as_unsharded(volume, server, mount) -> None:
     _, twin, expected = volume
     m = mount(f"precomputed://{server.url}")
+    assert "info" in os.listdir(m.path) and (m.path / "info").is_file()
     names = chunk_names(twin, "4_4_40")
     assert len(names) > 10
     # HTTP cannot list: a sharded directory lists from the shards the spec names, each probed with a HEAD.
@@ -224,6 +225,13 @@ def test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata(tmp_path, moun
         back = zarr.open_group(m.path, mode="r", use_consolidated=False)
         for path, data in scales.items():
             assert back[path].shards is None and np.array_equal(back[path][...], data), path
+        # Listed: the metadata files it was walked from, as files; the chunks below them: said not to be.
+        assert sorted(os.listdir(m.path)) == ["0", "1", "zarr.json"]
+        assert [(e.name, e.is_file()) for e in os.scandir(m.path / "0") if e.name == "zarr.json"] == [
+            ("zarr.json", True)
+        ]
+        assert m.log_text().count("event=unlisted") == 1 and "cannot list directories" in m.log_text()
+        assert "note: a web server cannot list directories" in shardfs("info", server.url).stdout
     assert named_children({"consolidated_metadata": {"metadata": {"a": {}, "a/b": {}, "c/d": {}}}}) == ["a", "c"]
     assert named_children({"attributes": {"multiscales": [{"datasets": [{"path": "s0"}, {"path": "../x"}]}]}}) == ["s0"]
 

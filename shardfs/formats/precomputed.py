@@ -392,6 +392,7 @@ class Precomputed(Plan):
         where = self.store.where(path)
         try:
             info = load_json(self.store, path)
+            self.found.add(path)
         except FileNotFoundError:
             if required:
                 raise SourceError(f"{where}: missing; a precomputed dataset starts with it") from None

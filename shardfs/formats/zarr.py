@@ -570,6 +570,7 @@ class ZarrPlan(Plan):
         where = self.store.where(path)
         try:
             meta = load_json(self.store, path)
+            self.found.add(path)
             if root and isinstance(meta, dict) and meta.get("zarr_format") == DRAFT_FORMAT:
                 self.walk_draft()
                 return []
