@@ -66,7 +66,8 @@ def open_source(
         raise SourceError(f"{e.filename or name}: cannot be read: {e.strerror}") from None
     if view != "native":
         plan = view_of(plan, view)
-    tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories, plan.found)
+    marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
+    tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories, plan.found, marker)
     if not store.can_list and view == "native":
         plan.kinds.append(f"note: {UNLISTED}")
     return Source(name, local, tree, plan.kinds, plan.providers, cache)

@@ -236,6 +236,24 @@ def test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata(tmp_path, moun
     assert named_children({"attributes": {"multiscales": [{"datasets": [{"path": "s0"}, {"path": "../x"}]}]}}) == ["s0"]
 
 
+def test_a_node_no_metadata_names_is_found_by_name_over_http(tmp_path, mount) -> None:
+    """zarr-python 3's default group names its children nowhere (no consolidated metadata, no OME): over a
+    server that answers 404 for directories, as object stores do, its array is still reached by name, its
+    files served as stored, and zarr-python reads it through the mount."""
+    root = tmp_path / "g.zarr"
+    group = zarr.open_group(root, mode="w", zarr_format=3)
+    data = np.arange(12 * 10, dtype="int16").reshape(12, 10)
+    group.create_array("t", shape=data.shape, dtype=data.dtype, chunks=(3, 5), shards=(6, 10))[...] = data
+    assert "consolidated_metadata" not in json.loads((root / "zarr.json").read_text()) or json.loads(
+        (root / "zarr.json").read_text())["consolidated_metadata"] is None  # fmt: skip
+    with RangeServer(root).running() as server:
+        m = mount(server.url)
+        assert os.listdir(m.path) == ["zarr.json"]  # nothing names `t`
+        assert (m.path / "t" / "zarr.json").read_bytes() == (root / "t" / "zarr.json").read_bytes()
+        assert np.array_equal(zarr.open_group(m.path, mode="r", use_consolidated=False)["t"][...], data)
+        assert not (m.path / "u").exists()  # a name with no zarr.json below it is absent
+
+
 def test_cache_dir_serves_a_later_mount_and_stays_in_budget(volume, server, mount, tmp_path) -> None:
     """--cache-dir keeps every range read (indexes and chunks) on disk: a second mount reads the same
     chunks with no GET at all; a small --cache-dir-size is kept to."""
