@@ -18,6 +18,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
+from shardfs.formats import encodings
 from shardfs.formats.encodings import decode_precomputed
 from shardfs.formats.plan import LARGEST, Array, Plan, load_json
 from shardfs.shards.morton import MortonCode
@@ -468,6 +469,7 @@ class Precomputed(Plan):
                 if kv is not None:
                     raise
                 continue  # an unsharded scale passes through as stored, whatever it holds; no view shows it
+            self._known_encoding(scale.get("encoding", "raw"), where, name)
             # Any encoding of a chunk is smaller than twice its raw size; none may pass one file's cap.
             limit = min(2 * math.prod(naming.chunk) * voxel_bytes + 65536, self.cache.max_value)
             scale_array = VolumeScale(self.store, scale_dir, naming, kv, info["data_type"], channels, scale, limit)
@@ -484,6 +486,15 @@ class Precomputed(Plan):
         for sub in ("mesh", "skeletons"):
             if sub in info:
                 self.add_info(self._subdir(directory, info[sub], where, sub), required=False)
+
+    def _known_encoding(self, encoding: str, where: str, name: str) -> None:
+        """A WARNING (and a line in `shardfs info` and `check`) for an encoding no writer uses: likely a typo
+        (`compressed_segmentaton`), which would otherwise mount in silence and fail every transcoded read."""
+        if encoding not in encodings.KNOWN:
+            known = ", ".join(encodings.KNOWN)
+            why = f"{where}: field '{name}.encoding' is {encoding!r}, not a known encoding ({known})"
+            log.warning("%s; a typo? its chunks are served as stored", why, extra={"event": "unknown_encoding"})
+            self.kinds.append(f"warning: {why}")
 
     def _grid(self, scale: dict, where: str, name: str) -> VolumeChunks:
         size = _ints(scale, "size", where, name, positive=True)
