@@ -223,6 +223,7 @@ def mount(
         log_to(log_file)
         serve(_opened(source).tree, mtime_ns, mountpoint, options, metrics_at=metrics_at)
         return
+    chosen = log_file is not None
     log_file = log_file or default_log_file(mountpoint)
     log_fd = open_log(log_file)  # here, so that a log file that cannot be ours alone is refused in words
     ready_r, ready_w = os.pipe()
@@ -273,6 +274,9 @@ def mount(
         with contextlib.suppress(OSError):
             os.write(ready_w, why.encode())
         os._exit(1)
+    if not chosen and os.fstat(2).st_size == 0:  # nothing was said: the default log is not kept, one a mount
+        with contextlib.suppress(OSError):
+            log_file.unlink()
     os._exit(0)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardfs import daemon as daemon_module
 from shardfs import service, stats_socket
 from shardfs.cli import mount_argv, parser
 from shardfs.logs import BURST
@@ -392,3 +393,42 @@ def test_sighup_and_sigusr1_keep_a_remote_mount(kv, mount) -> None:
             wait_until(lambda event=event, before=before: m.log_text().count(event) > before)
         assert daemon.is_running() and os.path.ismount(m.path)
         assert (m.path / "4").read_bytes() == kv[1][4]
+
+
+def test_a_killed_daemons_stats_socket_is_swept_by_the_next_mount(kv, tmp_path) -> None:
+    """kill -9 leaves a daemon's socket behind; the next mount removes every socket no one answers (once a
+    minute old, so that a daemon starting alongside is never swept)."""
+    dead = stats_socket.socket_path(runtime_dir(0), tmp_path / "gone")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(dead))  # bound, never listening, then closed: what a killed daemon leaves
+    young = dead.with_name("0" * 32 + ".sock")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(young))
+    try:
+        os.utime(dead, (time.time() - 120, time.time() - 120))
+        point = tmp_path / "m"
+        point.mkdir()
+        shardfs("mount", kv[0], point, "--log-file", tmp_path / "log")
+        shardfs("unmount", point)
+        assert not dead.exists() and young.exists()
+    finally:
+        for path in (dead, young):
+            path.unlink(missing_ok=True)
+
+
+def test_the_default_log_is_kept_only_when_something_was_said(kv, tmp_path) -> None:
+    """A clean unmount removes the default log file ($TMPDIR/shardfs-UID/<mountpoint>.log) if the daemon
+    logged nothing; one with something in it is kept for the operator. Files do not pile up per mountpoint."""
+    point = tmp_path / "quiet"
+    point.mkdir()
+    log = daemon_module.default_log_file(point)
+    for level, kept in (("warning", False), ("info", True)):
+        log.unlink(missing_ok=True)
+        shardfs("mount", kv[0], point, "--log-level", level)
+        daemon = daemon_of(point)
+        assert log.exists()
+        shardfs("unmount", point)
+        daemon.wait(timeout=10)
+        assert log.exists() == kept, level
+    assert "event=mounted" in log.read_text()
+    log.unlink()
