@@ -162,3 +162,10 @@ def test_stats_is_a_short_summary_by_default(kv, mount) -> None:
     assert lines[4].split()[1] == "0;"
     uptime = lines[0].split()[1:]
     assert uptime[0] == "0m" and int(uptime[1].rstrip("s")) < 60
+
+
+def test_info_names_every_scale_in_order(tmp_path) -> None:
+    """`shardfs info` names unsharded scales too (they pass through), and lists what was found by path."""
+    peers.write_tensorstore_volume(tmp_path / "v")
+    found = [line.strip() for line in shardfs("info", tmp_path / "v").stdout.splitlines()[1:3]]
+    assert found == [".: neuroglancer_multiscale_volume", "8_8_40: volume scale, unsharded (passes through)"]

@@ -468,13 +468,15 @@ class Precomputed(Plan):
             except SourceError:
                 if kv is not None:
                     raise
-                continue  # an unsharded scale passes through as stored, whatever it holds; no view shows it
+                self.kinds.append(f"{scale_dir}: volume scale, unsharded (passes through; no view shows it)")
+                continue  # an unsharded scale with no grid we can read passes through as stored
             self._known_encoding(scale.get("encoding", "raw"), where, name)
             # Any encoding of a chunk is smaller than twice its raw size; none may pass one file's cap.
             limit = min(2 * math.prod(naming.chunk) * voxel_bytes + 65536, self.cache.max_value)
             scale_array = VolumeScale(self.store, scale_dir, naming, kv, info["data_type"], channels, scale, limit)
             self.arrays[scale_dir] = scale_array.array()
             if kv is None:
+                self.kinds.append(f"{scale_dir}: volume scale, unsharded (passes through)")
                 continue
             kv.value_limit = limit
             details = {
