@@ -1,4 +1,4 @@
-"""`shardfs mount|unmount|stats|ls|cat|info|check`. Errors are one line on stderr and a non-zero exit.
+"""`shardfs mount|unmount|list|stats|ls|cat|info|check`. Errors are one line on stderr and a non-zero exit.
 
 `shardfs SOURCE MOUNTPOINT -o key=value,...` is `mount` as libfuse's `mount.fuse3` runs it for fstab
 and `mount -t fuse.shardfs`; there, and in `mount`, every option may be given as `-o key=value`.
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from shardfs import __version__, metrics, stats_socket
+from shardfs import __version__, metrics, mountinfo, stats_socket
 from shardfs.check import check
 from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
 from shardfs.disk_cache import DiskCache
@@ -26,7 +26,7 @@ from shardfs.logs import LogFileError, log_to_terminal, redact
 from shardfs.remote import DEFAULT_TIMEOUT, Access
 from shardfs.service import ServiceError
 from shardfs.source import Source, is_remote, open_source
-from shardfs.summary import summary
+from shardfs.summary import identity, summary
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
@@ -183,6 +183,7 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     u = command("unmount", "unmount a shardfs mount")
     u.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
     u.add_argument("--any-type", action="store_true", help="unmount whatever is mounted there, even if not shardfs")
+    command("list", "the shardfs mounts on this machine: mountpoint, source, view, daemon pid, uptime")
     st = command("stats", "a live mount's figures: uptime, operations, bytes served, cache hit rate, errors")
     st.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
     st.add_argument("--prometheus", action="store_true", help="every figure, in Prometheus' text format")
@@ -243,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "unmount":
             unmount(args.mountpoint.absolute(), args.any_type)
+            return 0
+        if args.command == "list":
+            list_mounts(time.time())
             return 0
         if args.command == "stats":
             text = stats_socket.read(args.mountpoint.absolute())
@@ -333,6 +337,22 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         disk.descriptors() if disk else [],
     )
     return 0
+
+
+def list_mounts(now: float) -> None:
+    """One line a shardfs mount, from the kernel's mount table; view, pid and uptime from its daemon's stats
+    socket ('-' where it cannot be asked: another user's private mount, or a daemon that died)."""
+    rows = [("MOUNTPOINT", "SOURCE", "VIEW", "PID", "UPTIME")]
+    for point, mounted in mountinfo.shardfs_mounts():
+        try:
+            pid, text = stats_socket.ask(Path(point))
+            view, uptime = identity(text, now)
+            rows.append((point, mounted.source, view, str(pid), uptime))
+        except (ServiceError, OSError):
+            rows.append((point, mounted.source, "-", "-", "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[4])
 
 
 def ls(source: Source, path: str) -> None:

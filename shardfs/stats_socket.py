@@ -94,6 +94,12 @@ def mount_owner(mountpoint: Path) -> int | None:
 
 def read(mountpoint: Path) -> str:
     """The figures of the daemon mounted at mountpoint, once its directory and credentials check out."""
+    return ask(mountpoint)[1]
+
+
+def ask(mountpoint: Path) -> tuple[int, str]:
+    """The pid of the daemon mounted at mountpoint and its figures, once its directory and credentials
+    check out."""
     uid = mount_owner(mountpoint)
     missing = ServiceError(f"{mountpoint}: no shardfs daemon serves this mountpoint")
     if uid is None:
@@ -106,7 +112,7 @@ def read(mountpoint: Path) -> str:
             conn.connect(str(socket_path(directory, mountpoint)))
         except OSError:
             raise missing from None
-        _, peer, _ = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
+        pid, peer, _ = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
         if peer != uid:
             raise ServiceError(f"{mountpoint}: stats answered by uid {peer}, not by the mount's daemon (uid {uid})")
-        return b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode()
+        return pid, b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode()

@@ -7,9 +7,9 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def summary(text: str, now: float) -> str:
-    """What is mounted, uptime, operations and their rate, bytes served, cache hit rate and errors, one line each."""
-    total: dict[str, float] = defaultdict(float)  # each sample name, summed over its labels
+def _read(text: str) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+    """Each sample name summed over its labels, errors by errno, and the mount's identity labels."""
+    total: dict[str, float] = defaultdict(float)
     errors: dict[str, float] = defaultdict(float)
     mount: dict[str, str] = {}
     for family in text_string_to_metric_families(text):
@@ -19,6 +19,18 @@ def summary(text: str, now: float) -> str:
                 errors[sample.labels["errno"]] += sample.value
             elif sample.name == "shardfs_mount_info":
                 mount = sample.labels
+    return total, errors, mount
+
+
+def identity(text: str, now: float) -> tuple[str, str]:
+    """The view a daemon serves and how long it has been up, for `shardfs list`."""
+    total, _, mount = _read(text)
+    return mount.get("view", "?"), duration(max(now - total["shardfs_start_time_seconds"], 0))
+
+
+def summary(text: str, now: float) -> str:
+    """What is mounted, uptime, operations and their rate, bytes served, cache hit rate and errors, one line each."""
+    total, errors, mount = _read(text)
     up = max(now - total["shardfs_start_time_seconds"], 1e-9)
     ops = total["shardfs_fuse_op_seconds_count"]
     hits, misses = total["shardfs_cache_hits_total"], total["shardfs_cache_misses_total"]

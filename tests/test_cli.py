@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from shardfs import __version__
@@ -169,3 +170,15 @@ def test_info_names_every_scale_in_order(tmp_path) -> None:
     peers.write_tensorstore_volume(tmp_path / "v")
     found = [line.strip() for line in shardfs("info", tmp_path / "v").stdout.splitlines()[1:3]]
     assert found == [".: neuroglancer_multiscale_volume", "8_8_40: volume scale, unsharded (passes through)"]
+
+
+def test_list_shows_every_mount_with_its_daemon(kv, mount, tmp_path) -> None:
+    """`shardfs list`: each shardfs mount (and nothing else mounted) with its source, view, pid and uptime."""
+    peers.write_tensorstore_volume(tmp_path / "v")
+    native, n5 = mount(kv[0]), mount(tmp_path / "v", "--view", "n5")
+    rows = {line.split()[0]: line.split() for line in shardfs("list").stdout.splitlines()[1:]}
+    for m, source, view in ((native, kv[0], "native"), (n5, tmp_path / "v", "n5")):
+        _, shown_source, shown_view, pid, *uptime = rows[str(m.path)]
+        assert (shown_source, shown_view) == (str(source), view) and int(pid) > 1 and uptime[0] == "0m"
+        assert any(str(m.path) in arg for arg in psutil.Process(int(pid)).cmdline())
+    assert "/" not in rows and "/proc" not in rows
