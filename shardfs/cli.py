@@ -36,11 +36,12 @@ MIN_CACHE = 64 << 10  # below it, a size is a slip (`--cache-size 512` for 512M)
 # mount options that are ours
 SETTINGS = {
     *("view", "cache_size", "max_file_size", "log_level", "log_file", "metrics"),
-    *("endpoint", "region", "timeout", "cache_dir", "cache_dir_size"),
+    *("endpoint", "region", "timeout", "cache_dir", "cache_dir_size", "profile"),
 }
 FLAGS = {
     **{"foreground": "--foreground", "nonempty": "--allow-non-empty", "anonymous": "--anonymous"},
     "allow_other": "--allow-other",
+    "requester_pays": "--requester-pays",
 }  # `-o` words
 IGNORED = {"rw", "defaults", "comment"}  # fstab words that mean nothing to a read-only mount
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -142,6 +143,11 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
             help="remote sources: an S3-compatible or GCS-compatible server's base URL",
         )  # fmt: skip
         s.add_argument("--region", help="s3:// sources: the bucket's region")
+        s.add_argument("--profile", metavar="NAME", help="s3:// sources: the AWS profile to sign with (as AWS_PROFILE)")
+        s.add_argument(
+            "--requester-pays", action="store_true",
+            help="s3:// sources: a Requester Pays bucket, whose requests this account pays for",
+        )  # fmt: skip
         s.add_argument(
             "--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
             help="remote sources: the most one request may take, retries included; then the read is EIO",
@@ -255,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         if ignored := remote_only(args):
             say(f"{', '.join(ignored)}: for remote sources only; ignored for {args.source}")
         view = "native" if args.command == "check" else args.view
-        access = Access(args.anonymous, args.endpoint, args.region, args.timeout)
+        access = Access(args.anonymous, args.endpoint, args.region, args.timeout, args.profile, args.requester_pays)
         disk = DiskCache(args.cache_dir.absolute(), args.cache_dir_size) if args.cache_dir else None
         if args.command == "mount":
             return mount_source(args, access, disk)
@@ -299,6 +305,8 @@ def remote_only(args: argparse.Namespace) -> list[str]:
         "--anonymous": args.anonymous,
         "--endpoint": args.endpoint is not None,
         "--region": args.region is not None,
+        "--profile": args.profile is not None,
+        "--requester-pays": args.requester_pays,
         "--timeout": args.timeout != DEFAULT_TIMEOUT,
         "--cache-dir": args.cache_dir is not None,
         "--cache-dir-size": args.cache_dir_size != byte_size(DEFAULT_CACHE_DIR_SIZE),

@@ -46,12 +46,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """How to reach a remote source: --anonymous, --endpoint, --region, --timeout."""
+    """How to reach a remote source: --anonymous, --endpoint, --region, --timeout, --profile, --requester-pays."""
 
     anonymous: bool = False
     endpoint: str | None = None
     region: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    profile: str | None = None
+    requester_pays: bool = False
 
 
 def client_options(access: Access, url: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -85,14 +87,17 @@ def make_client(remote: Remote, access: Access) -> Any:
         return HTTPStore(remote.address, **common)
     prefix = remote.prefix or None
     if remote.scheme == "s3":
-        provider = None if access.anonymous else credentials.aws(remote.url)
-        config: dict[str, Any] = {"skip_signature": provider is None}
+        provider = None if access.anonymous else credentials.aws(remote.url, access.profile)
+        config: dict[str, Any] = {"skip_signature": provider is None, "request_payer": access.requester_pays}
         if endpoint:
             config["endpoint"] = endpoint
         if access.region:
             config["region"] = access.region  # else the profile's, or AWS_DEFAULT_REGION, or us-east-1
         _say_unsigned(remote, access, provider is not None)
         return S3Store(remote.bucket, prefix=prefix, config=config, credential_provider=provider, **common)
+    if access.requester_pays:  # GCS bills the requester through a userProject, which object_store never sends
+        raise SourceError(f"{remote.url}: --requester-pays is for s3:// sources; object_store cannot name a GCS "
+                          "billing project")  # fmt: skip
     signed = not access.anonymous and credentials.gcs(remote.url)
     config = {"skip_signature": not signed}
     if endpoint:

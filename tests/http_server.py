@@ -57,6 +57,7 @@ class RangeServer:
         self.ranges: list[str | None] = []
         self.requests: Counter[tuple[str, str]] = Counter()
         self.authorizations: list[str | None] = []
+        self.headers: list[dict[str, str]] = []  # every request's headers, names in lower case
         self.admit: Callable[[str | None], bool] | None = None
         self.lock = threading.Lock()
         self.server = _Server(("127.0.0.1", 0), self._handler())
@@ -97,6 +98,7 @@ class RangeServer:
                 with server.lock:
                     server.requests[(self.command, path)] += 1
                     server.authorizations.append(self.headers.get("Authorization"))
+                    server.headers.append({k.lower(): v for k, v in self.headers.items()})
                     scripted = server.fail.get(path)
                     status = scripted.pop(0) if scripted else server.always
                 if server.hang:
