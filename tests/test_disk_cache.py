@@ -29,14 +29,10 @@ MEMORY_HEADROOM = 1 << 30  # the most the daemon's address space may grow while 
 SECRET = b"root-only secret 7f3a9c "
 
 
-@pytest.fixture(scope="module")
-def volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A precomputed volume with raw chunk data (one range per chunk, all full chunks the same size), and
-    its unsharded twin."""
-    root = tmp_path_factory.mktemp("cached")
-    source, twin = root / "src", root / "twin"
-    peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
-    return source, twin
+@pytest.fixture
+def volume(raw_volume: tuple[Path, Path]) -> tuple[Path, Path]:
+    """All full chunks the same size: entries of one length can be swapped for each other."""
+    return raw_volume
 
 
 @pytest.fixture

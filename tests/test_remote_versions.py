@@ -19,22 +19,12 @@ from tests.test_remote_http import chunk_names, read_errno
 SCALE = "4_4_40"
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A precomputed volume with raw chunk data (a chunk's bytes are found as they are in its shard), and
-    its unsharded twin."""
-    root = tmp_path_factory.mktemp("versions")
-    source, twin = root / "src", root / "twin"
-    peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
-    return source, twin
-
-
 @pytest.fixture
-def volume(pristine, tmp_path) -> tuple[Path, Path]:
+def volume(raw_volume, tmp_path) -> tuple[Path, Path]:
     """A copy of the volume this test may rewrite, and the twin."""
     source = tmp_path / "src"
-    shutil.copytree(pristine[0], source)
-    return source, pristine[1]
+    shutil.copytree(raw_volume[0], source)
+    return source, raw_volume[1]
 
 
 def first_chunk(source: Path, twin: Path) -> tuple[str, Path]:
