@@ -12,11 +12,11 @@ from pathlib import Path
 
 import crc32c
 import numcodecs
-import numcodecs.zarr3
 import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
+import zarr.codecs.numcodecs
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, TransposeCodec, ZstdCodec
 
 from shardfs.codecs import UNDO
@@ -520,7 +520,7 @@ def test_a_misspelt_codec_is_a_warning_naming_the_array_and_the_known_codecs(tmp
     silence: `mount` (on stderr, the journal under systemd), `info` and `check` name the array, the field
     and the known names. Codecs zarr-python writes, numcodecs' included, raise no such word."""
     clean = zarr.create_array(tmp_path / "ok", shape=(8,), chunks=(4,), shards=(8,), dtype="u1",
-                              compressors=[numcodecs.zarr3.Zlib(level=1)])  # fmt: skip
+                              compressors=[zarr.codecs.numcodecs.Zlib(level=1)])  # fmt: skip
     clean[...] = 1
     typo = zarr.create_array(tmp_path / "typo", shape=(8,), chunks=(4,), shards=(8,), dtype="u1")
     typo[...] = 2
