@@ -142,11 +142,18 @@ def test_skeletons_meshes_and_annotations(tmp_path, mount) -> None:
     )
 
 
-def test_over_http(volume, mount) -> None:
-    """HTTP cannot list: each shard is probed by its `.shard`, then by its `.index`."""
+@pytest.mark.parametrize("scheme", ["http", "gs"])
+def test_remote(volume, tmp_path, mount, monkeypatch, scheme) -> None:
+    """Over HTTP, which cannot list, each shard is probed by its `.shard`, then by its `.index`; from a bucket
+    (the loopback server standing in for GCS), the halves are listed."""
     _, split_source, twin, expected = volume
-    with RangeServer(split_source).running() as server:
-        m = mount(f"precomputed://{server.url}")
+    root = tmp_path / "root"
+    shutil.copytree(split_source, root / "bkt" / "vol" if scheme == "gs" else root)
+    for name in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_APPLICATION_CREDENTIALS"):
+        monkeypatch.delenv(name, raising=False)
+    with RangeServer(root).running() as server:
+        where = ("gs://bkt/vol", "--endpoint", server.url) if scheme == "gs" else (f"precomputed://{server.url}",)
+        m = mount(*where)
         assert sorted(os.listdir(m.path / SCALE)) == sorted(os.listdir(twin / SCALE))
         assert_volume_as_twin(m.path, twin, expected)
         assert server.gets(".data") and server.gets(".index") and not server.gets(".shard")

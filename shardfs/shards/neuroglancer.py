@@ -312,7 +312,7 @@ class ShardedKV:
     def _listed_by(self, shard: int, suffix: str) -> bool:
         """Whether a shard is listed by its file of this suffix: the first of SUFFIXES present is the one."""
         earlier = SUFFIXES[: SUFFIXES.index(suffix)]
-        return not any(self.store.kind(self.shard_path(shard, s)) == "file" for s in earlier)
+        return not any(self._present(self.shard_path(shard, s)) for s in earlier)
 
     def _called(self, shard: int, suffix: str) -> str:
         return self.shard_path(shard) if suffix == "shard" else self.pair_path(shard)
@@ -336,10 +336,10 @@ class ShardedKV:
         return None
 
     def _present(self, path: str) -> bool:
-        """Whether a shard is there to be listed; one the server fails to answer for is logged and left out,
-        so that the others still list."""
+        """Whether a shard's file is there to be listed; one the server fails to answer for is logged and
+        counted absent, so that the others still list."""
         try:
-            return self.store.kind(path) == "file"
+            return self._opened(path) is not None  # opened, not asked its kind: no listing request for a prefix
         except OSError as e:
             _skipped(path, e)
             return False
