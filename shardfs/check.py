@@ -10,7 +10,6 @@ a time, and the shared cache bounds what is kept.
 
 from __future__ import annotations
 
-import posixpath
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,7 +94,8 @@ def shards_of(provider: Provider) -> tuple[list[str], ShardCheck] | None:
     and how to check one; None for a provider that is not sharded."""
     if isinstance(provider, ChunkDir):
         kv = provider.kv
-        return sorted(kv.shard_files()), lambda path: check_precomputed(kv, path)
+        shards = {path: shard for shard, path in kv.shards()}
+        return sorted(shards), lambda path: check_precomputed(kv, shards[path])
     if isinstance(provider, ZarrArray):
         paths = sorted(provider._shard_files(()))
         if not provider.keys.ndim:  # a 0-d array's one shard path is named whether or not it is there
@@ -104,13 +104,13 @@ def shards_of(provider: Provider) -> tuple[list[str], ShardCheck] | None:
     return None
 
 
-def check_precomputed(kv: ShardedKV, path: str) -> tuple[int, Problems]:
+def check_precomputed(kv: ShardedKV, shard: int) -> tuple[int, Problems]:
     """Every non-empty minishard index is decoded; each key must hash to where it is stored (else no read
-    finds it) and its bytes must lie inside the file (else its read is EIO)."""
-    shard = kv.spec.shard_number(posixpath.basename(path))
-    file = kv.store.open(path)
+    finds it) and its bytes must lie inside the file (else its read is EIO). A pair of `.index` + `.data`
+    that cannot be read as one file is a problem of its own."""
     chunks, problems = 0, Problems()
     try:
+        file = kv.open(shard)
         for minishard, index in kv.minishards(file):
             if isinstance(index, CorruptChunk):
                 problems.add(reason(index))
@@ -125,7 +125,7 @@ def check_precomputed(kv: ShardedKV, path: str) -> tuple[int, Problems]:
                     problems.add(f"chunk {key} data range [{start}, {stop}) lies outside the file")
                 else:
                     chunks += 1
-    except CorruptChunk as e:  # the shard index itself
+    except CorruptChunk as e:  # the shard index itself, or a pair
         problems.add(reason(e))
     return chunks, problems
 

@@ -57,6 +57,12 @@ class Owner:
                 mode &= ~0o700
         return Owner(self.uid, self.gid, mode)
 
+    def also(self, other: Owner) -> Owner:
+        """This file's owner, narrowed to those who surely may read other too: bytes made of two files are
+        readable only by whoever may read both. Reading other is what searching a directory of its read
+        bits would be, so `beneath` decides it, unknown group memberships counting against as there."""
+        return self.beneath((Owner(other.uid, other.gid, (other.mode & 0o444) >> 2),))
+
 
 class StoreChanged(OSError):
     """A file changed under the mount: what an index says of it no longer holds. The read is EIO."""
@@ -88,6 +94,32 @@ class StoredFile:
         """Bytes [start, stop) of this version, read a piece at a time as they are consumed."""
         step = self.store.piece_size
         return (self.read(at, min(at + step, stop)) for at in range(start, stop, step))
+
+
+@dataclass(frozen=True, slots=True)
+class JoinedFile(StoredFile):
+    """Two stored files read as their concatenation: offsets below head's size are head's, the others tail's
+    at offset - head's size. (The earlier precomputed layout stores a shard as its index and the rest.) Its
+    version is both files', and every read checks each file's own, so neither half is read at another one."""
+
+    head: StoredFile
+    tail: StoredFile
+
+    @classmethod
+    def of(cls, path: str, head: StoredFile, tail: StoredFile) -> JoinedFile:
+        """path: what the two are called together, in messages and cache keys."""
+        version = (head.version, tail.version)
+        return cls(path, head.size + tail.size, version, tail.owner.also(head.owner), tail.store, head, tail)
+
+    def read(self, start: int, stop: int) -> bytes:
+        cut = self.head.size  # each part is b"" where the range misses it, and b"" + part is part, uncopied
+        return self.head.read(start, min(stop, cut)) + self.tail.read(max(start, cut) - cut, stop - cut)
+
+    def next_data(self, offset: int) -> int:
+        cut = self.head.size
+        if offset < cut and (found := self.head.next_data(offset)) < cut:
+            return found
+        return cut + self.tail.next_data(max(offset, cut) - cut)
 
 
 class Store(Protocol):

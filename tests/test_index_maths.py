@@ -51,12 +51,15 @@ def test_preshift_and_bit_fields() -> None:
 def test_shard_file_names(bits: int, shard: int, name: str) -> None:
     s = spec(shard_bits=bits)
     assert s.shard_name(shard) == name
-    assert s.shard_number(name) == shard
+    assert s.shard_file(name) == (shard, "shard")
+    stem = name.removesuffix(".shard")
+    assert [s.shard_file(f"{stem}.{suffix}") for suffix in ("index", "data")] == [(shard, "index"), (shard, "data")]
 
 
-def test_shard_number_rejects_other_files() -> None:
+def test_shard_file_rejects_other_files() -> None:
     s = spec(shard_bits=5)
-    assert [s.shard_number(n) for n in ("a.shard", "0A.shard", "40.shard", "0a.index", "000a.shard")] == [None] * 5
+    names = ("a.shard", "0A.shard", "40.shard", "0a.idx", "000a.shard", "a.index", "40.data", "0a.shard.data")
+    assert [s.shard_file(n) for n in names] == [None] * len(names)
 
 
 def test_spec_errors_name_the_field() -> None:

@@ -180,7 +180,7 @@ class ChunkDir:
     raw_voxel_bytes: int = 0  # a volume scale of `encoding: raw`: bytes a voxel decodes to (channels included)
 
     def hides(self, rel: str) -> bool:
-        return rel.endswith(".shard")
+        return rel.endswith(".shard") or self.kv.spec.shard_file(rel) is not None  # and the earlier layout's pairs
 
     def describe(self) -> dict[str, Any]:
         spec = self.kv.spec
@@ -188,7 +188,7 @@ class ChunkDir:
             **self.details,
             "sharding": f"hash={spec.hash} preshift_bits={spec.preshift_bits} minishard_bits={spec.minishard_bits}"
             f" shard_bits={spec.shard_bits} minishard_index={spec.minishard_index_encoding} data={spec.data_encoding}",
-            "shard files": f"{sum(1 for _ in self.kv.shard_files())} present of {1 << spec.shard_bits}",
+            "shard files": f"{sum(1 for _ in self.kv.shards())} present of {1 << spec.shard_bits}",
         }
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:

@@ -7,6 +7,8 @@ alone.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import re
 import struct
@@ -21,7 +23,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.store import Store, StoredFile
+from shardfs.store import JoinedFile, Store, StoredFile
 
 log = logging.getLogger("shardfs")
 
@@ -32,6 +34,9 @@ LISTING_READ = 4 << 10  # the least a minishard index read costs it, and what a 
 PROBED_SHARDS = 4096  # the most shard names asked for, one by one, to list a directory that cannot be listed
 PROBES_AT_ONCE = 16
 ENCODINGS = ("raw", "gzip")
+# What a shard's files are called: `<n>.shard`, or the earlier layout's `<n>.index` (the shard index) and
+# `<n>.data` (the rest), whose concatenation is the `.shard`. A shard is listed by the first one present.
+SUFFIXES = ("shard", "index", "data")
 
 
 @dataclass(frozen=True)
@@ -86,17 +91,22 @@ class ShardingSpec:
 
     @cached_property
     def _name_format(self) -> str:
-        return f"{{:0{self._digits}x}}.shard"
+        return f"{{:0{self._digits}x}}.{{}}"
 
-    def shard_name(self, shard: int) -> str:
-        return self._name_format.format(shard)
+    @cached_property
+    def _name_pattern(self) -> re.Pattern[str]:
+        return re.compile(f"([0-9a-f]{{{self._digits}}})\\.({'|'.join(SUFFIXES)})")
 
-    def shard_number(self, name: str) -> int | None:
-        """The shard a file name stands for, or None for any other file."""
-        if not re.fullmatch(f"[0-9a-f]{{{self._digits}}}\\.shard", name):
+    def shard_name(self, shard: int, suffix: str = "shard") -> str:
+        return self._name_format.format(shard, suffix)
+
+    def shard_file(self, name: str) -> tuple[int, str] | None:
+        """The shard a file name stands for and its suffix (one of SUFFIXES), or None for any other file."""
+        found = self._name_pattern.fullmatch(name)
+        if found is None:
             return None
-        shard = int(name[: self._digits], 16)
-        return shard if shard >> self.shard_bits == 0 else None
+        shard = int(found[1], 16)
+        return (shard, found[2]) if shard >> self.shard_bits == 0 else None
 
 
 MINISHARD_INDEX_LIMIT = 16 << 20  # ~700k chunks in one minishard; writers aim for a few thousand
@@ -194,15 +204,42 @@ class ShardedKV:
         self.value_limit = cache.max_value
         self._budget_said = False  # whether a listing's running out of budget was logged (once a directory)
 
-    def shard_path(self, shard: int) -> str:
-        name = self.spec.shard_name(shard)
+    def shard_path(self, shard: int, suffix: str = "shard") -> str:
+        name = self.spec.shard_name(shard, suffix)
         return f"{self.directory}/{name}" if self.directory else name
+
+    def pair_path(self, shard: int) -> str:
+        """What a shard stored as `<n>.index` + `<n>.data` is called in messages."""
+        return f"{self.shard_path(shard, 'index')}+{self.spec.shard_name(shard, 'data')}"
+
+    def open(self, shard: int, key: object = "?") -> StoredFile:
+        """The shard's bytes: `<n>.shard`, else the pair `<n>.index` + `<n>.data` read as one file, which is
+        what a `.shard` is. FileNotFoundError if neither is there; CorruptChunk (naming the file) for a pair
+        with one half missing, or whose `.index` is not exactly the shard index."""
+        with contextlib.suppress(FileNotFoundError):
+            return self.store.open(self.shard_path(shard))
+        index, data = (self._opened(self.shard_path(shard, suffix)) for suffix in ("index", "data"))
+        if index is None and data is None:
+            raise FileNotFoundError(errno.ENOENT, "no shard file", self.store.where(self.shard_path(shard)))
+        if index is None or data is None:
+            missing = self.shard_path(shard, "index" if index is None else "data")
+            raise CorruptChunk(self.pair_path(shard), key, f"{missing} is missing, and the other half is there")
+        if index.size != self.spec.shard_index_size:
+            why = f"{index.path} is {index.size} bytes, not the {self.spec.shard_index_size}-byte shard index"
+            raise CorruptChunk(self.pair_path(shard), key, why)
+        return JoinedFile.of(self.pair_path(shard), index, data)
+
+    def _opened(self, path: str) -> StoredFile | None:
+        try:
+            return self.store.open(path)
+        except FileNotFoundError:
+            return None
 
     def locate(self, key: int) -> Chunk | None:
         """Where key's bytes are, or None if it is absent. CorruptChunk if the index contradicts the file."""
         shard, minishard = self.spec.shard_and_minishard(key)
         try:
-            file = self.store.open(self.shard_path(shard))
+            file = self.open(shard, key)
         except FileNotFoundError:
             return None  # a missing shard holds no keys
         found = self.minishard(file, minishard, key).find(key)
@@ -261,18 +298,24 @@ class ShardedKV:
         except ValueError as e:
             raise CorruptChunk(chunk.shard, chunk.key, str(e)) from e
 
-    def shard_files(self) -> Iterator[str]:
-        """Paths of the shard files present, streamed from the directory."""
-        return (path for _, path in self._shards())
-
-    def _shards(self) -> Iterator[tuple[int, str]]:
+    def shards(self) -> Iterator[tuple[int, str]]:
+        """Each shard present, once, with what it is called (its `.shard`, or its pair), streamed from the
+        directory."""
         if not self.store.can_list:
             yield from self._probed()
             return
         for name, is_dir in self.store.list(self.directory):
-            shard = None if is_dir else self.spec.shard_number(name)
-            if shard is not None:
-                yield shard, self.shard_path(shard)
+            found = None if is_dir else self.spec.shard_file(name)
+            if found is not None and self._listed_by(*found):
+                yield found[0], self._called(*found)
+
+    def _listed_by(self, shard: int, suffix: str) -> bool:
+        """Whether a shard is listed by its file of this suffix: the first of SUFFIXES present is the one."""
+        earlier = SUFFIXES[: SUFFIXES.index(suffix)]
+        return not any(self._present(self.shard_path(shard, s)) for s in earlier)
+
+    def _called(self, shard: int, suffix: str) -> str:
+        return self.shard_path(shard) if suffix == "shard" else self.pair_path(shard)
 
     def _probed(self) -> Iterator[tuple[int, str]]:
         """Where the store cannot list (HTTP), the shards the spec names, each asked for (HEAD, a few at a
@@ -282,16 +325,21 @@ class ShardedKV:
             log.warning("%s: %d shards to probe, more than %d: not listed", self.store.where(self.directory),
                         count, PROBED_SHARDS)  # fmt: skip
             return
-        paths = [(shard, self.shard_path(shard)) for shard in range(count)]
         with ThreadPoolExecutor(PROBES_AT_ONCE) as pool:
-            present = pool.map(lambda item: self._present(item[1]), paths)
-            yield from (item for item, here in zip(paths, present, strict=True) if here)
+            yield from (found for found in pool.map(self._probe, range(count)) if found is not None)
+
+    def _probe(self, shard: int) -> tuple[int, str] | None:
+        """A shard by its `.shard`, else by its `.index` (a lone `.data` is found only when a key is read)."""
+        for suffix in SUFFIXES[:2]:
+            if self._present(self.shard_path(shard, suffix)):
+                return shard, self._called(shard, suffix)
+        return None
 
     def _present(self, path: str) -> bool:
-        """Whether a shard is there to be listed; one the server fails to answer for is logged and left out,
-        so that the others still list."""
+        """Whether a shard's file is there to be listed; one the server fails to answer for is logged and
+        counted absent, so that the others still list."""
         try:
-            return self.store.kind(path) == "file"
+            return self._opened(path) is not None  # opened, not asked its kind: no listing request for a prefix
         except OSError as e:
             _skipped(path, e)
             return False
@@ -331,7 +379,7 @@ class ShardedKV:
         is past the budget: a listing shows what can be read."""
         budget = ListingBudget()
         try:
-            for shard, path in self._shards():
+            for shard, path in self.shards():
                 yield from self._keys_in(shard, path, budget)
         except BudgetSpent as e:
             if not self._budget_said:
@@ -344,7 +392,7 @@ class ShardedKV:
 
     def _keys_in(self, shard: int, path: str, budget: ListingBudget) -> Iterator[int]:
         try:
-            file = self.store.open(path)
+            file = self.open(shard)
             for minishard, index in self.minishards(file, budget):
                 if isinstance(index, CorruptChunk):
                     log.error("listing skips part of a shard: %s", index, extra=index.log_fields("listing_skip"))
