@@ -1,7 +1,9 @@
 """Credentials found where each cloud's tools keep them, not only in the environment: an AWS profile in
-~/.aws and gcloud's application-default credentials in ~/.config/gcloud, each under a temporary HOME, sign
-the requests that reach a loopback bucket which refuses anything else; with none anywhere, requests go
-unsigned and the log says so, without asking an instance metadata service that is not there."""
+~/.aws, gcloud's application-default credentials in ~/.config/gcloud and a key named only by
+GOOGLE_APPLICATION_CREDENTIALS, each under a temporary HOME, sign the requests that reach a loopback bucket
+which refuses anything else; temporary AWS credentials (moto's STS) are let go before they expire; with none
+anywhere, requests go unsigned and the log says so, without asking an instance metadata service that is not
+there, and either DMI field a cloud's firmware fills is enough to ask one."""
 
 from __future__ import annotations
 
