@@ -220,6 +220,21 @@ def test_memory_stays_within_the_budget_and_one_file(tmp_path, mount) -> None:
     assert peak - idle < bound, f"daemon grew by {(peak - idle) >> 10} MiB from {idle >> 10} MiB"
 
 
+def test_the_file_over_budget_is_let_go_before_the_next_is_made(tmp_path, mount) -> None:
+    """Files larger than the budget, read one after another: each is kept in the one slot over budget until
+    the next large one is made, not while it is made, so the daemon grows by one such file, never two."""
+    pattern = np.random.default_rng(5).bytes(1 << 16)
+    large = {k: bytes([k]) + pattern * 640 for k in (1, 2, 3)}  # 40 MiB each, a few hundred KiB gzipped
+    m = mount(kv_dataset(tmp_path / "kv", {k: _gzip(v) for k, v in large.items()}, encoding="gzip"),
+              "--cache-size", "1M", "--max-file-size", "64M")  # fmt: skip
+    pid = daemon_of(m.path).pid
+    _, idle = peak_and_now_kib(pid)
+    for k, value in large.items():
+        assert (m.path / str(k)).read_bytes() == value
+    peak, _ = peak_and_now_kib(pid)
+    assert peak - idle < (40 + 24) << 10, f"daemon grew by {(peak - idle) >> 10} MiB from {idle >> 10} MiB"
+
+
 def _gzip(value: bytes) -> bytes:
     packer = zlib.compressobj(1, zlib.DEFLATED, 31)
     return packer.compress(value) + packer.flush()

@@ -134,6 +134,22 @@ def test_decimal_cache_size(kv, mount) -> None:
     assert figures["shardfs_cache_budget_bytes", frozenset()] == 3 << 29
 
 
+def test_the_smallest_cache_size_is_64k(kv, mount, tmp_path) -> None:
+    """64K is the least budget a mount takes (below it a size is a slip such as 512 for 512M); 63K is one
+    line naming the bound, and no mount."""
+    m = mount(kv[0], "--cache-size", "64K")
+    figures = scrape(shardfs("stats", "--prometheus", m.path).stdout)
+    assert figures["shardfs_cache_budget_bytes", frozenset()] == 64 << 10
+    assert (m.path / "3").read_bytes() == kv[1][3]
+    try:
+        refused = shardfs("mount", kv[0], tmp_path, "--cache-size", "63K", check=False)
+        assert not os.path.ismount(tmp_path)
+    finally:
+        if os.path.ismount(tmp_path):
+            shardfs("unmount", tmp_path)
+    one_line_error(refused, 2, "too small", "64K")
+
+
 def test_version_and_help_with_defaults() -> None:
     assert shardfs("--version").stdout.strip() == f"shardfs {__version__}"
     text = " ".join(shardfs("mount", "--help").stdout.split())

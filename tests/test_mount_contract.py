@@ -64,6 +64,35 @@ def test_every_file_has_its_twins_size_and_every_node_the_sources_mtime(volume, 
         assert os.stat(directory).st_mtime_ns == mtime, directory
 
 
+def test_listings_give_each_entrys_type_and_blocks_cover_each_file(volume, mount) -> None:
+    """readdir's types (which `find` and os.walk trust without a stat) are stat's for every entry: the
+    overlay's (rewritten `info`, a provider's directory), a provider's (chunk files) and the source's (the
+    unsharded scale and its files); and every file's st_blocks covers its size to the next 512 bytes, so
+    `du` is `du --apparent-size` rounded up per file."""
+    m = mount(volume[0])
+    kinds: dict[str, bool] = {}
+    dirs = [m.path]
+    while dirs:
+        with os.scandir(dirs.pop()) as entries:
+            for entry in entries:
+                st = os.lstat(entry.path)
+                rel = str(Path(entry.path).relative_to(m.path))
+                kinds[rel] = entry.is_dir(follow_symlinks=False)
+                assert kinds[rel] == stat.S_ISDIR(st.st_mode), rel
+                if kinds[rel]:
+                    dirs.append(Path(entry.path))
+                else:
+                    assert 0 <= st.st_blocks * 512 - st.st_size < 512, (rel, st.st_size, st.st_blocks)
+    assert {k: kinds[k] for k in ("info", "4_4_40", "8_8_40")} == {"info": False, "4_4_40": True, "8_8_40": True}
+    assert {kinds[k] for k in kinds if k.startswith(("4_4_40/", "8_8_40/"))} == {False}
+    files = [k for k, is_dir in kinds.items() if not is_dir]
+    du = (subprocess.run(["du", "-s", "-B1", *flag, m.path], capture_output=True, text=True, check=True)
+          for flag in ([], ["--apparent-size"]))  # fmt: skip
+    used, apparent = (int(done.stdout.split()[0]) for done in du)
+    assert 0 <= used - apparent < 512 * len(files), (used, apparent)
+    assert used == sum(-(-os.stat(m.path / f).st_size // 512) * 512 for f in files)
+
+
 def test_the_kernel_holds_the_default_options(volume, mount) -> None:
     """`ro` and `default_permissions` (the kernel checks each node's modes) are the superblock's."""
     m = mount(volume[0])

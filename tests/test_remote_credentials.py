@@ -1,7 +1,9 @@
 """Credentials found where each cloud's tools keep them, not only in the environment: an AWS profile in
-~/.aws and gcloud's application-default credentials in ~/.config/gcloud, each under a temporary HOME, sign
-the requests that reach a loopback bucket which refuses anything else; with none anywhere, requests go
-unsigned and the log says so, without asking an instance metadata service that is not there."""
+~/.aws, gcloud's application-default credentials in ~/.config/gcloud and a key named only by
+GOOGLE_APPLICATION_CREDENTIALS, each under a temporary HOME, sign the requests that reach a loopback bucket
+which refuses anything else; temporary AWS credentials (moto's STS) are let go before they expire; with none
+anywhere, requests go unsigned and the log says so, without asking an instance metadata service that is not
+there, and either DMI field a cloud's firmware fills is enough to ask one."""
 
 from __future__ import annotations
 
@@ -10,17 +12,21 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
+from moto.server import ThreadedMotoServer
 
+from shardfs import credentials
 from shardfs.credentials import on_ec2, on_gce
 from tests import peers
 from tests.conftest import shardfs
 from tests.http_server import RangeServer
+from tests.test_remote_s3 import free_port
 
 BUCKET = "bkt"
 KEY_ID, SECRET = "AKIASHARDFSLAB", "lab-secret-never-logged"
@@ -136,15 +142,53 @@ def test_a_role_the_sts_refuses_refuses_the_mount(home, server, monkeypatch) -> 
     assert sts.asked >= 1 and not server.authorizations
 
 
+def test_temporary_aws_credentials_are_let_go_before_they_expire(home, monkeypatch) -> None:
+    """A role assumed for STS's shortest term (15 minutes, moto's STS on loopback): obstore is told to keep
+    what it was given for less than that, so it asks boto3 again (which refreshes 10 minutes before the end)
+    before a request could be signed with a credential past its end."""
+    port = free_port()
+    sts = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    sts.start()
+    try:
+        (home / ".aws").mkdir()
+        (home / ".aws" / "config").write_text(
+            "[profile reader]\nrole_arn = arn:aws:iam::123456789012:role/r\nsource_profile = base\n"
+            "duration_seconds = 900\nregion = eu-west-3\n"
+        )
+        (home / ".aws" / "credentials").write_text("[base]\naws_access_key_id = AKIDBASE\naws_secret_access_key = s\n")
+        monkeypatch.setenv("AWS_PROFILE", "reader")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", f"http://127.0.0.1:{port}")
+        asked = datetime.now(UTC)
+        provider = credentials.aws(f"s3://{BUCKET}/vol")
+        assert provider is not None and provider.credentials.method == "assume-role"
+        given = provider()
+    finally:
+        sts.stop()
+    frozen = provider.credentials.get_frozen_credentials()
+    assert given["token"] == frozen.token and given["access_key_id"].startswith("ASIA"), given["access_key_id"]
+    # botocore hands a credential out until 10 minutes before its end (here 15 minutes after it was asked for),
+    # so obstore may keep one for less than those 10 minutes, and never past the end.
+    assert given["expires_at"] < asked + timedelta(minutes=10), given["expires_at"] - asked
+
+
 def b64(data: bytes) -> bytes:
     return base64.urlsafe_b64decode(data + b"=" * (-len(data) % 4))
 
 
-def test_gcloud_application_default_credentials_sign_requests(bucket, home, server, mount) -> None:
+@pytest.mark.parametrize("where", ["gcloud", "variable"])
+def test_a_service_account_key_signs_requests(bucket, home, server, mount, monkeypatch, where) -> None:
+    """A service account key where gcloud writes application-default credentials, or anywhere else named only
+    by GOOGLE_APPLICATION_CREDENTIALS: either signs every request, and the log names where it came from."""
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     email = "reader@lab.iam.gserviceaccount.com"
-    adc = home / ".config" / "gcloud" / "application_default_credentials.json"
+    if where == "gcloud":
+        adc = home / ".config" / "gcloud" / "application_default_credentials.json"
+        said = f"application-default credentials ({adc})"
+    else:
+        adc = home / "keys" / "reader.json"
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
+        said = f"$GOOGLE_APPLICATION_CREDENTIALS ({adc})"
     adc.parent.mkdir(parents=True)
     adc.write_text(
         json.dumps({
@@ -167,7 +211,7 @@ def test_gcloud_application_default_credentials_sign_requests(bucket, home, serv
     server.admit = admit
     m = mount(f"gs://{BUCKET}/vol", "--endpoint", server.url, "--log-level", "INFO")
     read_a_chunk(m.path, bucket[1])
-    assert f"requests signed with GCS credentials from application-default credentials ({adc})" in m.log_text()
+    assert f"requests signed with GCS credentials from {said}" in m.log_text()
 
 
 class Metadata:
@@ -235,3 +279,32 @@ def test_cloud_residency_from_dmi(tmp_path: Path) -> None:
     assert on_ec2(nitro, tmp_path / "none") and on_ec2(xen, tmp_path / "uuid")
     assert not on_ec2(gce, tmp_path / "none") and not on_ec2(laptop, tmp_path / "none")
     assert on_gce(gce) and not on_gce(nitro) and not on_gce(laptop) and not on_gce(tmp_path / "none")
+
+
+def dmi(where: Path, **fields: str) -> Path:
+    where.mkdir()
+    for name, text in fields.items():
+        (where / name).write_text(text + "\n")
+    return where
+
+
+@pytest.mark.parametrize(
+    ("fields", "cloud"),
+    [
+        ({"sys_vendor": "Amazon EC2", "bios_vendor": "American Megatrends"}, "ec2"),
+        ({"sys_vendor": "Amazon", "bios_vendor": "Amazon EC2"}, "ec2"),  # some Nitro types name EC2 in the BIOS only
+        ({"bios_vendor": "Amazon EC2"}, "ec2"),
+        ({"sys_vendor": "Amazon EC2"}, "ec2"),
+        ({"product_name": "Google Compute Engine", "sys_vendor": "SeaBIOS"}, "gce"),
+        ({"product_name": "n2-standard-4", "sys_vendor": "Google"}, "gce"),
+        ({"product_name": "Google Compute Engine"}, "gce"),
+        ({"sys_vendor": "Google"}, "gce"),
+        ({"sys_vendor": "Google Inc.", "bios_vendor": "Amazon"}, None),
+        ({"product_name": "Amazon EC2", "bios_vendor": "Google"}, None),
+    ],
+)
+def test_each_dmi_field_alone_names_the_cloud(tmp_path: Path, fields: dict[str, str], cloud: str | None) -> None:
+    """Either of the two fields each cloud's firmware may fill is enough, and a field names a cloud only
+    where that cloud writes it."""
+    where = dmi(tmp_path / "dmi", **fields)
+    assert (on_ec2(where, tmp_path / "no-uuid"), on_gce(where)) == (cloud == "ec2", cloud == "gce")
