@@ -25,10 +25,10 @@ from xml.sax.saxutils import escape
 class RangeServer:
     """Serves root at `url`. `fail[path] = [503, 429, ...]` answers those statuses first, in order, then
     the file; `always` answers every request with that status; `hang` makes every request wait (bounded)
-    before answering; `latency` delays every answer. `requests` counts (method, path); `authorizations`
-    holds every request's Authorization header (None when unsigned), and a request whose header `admit`
-    refuses is answered 403, as a private bucket answers. Suffix ranges (`bytes=-N`) are ignored (the whole
-    object is sent), as some servers do, unless `suffix_ranges`."""
+    before answering; `latency` delays every answer. `requests` counts (method, path), `most_in_flight` the
+    most answered at once; `authorizations` holds every request's Authorization header (None when unsigned),
+    and a request whose header `admit` refuses is answered 403, as a private bucket answers. Suffix ranges
+    (`bytes=-N`) are ignored (the whole object is sent), as some servers do, unless `suffix_ranges`."""
 
     def __init__(self, root: Path, latency: float = 0.0, suffix_ranges: bool = False) -> None:
         self.root = root
@@ -40,6 +40,8 @@ class RangeServer:
         self.requests: Counter[tuple[str, str]] = Counter()
         self.authorizations: list[str | None] = []
         self.admit: Callable[[str | None], bool] | None = None
+        self.in_flight = 0
+        self.most_in_flight = 0  # the most requests answered at once so far
         self.lock = threading.Lock()
         self.server = _Server(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -55,6 +57,18 @@ class RangeServer:
                 if method == "GET" and path.startswith(prefix) and path.endswith(suffix)
             )
 
+    @contextlib.contextmanager
+    def counted(self) -> Iterator[None]:
+        """One request being answered, for `in_flight` and `most_in_flight`."""
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
@@ -68,10 +82,12 @@ class RangeServer:
                 pass
 
             def do_HEAD(self) -> None:
-                self._answer(body=False)
+                with server.counted():
+                    self._answer(body=False)
 
             def do_GET(self) -> None:
-                self._answer(body=True)
+                with server.counted():
+                    self._answer(body=True)
 
             def _answer(self, body: bool) -> None:
                 url = urlsplit(self.path)

@@ -117,7 +117,6 @@ class TreeOps:
 
     def __init__(self, tree: Tree, mtime_ns: int) -> None:
         self.tree = tree
-        self.block_size = BLOCK_SIZE
         self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
         self._times = (*divmod(mtime_ns, 1_000_000_000),)
         self._dirs: dict[int, DirCursor] = {}

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shardfs.fuse import wire
-from shardfs.fuse.adapter import OPENED, FuseError, TreeOps, attr, count
+from shardfs.fuse.adapter import BLOCK_SIZE, OPENED, FuseError, TreeOps, attr, count
 from shardfs.fuse.wire import InitFlag, Op
 
 log = logging.getLogger("shardfs")
@@ -112,6 +112,7 @@ class Session:
         self.on_ready = on_ready
         self.no_open = False  # until INIT says whether the kernel takes ENOSYS for OPEN as "none needed"
         self.granted = InitFlag(0)
+        self.interrupts = 0  # INTERRUPTs received, for tests and stats
         self.minor = 0
         timeouts = timeouts or Timeouts()
         self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.attr))
@@ -122,7 +123,7 @@ class Session:
             Op.BATCH_FORGET: self._batch_forget, Op.GETATTR: self._getattr, Op.OPEN: self._open,
             Op.READ: self._read, Op.RELEASE: self._ok, Op.OPENDIR: self._opendir, Op.READDIR: self._readdir,
             Op.RELEASEDIR: self._releasedir, Op.STATFS: self._statfs, Op.IOCTL: self._ioctl,
-            Op.READLINK: self._not_a_link, Op.INTERRUPT: self._ignore, Op.NOTIFY_REPLY: self._ignore,
+            Op.READLINK: self._not_a_link, Op.INTERRUPT: self._interrupt, Op.NOTIFY_REPLY: self._ignore,
             Op.DESTROY: self._ok,
         }  # fmt: skip
 
@@ -283,8 +284,7 @@ class Session:
         self._ok(unique, nodeid, body)
 
     def _statfs(self, unique: int, nodeid: int, body: memoryview) -> None:
-        block = self.ops.block_size
-        self._reply(unique, wire.STATFS_OUT.pack(0, 0, 0, 0, 0, block, 255, block, 0))
+        self._reply(unique, wire.STATFS_OUT.pack(0, 0, 0, 0, 0, BLOCK_SIZE, 255, BLOCK_SIZE, 0))
 
     def _ioctl(self, unique: int, nodeid: int, body: memoryview) -> None:
         """Python's open() asks whether a file is a terminal (TCGETS) every time: no file here is one."""
@@ -296,9 +296,13 @@ class Session:
     def _ok(self, unique: int, nodeid: int, body: memoryview) -> None:
         self._reply(unique)
 
+    def _interrupt(self, unique: int, nodeid: int, body: memoryview) -> None:
+        """The request it names is answered when it is done, as if never interrupted: the kernel takes
+        that answer (or drops it, if its caller is gone)."""
+        self.interrupts += 1
+
     def _ignore(self, unique: int, nodeid: int, body: memoryview) -> None:
-        """INTERRUPT: the request it names is answered when it is done, as if never interrupted (the kernel
-        takes either answer); NOTIFY_REPLY: nothing is ever asked of the kernel."""
+        """NOTIFY_REPLY: nothing is ever asked of the kernel, so nothing is expected back."""
 
 
 def _name(opcode: int) -> str:

@@ -141,14 +141,6 @@ INTERRUPT_IN = struct.Struct("=Q")
 DIRENT = struct.Struct("=QQII")
 # struct fuse_kstatfs: blocks, bfree, bavail, files, ffree, bsize, namelen, frsize, padding, spare[6]
 STATFS_OUT = struct.Struct("=QQQQQIIII24x")
-# struct fuse_ioctl_out: result, flags, in_iovs, out_iovs
-IOCTL_OUT = struct.Struct("=iIII")
-# struct fuse_lseek_in: fh, offset, whence, padding; fuse_lseek_out: offset
-LSEEK_IN = struct.Struct("=QQII")
-LSEEK_OUT = struct.Struct("=Q")
-# struct fuse_getxattr_in: size, padding (then the name); fuse_getxattr_out: size, padding
-GETXATTR_IN = struct.Struct("=II")
-GETXATTR_OUT = struct.Struct("=II")
 
 READ_ONLY_REFUSED = frozenset(
     {

@@ -1,0 +1,274 @@
+"""shardfs's own FUSE session (shardfs/fuse), through the kernel: a tree opened from a tensorstore-written
+dataset, mounted with mount(2) and served by the session in this process, read back by plain `open()`,
+`os.walk`, tensorstore and cloud-volume and compared with the unsharded twin; lookups that overlap in
+one directory, FORGET storms, INTERRUPT, unmounting with requests in flight, errno for every change."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorstore as ts
+from cloudvolume import CloudVolume
+
+from shardfs.fuse.adapter import TreeOps
+from shardfs.fuse.mount import MountOptions, mount, unmount
+from shardfs.fuse.session import Session
+from shardfs.fuse.wire import InitFlag
+from shardfs.source import open_source
+from tests import peers
+from tests.http_server import RangeServer
+
+LATENCY = 0.05  # seconds a slow server takes per request
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np.ndarray]:
+    """A sharded precomputed volume (raw chunks: one read is one GET), its unsharded twin, its voxels."""
+    root = tmp_path_factory.mktemp("session")
+    source, twin = root / "src", root / "twin"
+    expected = peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
+    return source, twin, expected
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A volume of 2,048 small chunks in one sharded directory, and its unsharded twin."""
+    root = tmp_path_factory.mktemp("many")
+    source, twin = root / "src", root / "twin"
+    peers.write_tensorstore_volume(
+        source, size=(128, 128, 64), chunk=(8, 8, 8), extra_unsharded_scale=False, unsharded_twin=twin
+    )
+    return source, twin
+
+
+@pytest.fixture
+def server(volume) -> Iterator[RangeServer]:
+    with RangeServer(volume[0]).running() as s:
+        yield s
+
+
+def fuse_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("fuse-")]
+
+
+@contextlib.contextmanager
+def served(source: str | Path, mountpoint: Path, threads: int = 16, read_only: bool = True) -> Iterator[Session]:
+    """source mounted at mountpoint by a Session running in this process; unmounted after, and the
+    session found ended with all its threads."""
+    tree = open_source(source, 64 << 20).tree
+    mountpoint.mkdir(exist_ok=True)
+    fd = mount(mountpoint, MountOptions(fsname=str(source), read_only=read_only, allow_other=True))
+    ready = threading.Event()
+    session = Session(fd, TreeOps(tree, 0), threads, on_ready=ready.set)
+    runner = threading.Thread(target=session.run, name="session")
+    runner.start()
+    try:
+        assert ready.wait(10), "INIT never came"
+        yield session
+    finally:
+        with contextlib.suppress(OSError):
+            unmount(mountpoint, lazy=True)
+        runner.join(20)
+        os.close(fd)
+    assert not runner.is_alive() and not fuse_threads(), "the session outlived its mount"
+
+
+def relative_files(root: Path) -> set[Path]:
+    return {Path(d, f).relative_to(root) for d, _, files in os.walk(root) for f in files}
+
+
+def test_init_grants_parallel_lookups_and_large_reads(volume, tmp_path) -> None:
+    with served(volume[0], tmp_path / "m") as session:
+        assert InitFlag.PARALLEL_DIROPS | InitFlag.ASYNC_READ | InitFlag.MAX_PAGES in session.granted
+        assert session.no_open  # 6.18 takes ENOSYS for OPEN: no OPEN, pages kept across opens
+        assert session.minor >= 38
+        mounts = Path("/proc/mounts").read_text().splitlines()
+        assert f"{volume[0]} {tmp_path / 'm'} fuse.shardfs ro," in "\n".join(mounts)
+
+
+def test_reads_and_listings_match_the_unsharded_twin(volume, tmp_path) -> None:
+    source, twin, expected = volume
+    m = tmp_path / "m"
+    with served(source, m):
+        files = relative_files(twin)
+        assert relative_files(m) == files
+        for rel in files - {Path("info")}:
+            with open(m / rel, "rb") as f:  # Python's open(): it asks isatty (an IOCTL) every time
+                assert not f.isatty()
+                assert f.read() == (twin / rel).read_bytes(), rel
+        spec = {"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(m)}}
+        assert np.array_equal(ts.open(dict(spec, scale_index=0)).result().read().result(), expected)
+        cv = CloudVolume(f"file://{m}", mip=0, fill_missing=True, progress=False)
+        assert np.array_equal(cv[:, :, :], expected)
+
+
+def test_sixteen_lookups_in_one_directory_overlap(volume, server, tmp_path) -> None:
+    """Each lookup of an unsharded chunk is a HEAD; 16 threads stat'ing distinct names in one directory
+    have their HEADs at the server at once (libfuse 3.14's loop, without PARALLEL_DIROPS, had one)."""
+    _, twin, _ = volume
+    names = sorted(p.name for p in (twin / "8_8_40").iterdir())[:16]
+    with served(server.url, tmp_path / "m", threads=32) as session:
+        (tmp_path / "m" / "8_8_40").stat()
+        server.latency = LATENCY
+        server.most_in_flight = 0
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            sizes = list(pool.map(lambda n: (tmp_path / "m" / "8_8_40" / n).stat().st_size, names))
+        elapsed = time.monotonic() - started
+        assert sizes == [(twin / "8_8_40" / n).stat().st_size for n in names]
+        assert server.most_in_flight >= 8, server.most_in_flight
+        assert elapsed < len(names) * LATENCY / 4, elapsed
+        assert len(session.nodes) >= len(names)
+
+
+def drop_kernel_names() -> None:
+    """Make the kernel let go of every unused dentry and inode: it FORGETs their node ids."""
+    Path("/proc/sys/vm/drop_caches").write_text("2")
+
+
+def wait_for(condition, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_forget_storms_leave_no_nodes_behind(many, tmp_path) -> None:
+    """Every lookup is counted and every FORGET (batched or not) counted down: after the kernel lets go
+    of 2,048 names, three times over, the session holds only the root, and the names still read."""
+    source, twin = many
+    m = tmp_path / "m"
+    names = sorted(p.name for p in (twin / "4_4_40").iterdir())
+    with served(source, m) as session:
+        for _ in range(3):
+            for name in names:
+                (m / "4_4_40" / name).stat()
+                (m / "4_4_40" / name).stat()  # the kernel's entry: no second LOOKUP, nothing to forget twice
+            assert len(session.nodes) >= len(names)
+            drop_kernel_names()
+            assert wait_for(lambda: len(session.nodes) <= 2), len(session.nodes)
+        assert (m / "4_4_40" / names[7]).read_bytes() == (twin / "4_4_40" / names[7]).read_bytes()
+
+
+def test_listing_of_thousands_resumes_where_each_page_ended(many, tmp_path) -> None:
+    """2,048 names take about twenty READDIR requests of a page each; every one resumes at its offset."""
+    source, twin = many
+    with served(source, tmp_path / "m") as session:
+        listed = os.listdir(tmp_path / "m" / "4_4_40")
+        assert sorted(listed) == sorted(os.listdir(twin / "4_4_40"))
+        assert len(listed) == len(set(listed))
+        assert wait_for(lambda: session.ops.open_dirs() == 0)  # every RELEASEDIR (sent after close) honoured
+
+
+def test_interrupted_lookup_is_answered_and_the_session_goes_on(volume, server, tmp_path) -> None:
+    """A signal to a process waiting on a slow LOOKUP makes the kernel send INTERRUPT; the lookup is
+    answered all the same, and a reader killed meanwhile leaves nothing stuck."""
+    _, twin, _ = volume
+    names = sorted(p.name for p in (twin / "8_8_40").iterdir())
+    m = tmp_path / "m"
+    code = "import os, signal, sys; signal.signal(signal.SIGUSR1, lambda *a: None); print(os.stat(sys.argv[1]).st_size)"
+    with served(server.url, m) as session:
+        (m / "8_8_40").stat()
+        server.latency = 1.0
+        patient = subprocess.Popen([sys.executable, "-c", code, m / "8_8_40" / names[0]], stdout=subprocess.PIPE)
+        killed = subprocess.Popen([sys.executable, "-c", code, m / "8_8_40" / names[1]])
+        assert wait_for(lambda: server.in_flight >= 2)
+        patient.send_signal(signal.SIGUSR1)
+        killed.kill()
+        out, _ = patient.communicate(timeout=10)
+        assert int(out) == (twin / "8_8_40" / names[0]).stat().st_size
+        assert killed.wait(timeout=10) == -signal.SIGKILL
+        assert wait_for(lambda: session.interrupts >= 1)
+        server.latency = 0
+        assert (m / "8_8_40" / names[2]).read_bytes() == (twin / "8_8_40" / names[2]).read_bytes()
+
+
+def test_unmount_with_lookups_in_flight_ends_the_session(volume, server, tmp_path) -> None:
+    _, twin, _ = volume
+    names = sorted(p.name for p in (twin / "8_8_40").iterdir())[:8]
+    m = tmp_path / "m"
+    results: list[object] = []
+
+    def stat(name: str) -> None:
+        try:
+            results.append((m / "8_8_40" / name).stat().st_size)
+        except OSError as e:
+            results.append(e.errno)
+
+    with served(server.url, m):
+        (m / "8_8_40").stat()
+        server.latency = 1.0
+        readers = [threading.Thread(target=stat, args=(name,)) for name in names]
+        for reader in readers:
+            reader.start()
+        assert wait_for(lambda: server.in_flight >= 4)
+        unmount(m, lazy=True)
+        for reader in readers:
+            reader.join(10)
+        assert len(results) == len(names)  # each one answered; the fixture checks the session ended
+    assert not os.path.ismount(m)
+
+
+def test_every_change_is_refused_read_only(volume, tmp_path) -> None:
+    """Mounted without `ro`, every change reaches the session: each is EROFS, as a user expects."""
+    source, twin, _ = volume
+    m = tmp_path / "m"
+    name = sorted(p.name for p in (twin / "4_4_40").iterdir())[0]
+    chunk = m / "4_4_40" / name
+    with served(source, m, read_only=False):
+        changes = [
+            lambda: os.mkdir(m / "new"),
+            lambda: os.close(os.open(m / "new", os.O_WRONLY | os.O_CREAT, 0o644)),
+            lambda: os.unlink(chunk),
+            lambda: os.rmdir(m / "8_8_40"),
+            lambda: os.rename(chunk, m / "moved"),
+            lambda: os.symlink("x", m / "link"),
+            lambda: os.link(chunk, m / "hard"),
+            lambda: os.truncate(chunk, 0),
+            lambda: os.chmod(chunk, 0o600),
+            lambda: os.utime(chunk, (0, 0)),
+            lambda: os.setxattr(chunk, "user.x", b"1"),
+            lambda: os.removexattr(chunk, "user.x"),
+            lambda: os.mknod(m / "fifo", 0o600 | 0o010000),
+        ]
+        for change in changes:
+            with pytest.raises(OSError) as e:
+                change()
+            assert e.value.errno == errno.EROFS, (change, e.value)
+        with pytest.raises(OSError) as e:
+            os.getxattr(chunk, "user.x")
+        assert e.value.errno == errno.EOPNOTSUPP
+        with pytest.raises(OSError) as e:
+            os.readlink(chunk)
+        assert e.value.errno == errno.EINVAL
+        with pytest.raises(FileNotFoundError):
+            (m / "4_4_40" / "nothing").stat()
+        assert chunk.read_bytes() == (twin / "4_4_40" / name).read_bytes()
+
+
+def test_absences_are_kept_by_the_kernel(volume, server, tmp_path) -> None:
+    """A LOOKUP of a missing name is answered with node id 0 and the negative timeout: asked once."""
+    m = tmp_path / "m"
+    with served(server.url, m):
+        (m / "8_8_40").stat()
+        before = sum(server.requests.values())
+        for _ in range(3):
+            assert not (m / "8_8_40" / "0-1_0-1_0-1").exists()
+        asked = sum(server.requests.values()) - before
+        assert asked > 0
+        assert not (m / "8_8_40" / "0-1_0-1_0-1").exists()
+        assert sum(server.requests.values()) - before == asked
