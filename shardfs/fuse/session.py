@@ -113,6 +113,9 @@ class Session:
         self.no_open = False  # until INIT says whether the kernel takes ENOSYS for OPEN as "none needed"
         self.granted = InitFlag(0)
         self.interrupts = 0  # INTERRUPTs received, for tests and stats
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._running = 0
         self.minor = 0
         timeouts = timeouts or Timeouts()
         self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.attr))
@@ -128,14 +131,31 @@ class Session:
         }  # fmt: skip
 
     def run(self) -> None:
-        """Serve until unmounted; returns once every thread has ended."""
-        workers = [threading.Thread(target=self._serve, name=f"fuse-{i}", daemon=True) for i in range(self.threads)]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
+        """Serve until unmounted (returns once every thread has ended) or stopped."""
+        self._running = self.threads
+        for i in range(self.threads):
+            threading.Thread(target=self._serve, name=f"fuse-{i}", daemon=True).start()
+        self._done.wait()
+
+    @property
+    def ended(self) -> bool:
+        """Whether every thread has ended (the filesystem was unmounted)."""
+        return not self._running
+
+    def stop(self) -> None:
+        """Make run return now; the threads end with the process (or once the mount goes)."""
+        self._done.set()
 
     def _serve(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._lock:
+                self._running -= 1
+                if not self._running:
+                    self._done.set()
+
+    def _loop(self) -> None:
         buffer = bytearray(BUFFER)
         view = memoryview(buffer)
         while True:
