@@ -9,6 +9,7 @@ import contextlib
 import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ import pytest
 import tensorstore as ts
 from cloudvolume import CloudVolume
 
+from shardfs.fuse import wire
 from shardfs.fuse.adapter import TreeOps
 from shardfs.fuse.mount import MountOptions, mount, unmount
 from shardfs.fuse.session import Session
@@ -272,3 +274,71 @@ def test_absences_are_kept_by_the_kernel(volume, server, tmp_path) -> None:
         assert asked > 0
         assert not (m / "8_8_40" / "0-1_0-1_0-1").exists()
         assert sum(server.requests.values()) - before == asked
+
+
+@contextlib.contextmanager
+def kernel_socket(volume_root: Path) -> Iterator[tuple[socket.socket, Session]]:
+    """A session whose "device" is one end of a packet socket pair: the test plays a kernel this machine
+    does not run (older, newer), request by request."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    session = Session(theirs.fileno(), TreeOps(open_source(volume_root, 1 << 20).tree, 0), threads=1)
+    runner = threading.Thread(target=session.run)
+    runner.start()
+    try:
+        yield ours, session
+    finally:
+        ours.close()
+        runner.join(10)
+        theirs.close()
+    assert not runner.is_alive()
+
+
+def ask(kernel: socket.socket, opcode: int, body: bytes, unique: int = 1, nodeid: int = 0) -> tuple[int, bytes]:
+    """Send one request; (errno, payload) of the reply."""
+    kernel.send(wire.IN_HEADER.pack(wire.IN_HEADER.size + len(body), opcode, unique, nodeid, 0, 0, 0, 0, 0) + body)
+    reply = kernel.recv(1 << 16)
+    size, error, answered = wire.OUT_HEADER.unpack_from(reply)
+    assert (size, answered) == (len(reply), unique)
+    return -error, reply[wire.OUT_HEADER.size :]
+
+
+def init(kernel: socket.socket, major: int, minor: int, flags: int) -> tuple[int, bytes]:
+    return ask(kernel, wire.Op.INIT, wire.INIT_IN.pack(major, minor, 1 << 17, flags) + bytes(48))
+
+
+EVERYTHING = 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("minor", [38, 44])
+def test_init_answers_a_kernel_as_new_or_newer_with_our_minor(volume, minor) -> None:
+    with kernel_socket(volume[0]) as (kernel, session):
+        code, reply = init(kernel, 7, minor, EVERYTHING)
+        assert code == 0 and len(reply) == wire.INIT_OUT.size
+        major, got_minor, readahead, flags, _, _, max_write, gran, max_pages, *_ = wire.INIT_OUT.unpack(reply)
+        assert (major, got_minor, readahead, max_write, gran, max_pages) == (7, 38, 1 << 17, 4096, 1, 256)
+        assert InitFlag(flags) == InitFlag.ASYNC_READ | InitFlag.PARALLEL_DIROPS | InitFlag.MAX_PAGES
+        assert session.no_open
+        assert ask(kernel, wire.Op.OPEN, bytes(8), 2, 1)[0] == errno.ENOSYS  # no_open: no OPEN again
+
+
+def test_init_answers_an_older_kernel_in_its_own_terms(volume) -> None:
+    """7.22 knew neither no_open nor parallel lookups, and took a 24-byte init_out: it gets that, only
+    what it offered, and OPEN answered with the kernel cache kept."""
+    offered = InitFlag.ASYNC_READ | InitFlag.BIG_WRITES | InitFlag.DO_READDIRPLUS
+    with kernel_socket(volume[0]) as (kernel, session):
+        code, reply = init(kernel, 7, 22, offered)
+        assert code == 0 and len(reply) == wire.COMPAT_22_INIT_OUT_SIZE
+        major, minor, _, flags = wire.INIT_IN.unpack_from(reply)
+        assert (major, minor, InitFlag(flags)) == (7, 22, InitFlag.ASYNC_READ)
+        assert not session.no_open
+        code, reply = ask(kernel, wire.Op.OPEN, bytes(8), 2, 1)
+        assert code == 0 and wire.OPEN_OUT.unpack(reply)[1] == wire.FOPEN_KEEP_CACHE
+
+
+def test_init_of_a_newer_major_asks_again_and_a_too_old_kernel_is_refused(volume) -> None:
+    with kernel_socket(volume[0]) as (kernel, _):
+        code, reply = init(kernel, 8, 0, EVERYTHING)
+        assert code == 0 and wire.INIT_OUT.unpack(reply)[:2] == (7, 38)  # our major: the kernel asks again
+        assert init(kernel, 7, 38, EVERYTHING)[0] == 0
+    with kernel_socket(volume[0]) as (kernel, _):
+        assert init(kernel, 7, 8, EVERYTHING)[0] == errno.EPROTO

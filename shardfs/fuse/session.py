@@ -167,6 +167,8 @@ class Session:
                 if e.errno in (errno.ENOENT, errno.EINTR, errno.EAGAIN):  # a request interrupted before read
                     continue
                 raise
+            if not size:  # the other end is gone (a socket in tests; /dev/fuse never reads empty)
+                return
             self._dispatch(view[:size])
 
     def _dispatch(self, request: memoryview) -> None:
