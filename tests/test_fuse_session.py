@@ -25,7 +25,7 @@ from cloudvolume import CloudVolume
 
 from shardfs.fuse import wire
 from shardfs.fuse.adapter import TreeOps
-from shardfs.fuse.mount import MountOptions, mount, unmount
+from shardfs.fuse.mount import FuseMountError, MountOptions, mount, unmount
 from shardfs.fuse.session import Session
 from shardfs.fuse.wire import InitFlag
 from shardfs.source import open_source
@@ -366,7 +366,7 @@ def test_a_user_mounts_through_fusermount3(user, other_user, public_tmp, fuse_fo
     m = public_tmp / "m"
     m.mkdir()
     os.chown(m, *user)
-    daemon = subprocess.Popen([*other_user, "tests.fuse_user_mount", source, m])
+    daemon = subprocess.Popen([*other_user, "tests.fuse_serve", source, m])
     try:
         assert wait_for(lambda: f" {m} " in Path("/proc/mounts").read_text())  # root may not look in: no allow_other
         name = sorted(p.name for p in (twin / "4_4_40").iterdir())[3]
@@ -381,3 +381,34 @@ def test_a_user_mounts_through_fusermount3(user, other_user, public_tmp, fuse_fo
         if daemon.poll() is None:
             subprocess.run(["umount", "-l", m])
             daemon.kill()
+
+
+def test_a_descriptor_mounted_by_a_parent_is_served_as_dev_fd_n(volume, tmp_path) -> None:
+    """`/dev/fd/N` as the mountpoint: the parent mounted /dev/fuse itself (as a CSI driver does) and
+    handed the descriptor over; the child serves it, and ends when the parent unmounts."""
+    source, twin, _ = volume
+    m = tmp_path / "m"
+    m.mkdir()
+    fd = mount(m, MountOptions(fsname=str(source)))
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.fuse_serve", source, f"/dev/fd/{fd}"], pass_fds=[fd], cwd=Path.cwd()
+        )
+    finally:
+        os.close(fd)
+    try:
+        name = sorted(p.name for p in (twin / "4_4_40").iterdir())[5]
+        assert (m / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        unmount(m)
+        assert child.wait(timeout=10) == 0
+    finally:
+        if child.poll() is None:
+            unmount(m, lazy=True)
+            child.kill()
+
+
+def test_dev_fd_n_must_be_an_open_fuse_device(tmp_path) -> None:
+    with open(tmp_path / "f", "w") as f, pytest.raises(FuseMountError, match="not a /dev/fuse descriptor"):
+        mount(Path(f"/dev/fd/{f.fileno()}"), MountOptions(fsname="x"))
+    with pytest.raises(FuseMountError, match="not an open descriptor"):
+        mount(Path("/dev/fd/999"), MountOptions(fsname="x"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -18,6 +19,7 @@ MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MNT_DETACH = 2
+FUSE_DEVICE = os.makedev(10, 229)  # /dev/fuse: the misc device's fixed number
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -36,10 +38,31 @@ class MountOptions:
 
 
 def mount(mountpoint: Path, options: MountOptions) -> int:
-    """Mount a FUSE filesystem at mountpoint; the /dev/fuse fd to serve it on (close-on-exec)."""
+    """Mount a FUSE filesystem at mountpoint; the /dev/fuse fd to serve it on (close-on-exec). A
+    mountpoint `/dev/fd/N` is a descriptor already mounted by a privileged parent (a CSI driver, a
+    container runtime): it is served as it is."""
+    handed = handed_fd(mountpoint)
+    if handed is not None:
+        return handed
     if os.geteuid() == 0:
         return _mount_as_root(mountpoint, options)
     return _mount_with_fusermount(mountpoint, options)
+
+
+def handed_fd(mountpoint: Path) -> int | None:
+    """N of a mountpoint `/dev/fd/N`, checked to be an open /dev/fuse; None for any other path."""
+    found = re.fullmatch(r"/dev/fd/(\d+)", str(mountpoint))
+    if found is None:
+        return None
+    fd = int(found.group(1))
+    try:
+        st = os.fstat(fd)
+    except OSError as e:
+        raise FuseMountError(f"{mountpoint}: not an open descriptor ({e.strerror})") from None
+    if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:
+        raise FuseMountError(f"{mountpoint}: not a /dev/fuse descriptor")
+    os.set_inheritable(fd, False)
+    return fd
 
 
 def unmount(mountpoint: Path, lazy: bool = False) -> None:

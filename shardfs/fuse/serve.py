@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.fuse.adapter import TreeOps
-from shardfs.fuse.mount import FuseMountError, MountOptions, mount, unmount
+from shardfs.fuse.mount import FuseMountError, MountOptions, handed_fd, mount, unmount
 from shardfs.fuse.session import Session, Timeouts
 from shardfs.tree import Tree
 
@@ -71,8 +71,9 @@ def serve(
     session = Session(fd, TreeOps(tree, mtime_ns), settings.threads, settings.timeouts, settings.kernel_cache, on_ready)
 
     def stop(signum: int, frame: object) -> None:
-        with contextlib.suppress(OSError, FuseMountError):
-            unmount(mountpoint, lazy=True)
+        if handed_fd(mountpoint) is None:  # a handed descriptor's mount is its parent's to end
+            with contextlib.suppress(OSError, FuseMountError):
+                unmount(mountpoint, lazy=True)
         session.stop()
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}

@@ -1,8 +1,10 @@
-"""`python -m tests.as_user UID GID tests.fuse_user_mount SOURCE MOUNTPOINT`: SOURCE mounted at MOUNTPOINT by
-that user through fusermount3 and served by shardfs's own session until unmounted."""
+"""`python -m tests.fuse_serve SOURCE MOUNTPOINT` (or through tests.as_user, as that user): SOURCE mounted
+at MOUNTPOINT (mount(2) as root, fusermount3 otherwise, or a handed `/dev/fd/N`) and served by shardfs's
+own session until unmounted."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from shardfs.fuse.adapter import TreeOps
@@ -17,3 +19,7 @@ def main(args: list[str]) -> int:
     fd = mount(Path(mountpoint), MountOptions(fsname=source))
     Session(fd, TreeOps(tree, 0), threads=4).run()
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
