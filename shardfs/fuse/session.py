@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ NOT_IMPLEMENTED = frozenset(
         Op.BMAP, Op.POLL, Op.LSEEK, Op.SYNCFS, Op.SETUPMAPPING, Op.REMOVEMAPPING,
     }
 )  # fmt: skip
+SLOW = frozenset({Op.LOOKUP, Op.GETATTR, Op.READ, Op.OPENDIR, Op.READDIR})  # they ask the tree: may wait
 UNANSWERED = frozenset({Op.FORGET, Op.BATCH_FORGET, Op.INTERRUPT, Op.NOTIFY_REPLY})  # the kernel waits on none
 
 
@@ -115,6 +117,7 @@ class Session:
         self.interrupts = 0  # INTERRUPTs received, for tests and stats
         self._done = threading.Event()
         self._lock = threading.Lock()
+        self._reader = threading.Lock()  # held by the one thread reading the device
         self._running = 0
         self.minor = 0
         timeouts = timeouts or Timeouts()
@@ -156,20 +159,35 @@ class Session:
                     self._done.set()
 
     def _loop(self) -> None:
+        """One thread at a time reads the device (the reader). It answers quick requests itself and reads
+        on; a request that may wait (on the tree, the store, the network) it hands the reading role on
+        for, and answers in parallel. So the stream of quick ones (an IOCTL per `open()`) is served by
+        one thread that keeps the GIL, not by a new thread each time, which would wait for the GIL
+        first."""
         buffer = bytearray(BUFFER)
         view = memoryview(buffer)
         while True:
+            with self._reader:
+                while True:
+                    size = self._next(buffer)
+                    if not size:
+                        return
+                    if int.from_bytes(buffer[4:8], sys.byteorder) not in SLOW:
+                        self._dispatch(view[:size])
+                    else:
+                        break
+            self._dispatch(view[:size])
+
+    def _next(self, buffer: bytearray) -> int:
+        """The next request's size; 0 once the filesystem is unmounted (or, in tests, the socket closed)."""
+        while True:
             try:
-                size = os.readv(self.fd, [buffer])
+                return os.readv(self.fd, [buffer])
             except OSError as e:
                 if e.errno == errno.ENODEV:  # unmounted
-                    return
-                if e.errno in (errno.ENOENT, errno.EINTR, errno.EAGAIN):  # a request interrupted before read
-                    continue
-                raise
-            if not size:  # the other end is gone (a socket in tests; /dev/fuse never reads empty)
-                return
-            self._dispatch(view[:size])
+                    return 0
+                if e.errno not in (errno.ENOENT, errno.EINTR, errno.EAGAIN):  # ENOENT: interrupted before read
+                    raise
 
     def _dispatch(self, request: memoryview) -> None:
         _, opcode, unique, nodeid, *_ = wire.IN_HEADER.unpack_from(request)
