@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -165,6 +166,34 @@ def test_forget_storms_leave_no_nodes_behind(many, tmp_path) -> None:
             drop_kernel_names()
             assert wait_for(lambda: len(session.nodes) <= 2), len(session.nodes)
         assert (m / "4_4_40" / names[7]).read_bytes() == (twin / "4_4_40" / names[7]).read_bytes()
+
+
+@pytest.fixture
+def many_descriptors() -> Iterator[None]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16384)), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_ten_thousand_files_held_open(many, tmp_path, many_descriptors) -> None:
+    """No OPEN reaches the session (no_open), so holding files open costs it nothing: 10,240 descriptors
+    on 2,048 files, each read while all are held, then closed; the session holds a node a file."""
+    source, twin = many
+    m = tmp_path / "m"
+    names = sorted(p.name for p in (twin / "4_4_40").iterdir())
+    with served(source, m) as session:
+        held = [os.open(m / "4_4_40" / names[i % len(names)], os.O_RDONLY) for i in range(10_240)]
+        try:
+            for i, fd in enumerate(held[: len(names)]):
+                assert os.read(fd, 1 << 20) == (twin / "4_4_40" / names[i]).read_bytes()
+            assert all(os.pread(fd, 1, 0) for fd in held)
+        finally:
+            for fd in held:
+                os.close(fd)
+        assert len(session.nodes) == len(names) + 2
 
 
 def test_listing_of_thousands_resumes_where_each_page_ended(many, tmp_path) -> None:
