@@ -1,7 +1,7 @@
-"""A FUSE session over /dev/fuse: threads read requests, each answers what it read, by opcode.
+"""A FUSE session over /dev/fuse: threads read requests and answer them, by opcode.
 
-Each thread reads the device itself (the kernel hands every request to exactly one reader, as libfuse's
-multithreaded loop relies on); `os.readv` releases the GIL while it waits. INIT grants what lets a
+The threads take turns reading the device (see `Session._loop`); `os.readv` releases the GIL while it
+waits, and requests that wait on the tree are answered in parallel. INIT grants what lets a
 read-only tree be served fast: lookups in one directory in parallel (PARALLEL_DIROPS), reads of up to
 1 MiB (MAX_PAGES), readahead in parallel (ASYNC_READ), and no OPEN at all where the kernel can do without
 (OPEN answered ENOSYS: it then keeps a file's pages across opens, so a warm read never leaves the kernel).
@@ -28,6 +28,7 @@ log = logging.getLogger("shardfs")
 BUFFER = 64 * 1024  # a request never needs more: no writes, names up to 255 bytes, forgets batched to fit
 MAX_WRITE = 4096  # the least the kernel accepts; nothing is written to a read-only tree
 MAX_PAGES = 256  # reads of up to 1 MiB in one request
+KERNEL_BACKGROUND = 12  # the kernel's default of asynchronous requests (readahead) in flight: never fewer
 WANTED = InitFlag.ASYNC_READ | InitFlag.PARALLEL_DIROPS | InitFlag.MAX_PAGES
 ZERO_ATTR = bytes(wire.ATTR.size)
 # Opcodes answered ENOSYS: the kernel remembers most (FLUSH, FSYNC, xattrs, ACCESS, LSEEK, POLL, BMAP)
@@ -244,7 +245,7 @@ class Session:
         self.granted = WANTED & offered
         self.no_open = InitFlag.NO_OPEN_SUPPORT in offered
         self.minor = minor
-        background = min(self.threads, 0xFFFF)
+        background = min(max(self.threads, KERNEL_BACKGROUND), 0xFFFF)
         reply = wire.INIT_OUT.pack(
             wire.KERNEL_MAJOR, minor, max_readahead, self.granted, background, background * 3 // 4,
             MAX_WRITE, 1, MAX_PAGES, 0, 0,
