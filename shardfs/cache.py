@@ -88,7 +88,12 @@ class ByteCache:
 
     @property
     def nbytes(self) -> int:
-        return self._lru.currsize + (_nbytes(self._overflow[1]) if self._overflow else 0)
+        return self._lru.currsize + self.oversized
+
+    @property
+    def oversized(self) -> int:
+        """Bytes of the one value kept over the budget, if any."""
+        return _nbytes(self._overflow[1]) if self._overflow else 0
 
     @property
     def entries(self) -> int:

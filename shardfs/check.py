@@ -79,6 +79,9 @@ def check(source: Source, progress: bool) -> int:
     refused = [kind.removeprefix("refused: ") for kind in source.kinds if kind.startswith("refused: ")]
     for why in refused:
         print(f"not checked: {why}")
+    for kind in source.kinds:
+        if kind.startswith("warning: "):
+            print(kind)
     print(
         f"{'CORRUPT' if corrupt_total else 'OK'}: {plural(len(work), 'sharded directory', 'sharded directories')},"
         f" {plural(shard_total, 'shard file')}, {plural(chunk_total, 'chunk')}, {corrupt_total} corrupt"

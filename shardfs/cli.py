@@ -1,4 +1,4 @@
-"""`shardfs mount|unmount|stats|ls|cat|info|check`. Errors are one line on stderr and a non-zero exit.
+"""`shardfs mount|unmount|list|stats|ls|cat|info|check`. Errors are one line on stderr and a non-zero exit.
 
 `shardfs SOURCE MOUNTPOINT -o key=value,...` is `mount` as libfuse's `mount.fuse3` runs it for fstab
 and `mount -t fuse.shardfs`; there, and in `mount`, every option may be given as `-o key=value`.
@@ -14,16 +14,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
+from urllib.parse import urlsplit
 
-from shardfs import __version__, stats_socket
+from shardfs import __version__, metrics, mountinfo, stats_socket
 from shardfs.check import check
 from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
 from shardfs.disk_cache import DiskCache
-from shardfs.errors import CorruptChunk, SourceError
+from shardfs.errors import CacheDirRefused, CorruptChunk, SourceError
+from shardfs.location import redact_userinfo
+from shardfs.logs import LogFileError, log_to_terminal, redact
 from shardfs.remote import DEFAULT_TIMEOUT, Access
 from shardfs.service import ServiceError
 from shardfs.source import Source, is_remote, open_source
-from shardfs.summary import summary
+from shardfs.summary import identity, summary
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
@@ -33,9 +36,13 @@ MIN_CACHE = 64 << 10  # below it, a size is a slip (`--cache-size 512` for 512M)
 # mount options that are ours
 SETTINGS = {
     *("view", "cache_size", "max_file_size", "log_level", "log_file", "metrics"),
-    *("endpoint", "region", "timeout", "cache_dir", "cache_dir_size"),
+    *("endpoint", "region", "timeout", "cache_dir", "cache_dir_size", "profile"),
 }
-FLAGS = {"foreground": "--foreground", "nonempty": "--allow-non-empty", "anonymous": "--anonymous"}  # `-o` words
+FLAGS = {
+    **{"foreground": "--foreground", "nonempty": "--allow-non-empty", "anonymous": "--anonymous"},
+    "allow_other": "--allow-other",
+    "requester_pays": "--requester-pays",
+}  # `-o` words
 IGNORED = {"rw", "defaults", "comment"}  # fstab words that mean nothing to a read-only mount
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -87,6 +94,14 @@ def seconds(text: str) -> float:
     return value
 
 
+def endpoint_url(text: str) -> str:
+    """An http:// or https:// base URL with a host."""
+    url = urlsplit(text)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL such as https://storage.example.org")
+    return text
+
+
 def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     """The parser, and its command names (for telling the mount-helper form apart)."""
     p = Parser(prog="shardfs", description="Mount sharded datasets as their unsharded files.")
@@ -124,16 +139,23 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
             help="remote sources: send unsigned requests, whatever credentials are found",
         )
         s.add_argument(
-            "--endpoint", metavar="URL", help="remote sources: an S3-compatible or GCS-compatible server's base URL"
-        )
+            "--endpoint", type=endpoint_url, metavar="URL",
+            help="remote sources: an S3-compatible or GCS-compatible server's base URL",
+        )  # fmt: skip
         s.add_argument("--region", help="s3:// sources: the bucket's region")
+        s.add_argument("--profile", metavar="NAME", help="s3:// sources: the AWS profile to sign with (as AWS_PROFILE)")
+        s.add_argument(
+            "--requester-pays", action="store_true",
+            help="s3:// sources: a Requester Pays bucket, whose requests this account pays for",
+        )  # fmt: skip
         s.add_argument(
             "--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
             help="remote sources: the most one request may take, retries included; then the read is EIO",
         )  # fmt: skip
         s.add_argument(
             "--cache-dir", type=Path, metavar="DIR",
-            help="remote sources: keep the byte ranges read in DIR, across mounts (default: not kept)",
+            help="remote sources: keep the byte ranges read in DIR, across mounts (default: not kept); DIR must be"
+            " yours and writable by nobody else (made 0700 if missing)",
         )  # fmt: skip
         s.add_argument(
             "--cache-dir-size", type=byte_size, default=DEFAULT_CACHE_DIR_SIZE, metavar="SIZE",
@@ -153,6 +175,10 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     )  # fmt: skip
     m.add_argument("--allow-non-empty", action="store_true", help="mount over a directory that has files in it")
     m.add_argument(
+        "--allow-other", action="store_true",
+        help="let every local user read the mount (-o allow_other; a user needs user_allow_other in fuse.conf)",
+    )  # fmt: skip
+    m.add_argument(
         "--log-file", type=Path, metavar="PATH",
         help="where the detached daemon logs (default: $TMPDIR/shardfs-UID/<mountpoint>.log)",
     )  # fmt: skip
@@ -163,6 +189,7 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     u = command("unmount", "unmount a shardfs mount")
     u.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
     u.add_argument("--any-type", action="store_true", help="unmount whatever is mounted there, even if not shardfs")
+    command("list", "the shardfs mounts on this machine: mountpoint, source, view, daemon pid, uptime")
     st = command("stats", "a live mount's figures: uptime, operations, bytes served, cache hit rate, errors")
     st.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
     st.add_argument("--prometheus", action="store_true", help="every figure, in Prometheus' text format")
@@ -176,46 +203,65 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
 
 
 def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
-    """The mount-helper form made `mount`, and `-o` keys that are shardfs options made those options."""
+    """The mount-helper form made `mount`, `-o` keys that are shardfs options made those options, and every
+    option's value joined to it (`--cache-size=-5M`), so a value that starts with '-' reaches the option's
+    check. ValueError if one setting is given two different values (`-o view=zarr2 --view n5`)."""
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
         argv = ["mount", *argv]
-    if not argv or argv[0] != "mount":
-        return argv
     out: list[str] = []
     args = iter(argv)
     for arg in args:
-        if not arg.startswith("-o"):
+        if argv[0] == "mount" and arg.startswith("-o"):
+            out += _mount_options(arg[2:] or next(args, ""))
+        elif arg.removeprefix("--").replace("-", "_") in SETTINGS:
+            out.append(f"{arg}={next(args, '')}")
+        else:
             out.append(arg)
-            continue
-        kept = []
-        for item in filter(None, (arg[2:] or next(args, "")).split(",")):
-            word, eq, value = item.partition("=")
-            key = word.replace("-", "_")
-            if key in SETTINGS and eq:
-                out += [f"--{key.replace('_', '-')}", value]
-            elif key in FLAGS and not eq:
-                out.append(FLAGS[key])
-            elif key not in IGNORED and not word.startswith("x-"):
-                kept.append(item)
-        if kept:
-            out += ["-o", ",".join(kept)]
+    given: dict[str, str] = {}
+    for arg in out:
+        key, eq, value = arg.partition("=")
+        if eq and key.startswith("--") and given.setdefault(key, value) != value:
+            raise ValueError(f"{key} given twice, as {given[key]!r} and {value!r}: give it once")
     return out
+
+
+def _mount_options(group: str) -> list[str]:
+    """One `-o` group: shardfs's own settings and flags as options, the rest passed on to FUSE."""
+    out, kept = [], []
+    for item in filter(None, group.split(",")):
+        word, eq, value = item.partition("=")
+        key = word.replace("-", "_")
+        if key in SETTINGS and eq:
+            out.append(f"--{key.replace('_', '-')}={value}")
+        elif key in FLAGS and not eq:
+            out.append(FLAGS[key])
+        elif key not in IGNORED and not word.startswith("x-"):
+            kept.append(item)
+    return [*out, *(["-o", ",".join(kept)] if kept else [])]
 
 
 def main(argv: list[str] | None = None) -> int:
     p, commands = parser()
-    args = p.parse_args(mount_argv(sys.argv[1:] if argv is None else argv, commands))
-    logging.basicConfig(level=args.__dict__.get("log_level", "WARNING"), format="%(levelname)s: %(message)s")
+    try:
+        args = p.parse_args(mount_argv(sys.argv[1:] if argv is None else argv, commands))
+    except ValueError as e:
+        p.error(redact(str(e)))
+    log_to_terminal(args.__dict__.get("log_level", "WARNING"))
     try:
         if args.command == "unmount":
             unmount(args.mountpoint.absolute(), args.any_type)
+            return 0
+        if args.command == "list":
+            list_mounts(time.time())
             return 0
         if args.command == "stats":
             text = stats_socket.read(args.mountpoint.absolute())
             print(text if args.prometheus else summary(text, time.time()), end="")
             return 0
+        if ignored := remote_only(args):
+            say(f"{', '.join(ignored)}: for remote sources only; ignored for {args.source}")
         view = "native" if args.command == "check" else args.view
-        access = Access(args.anonymous, args.endpoint, args.region, args.timeout)
+        access = Access(args.anonymous, args.endpoint, args.region, args.timeout, args.profile, args.requester_pays)
         disk = DiskCache(args.cache_dir.absolute(), args.cache_dir_size) if args.cache_dir else None
         if args.command == "mount":
             return mount_source(args, access, disk)
@@ -228,19 +274,44 @@ def main(argv: list[str] | None = None) -> int:
             return check(source, progress=sys.stderr.isatty())
         else:
             info(source)
-    except (SourceError, MountError, CorruptChunk, ServiceError) as e:
-        print(f"shardfs: {e}", file=sys.stderr)
-        return 2 if isinstance(e, (SourceError, UsageError)) else 1
+    except (SourceError, MountError, CorruptChunk, ServiceError, LogFileError, CacheDirRefused) as e:
+        say(str(e))
+        return 2 if isinstance(e, (SourceError, UsageError, CacheDirRefused)) else 1
     except FileNotFoundError as e:
-        print(f"shardfs: {e.filename or e}: no such file in the virtual tree", file=sys.stderr)
+        say(f"{e.filename or e}: no such file in the virtual tree")
+        return 1
+    except IsADirectoryError as e:
+        say(f"{e}: a directory; `shardfs ls` lists it")
         return 1
     except BrokenPipeError:
         return 0
     except Exception as e:  # a source shaped in a way no check foresaw: one line, not a traceback
         logging.getLogger("shardfs").debug("unexpected error", exc_info=True)
-        print(f"shardfs: {args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})", file=sys.stderr)
+        say(f"{args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})")
         return 2
     return 0
+
+
+def say(error: str) -> None:
+    """An error or a warning, one line on stderr, without the secrets a source URL or a library's message may hold."""
+    print(f"shardfs: {redact(error)}", file=sys.stderr)
+
+
+def remote_only(args: argparse.Namespace) -> list[str]:
+    """The remote sources' options given with a local source, where they would change nothing."""
+    if is_remote(args.source):
+        return []
+    given = {
+        "--anonymous": args.anonymous,
+        "--endpoint": args.endpoint is not None,
+        "--region": args.region is not None,
+        "--profile": args.profile is not None,
+        "--requester-pays": args.requester_pays,
+        "--timeout": args.timeout != DEFAULT_TIMEOUT,
+        "--cache-dir": args.cache_dir is not None,
+        "--cache-dir-size": args.cache_dir_size != byte_size(DEFAULT_CACHE_DIR_SIZE),
+    }
+    return [name for name, on in given.items() if on]
 
 
 def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | None) -> int:
@@ -252,11 +323,15 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
 
     remote = is_remote(args.source)
     source: Source | Callable[[], Source] = opened
-    name, local = args.source, None
+    name, local = redact_userinfo(args.source), None  # fsname: /proc/mounts is readable by everyone
     if not remote:
         source = opened()
         name, local = source.name, source.local
-    options = fuse_options(name, parse_options(args.options), remote)
+    extra = parse_options(args.options)
+    if args.allow_other:
+        extra["allow_other"] = True
+    options = fuse_options(name, extra, remote)
+    metrics.MOUNT.info({"source": str(name), "mountpoint": str(args.mountpoint.absolute()), "view": args.view})
     log_file = args.log_file.absolute() if args.log_file else None
     mount(
         source,
@@ -267,8 +342,25 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         log_file,
         args.metrics,
         args.allow_non_empty,
+        disk.descriptors() if disk else [],
     )
     return 0
+
+
+def list_mounts(now: float) -> None:
+    """One line a shardfs mount, from the kernel's mount table; view, pid and uptime from its daemon's stats
+    socket ('-' where it cannot be asked: another user's private mount, or a daemon that died)."""
+    rows = [("MOUNTPOINT", "SOURCE", "VIEW", "PID", "UPTIME")]
+    for point, mounted in mountinfo.shardfs_mounts():
+        try:
+            pid, text = stats_socket.ask(Path(point))
+            view, uptime = identity(text, now)
+            rows.append((point, mounted.source, view, str(pid), uptime))
+        except (ServiceError, OSError):
+            rows.append((point, mounted.source, "-", "-", "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[4])
 
 
 def ls(source: Source, path: str) -> None:
@@ -282,7 +374,7 @@ def ls(source: Source, path: str) -> None:
 def cat(source: Source, path: str) -> None:
     node = source.tree.lookup(path)
     if isinstance(node, Dir):
-        raise FileNotFoundError(path)
+        raise IsADirectoryError(path)
     size, block = node.size(), 1 << 20
     for offset in range(0, size, block):
         sys.stdout.buffer.write(node.read(offset, block))
@@ -291,9 +383,15 @@ def cat(source: Source, path: str) -> None:
 
 def info(source: Source) -> None:
     print(f"source: {source.name}")
-    for kind in source.kinds:
+    for kind in sorted(source.kinds, key=_by_kind):
         print(f"  {kind}")
     for directory, provider in sorted(source.providers.items()):
         print(f"{directory or '.'}/: {provider.kind}")
         for key, value in provider.describe().items():
             print(f"  {key}: {value}")
+
+
+def _by_kind(line: str) -> tuple[int, str]:
+    """What was found, by path; then what is served as stored or left out of views; notes last."""
+    order = ("refused: ", "not in other views: ", "warning: ", "note: ")
+    return next((i + 1 for i, word in enumerate(order) if line.startswith(word)), 0), line

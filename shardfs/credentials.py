@@ -57,9 +57,10 @@ def on_gce(dmi: Path = DMI) -> bool:
     return _read(dmi / "product_name").startswith("Google") or _read(dmi / "sys_vendor") == "Google"
 
 
-def aws(url: str) -> Boto3CredentialProvider | None:
-    """boto3's credentials for url, or None when there are none. Imported here: only an s3:// source not
-    mounted --anonymous pays for importing boto3 (about 0.1 s), and only in the process that reads it."""
+def aws(url: str, profile: str | None = None) -> Boto3CredentialProvider | None:
+    """boto3's credentials for url (from the named profile, if given: --profile, as AWS_PROFILE), or None when
+    there are none. Imported here: only an s3:// source not mounted --anonymous pays for importing boto3
+    (about 0.1 s), and only in the process that reads it."""
     import boto3
     import botocore.exceptions
     import botocore.session
@@ -67,7 +68,7 @@ def aws(url: str) -> Boto3CredentialProvider | None:
 
     # botocore logs a failed refresh as a warning with its traceback; the reason reaches shardfs's own line.
     logging.getLogger("botocore.credentials").setLevel(logging.ERROR)
-    session = botocore.session.Session()
+    session = botocore.session.Session(profile=profile)
     try:
         if not on_ec2():
             session.get_component("credential_provider").remove("iam-role")

@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import mfusepy
@@ -29,7 +29,7 @@ from shardfs.errors import SourceError
 from shardfs.fuse import serve as own_session
 from shardfs.fuse.mount import FuseMountError
 from shardfs.fuse_adapter import ShardFS
-from shardfs.logs import log_to
+from shardfs.logs import log_to, open_log, replay_early
 from shardfs.rundir import own_dir
 from shardfs.source import Source
 from shardfs.stderr_capture import StderrCapture
@@ -220,12 +220,14 @@ def mount(
     log_file: Path | None,
     metrics_at: tuple[str, int] | None = None,
     allow_non_empty: bool = False,
+    keep: Sequence[int] = (),
 ) -> None:
     """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise.
 
     source is an opened Source, or (for a remote one) how to open it: obstore's runtime does not survive a
     fork, so a remote source is opened by the daemon itself, which reports a refusal back as SourceError.
-    local is the source's directory, if it has one, which the mountpoint must keep clear of."""
+    local is the source's directory, if it has one, which the mountpoint must keep clear of. keep: other
+    descriptors the daemon needs (--cache-dir's directory), left open when it detaches."""
     prepare_mountpoint(mountpoint, local, allow_non_empty)
     mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
     if foreground:
@@ -233,10 +235,13 @@ def mount(
         log_to(log_file)
         serve(_opened(source).tree, mtime_ns, mountpoint, options, metrics_at=metrics_at)
         return
+    chosen = log_file is not None
     log_file = log_file or default_log_file(mountpoint)
+    log_fd = open_log(log_file)  # here, so that a log file that cannot be ours alone is refused in words
     ready_r, ready_w = os.pipe()
     if os.fork():
         os.close(ready_w)
+        os.close(log_fd)
         with os.fdopen(ready_r, "rb") as ready:
             answer = ready.read().decode(errors="replace")
         if answer.startswith(REFUSED):
@@ -252,12 +257,14 @@ def mount(
     if isinstance(source, Source):
         source.tree.store.forget()  # its files would be closed under it next
         descriptors = source.tree.store.descriptors()
-    # Nothing the caller left open keeps its pipes or files alive; the pipe and the source's root stay.
-    keep = sorted({2, ready_w, *descriptors})
+    # Nothing the caller left open keeps its pipes or files alive; the pipe, the log, the source's root and
+    # keep stay.
+    keep = sorted({2, ready_w, log_fd, *descriptors, *keep})
     for low, high in itertools.pairwise([*keep, os.sysconf("SC_OPEN_MAX")]):
         os.closerange(low + 1, high)
-    _detach_stdio(log_file)
-    log_to(log_file)
+    _detach_stdio(log_fd)
+    log_to(None)  # stderr is the log file now
+    replay_early()  # what planning the source told the terminal, in the log too
 
     def ready() -> None:
         os.write(ready_w, b"ready")
@@ -279,6 +286,9 @@ def mount(
         with contextlib.suppress(OSError):
             os.write(ready_w, why.encode())
         os._exit(1)
+    if not chosen and os.fstat(2).st_size == 0:  # nothing was said: the default log is not kept, one a mount
+        with contextlib.suppress(OSError):
+            log_file.unlink()
     os._exit(0)
 
 
@@ -286,9 +296,9 @@ def _opened(source: Source | Callable[[], Source]) -> Source:
     return source if isinstance(source, Source) else source()
 
 
-def _detach_stdio(log_file: Path) -> None:
+def _detach_stdio(log_fd: int) -> None:
+    """stdin and stdout to /dev/null, stderr to the log file (see logs.open_log)."""
     null = os.open(os.devnull, os.O_RDWR)
-    log_fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644)
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.dup2(log_fd, 2)  # libfuse's own messages land in the log too

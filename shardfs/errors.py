@@ -17,3 +17,8 @@ class CorruptChunk(Exception):
     def log_fields(self, event: str) -> dict[str, object]:
         """The structured log fields of this chunk (see shardfs/logs.py)."""
         return {"event": event, "shard": self.shard, "key": self.key}
+
+
+class CacheDirRefused(Exception):
+    """--cache-dir cannot be trusted or opened. The message is one sentence naming the directory, what is
+    wrong and what to do."""

@@ -2,15 +2,27 @@
 
 Users paste sources from Neuroglancer, so its format prefixes (`precomputed://gs://…`, `zarr3://s3://…`)
 are accepted and dropped: the format is detected from the files either way.
+
+A web server's URL may carry `user:password@`: the credential is sent as an Authorization header (which the
+HTTP client drops on a redirect to another host), and every form of the URL that is shown (`/proc/mounts`,
+the log, messages) has `***@` in its place.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from urllib.parse import urlsplit
+import base64
+import re
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit
 
 FORMAT_PREFIXES = ("precomputed://", "zarr3://", "zarr://", "n5://")
 REMOTE_SCHEMES = ("gs", "s3", "http", "https")
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s?#]+@")  # up to the authority's last '@'
+
+
+def redact_userinfo(text: str) -> str:
+    """text with the `user:password@` of every URL in it shown as `***@`."""
+    return _USERINFO.sub(r"\1***@", text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,10 +32,25 @@ class Remote:
     scheme: str
     bucket: str  # gs/s3: the bucket; http(s): host[:port]
     prefix: str  # no leading or trailing '/'
+    userinfo: str = field(default="", repr=False)  # http(s): `user:password`, percent-encoded as in the URL
 
     @property
     def url(self) -> str:
+        """The URL as it is shown: a credential in it is `***`."""
+        return f"{self.scheme}://{'***@' if self.userinfo else ''}{self.bucket}/{self.prefix}".rstrip("/")
+
+    @property
+    def address(self) -> str:
+        """The URL requests are sent to, without the credential (see authorization)."""
         return f"{self.scheme}://{self.bucket}/{self.prefix}".rstrip("/")
+
+    @property
+    def authorization(self) -> str | None:
+        """The Basic Authorization header of the URL's `user:password`; obstore's client ignores a URL's."""
+        if not self.userinfo:
+            return None
+        user, _, password = self.userinfo.partition(":")
+        return "Basic " + base64.b64encode(f"{unquote(user)}:{unquote(password)}".encode()).decode()
 
     def url_of(self, path: str) -> str:
         """The URL of a path beneath the dataset, for messages."""
@@ -43,9 +70,13 @@ def parse_source(text: str) -> str | Remote:
     scheme = scheme.lower()
     if scheme == "file":
         return urlsplit(text).path
+    shown = redact_userinfo(text)
     if scheme not in REMOTE_SCHEMES:
-        raise ValueError(f"{text}: unknown scheme {scheme!r}: use gs://, s3://, http://, https://, file:// or a path")
-    bucket, _, prefix = rest.partition("/")
+        raise ValueError(f"{shown}: unknown scheme {scheme!r}: use gs://, s3://, http://, https://, file:// or a path")
+    authority, _, prefix = rest.partition("/")
+    userinfo, _, bucket = authority.rpartition("@")
+    if userinfo and not scheme.startswith("http"):
+        raise ValueError(f"{shown}: credentials in a {scheme}:// URL are not read; they are found as the cloud's are")
     if not bucket:
-        raise ValueError(f"{text}: no {'host' if scheme.startswith('http') else 'bucket'} named")
-    return Remote(scheme, bucket, prefix.split("?")[0].strip("/"))
+        raise ValueError(f"{shown}: no {'host' if scheme.startswith('http') else 'bucket'} named")
+    return Remote(scheme, bucket, prefix.split("?")[0].strip("/"), userinfo)

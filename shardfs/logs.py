@@ -2,13 +2,23 @@
 grep, journald and log shippers can pick out every EIO of one shard without parsing prose.
 
 Any user who can read the mount can make it log (bad names, corrupt chunks), so warnings and errors are
-rate-limited per kind: a burst, then a count of what was dropped on the next line let through."""
+rate-limited per kind: a burst, then a count of what was dropped on the next line let through.
+
+No secret reaches a log at any level. DEBUG and INFO records pass only from shardfs's own loggers: a
+library's debug log prints what it sends and receives (botocore logs STS's whole AssumeRoleResponse, the
+session's secret key and token in it), and no list of libraries keeps up with the next dependency. What
+does pass is redacted of the shapes secrets come in (URL passwords, Authorization headers, AWS key and token
+fields), and is written as one line whatever bytes it carries (names the kernel hands over need not be UTF-8).
+The log file is created 0600, never through a link, and narrowed if it was wider."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -16,7 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
+from shardfs.location import redact_userinfo
+
+OURS = "shardfs"  # the logger hierarchy whose DEBUG and INFO records are logged
 FIELDS = ("event", "path", "shard", "key", "suppressed")  # passed as `extra=` by the calls that know them
 _BARE = re.compile(r"[^\s\"=\\]+")
 
@@ -29,9 +43,30 @@ def _event(record: logging.LogRecord) -> str:
     return str(getattr(record, "event", record.funcName.strip("_")))
 
 
+# Where a secret follows its name: `SecretAccessKey>v<`, `"SessionToken": "v"`, `aws_secret_access_key = v`,
+# `X-Amz-Security-Token=v&`, `'x-amz-security-token': b'v'`; and a whole Authorization header's value.
+_SECRET_NAMES = (
+    r"secret[_-]?access[_-]?key|session[_-]?token|security[_-]?token|signature|password|private[_-]?key"
+    r"|client[_-]?secret|access[_-]?token|refresh[_-]?token"
+)
+_NAMED_SECRET = re.compile(rf"(?i)((?:{_SECRET_NAMES})[\"']?\s*(?:[:=]\s*b?[\"']?|>))[^\"'<\s,;&]+")
+_AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*b?[\"']?)[^\"'\n]+")
+
+
+def redact(text: str) -> str:
+    """text without the secrets of the shapes they are known to come in, each replaced by `***`."""
+    text = _AUTHORIZATION.sub(r"\1***", text)
+    return redact_userinfo(_NAMED_SECRET.sub(r"\1***", text))
+
+
 def _value(value: object) -> str:
-    text = str(value)
-    return text if _BARE.fullmatch(text) else json.dumps(text)
+    """A bare word when it is one, else a JSON string of printable characters only: a control character or a
+    byte that is not UTF-8 (a surrogate escape) is escaped, never written as it is."""
+    text = redact(str(value))
+    if _BARE.fullmatch(text) and text.isprintable():
+        return text
+    quoted = json.dumps(text, ensure_ascii=False)
+    return quoted if quoted.isprintable() else "".join(c if c.isprintable() else json.dumps(c)[1:-1] for c in quoted)
 
 
 class Logfmt(logging.Formatter):
@@ -44,6 +79,21 @@ class Logfmt(logging.Formatter):
         if record.exc_info:
             parts.append(f"error={_value(self.formatException(record.exc_info))}")
         return " ".join(parts)
+
+
+class Plain(logging.Formatter):
+    """`LEVEL: message` for a terminal (the CLI's commands), redacted as the log file is."""
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+def ours_or_warning(record: logging.LogRecord) -> bool:
+    """Whether a record is logged: shardfs's own at the level asked, any other library's only from WARNING."""
+    return record.levelno >= logging.WARNING or record.name == OURS or record.name.startswith(f"{OURS}.")
 
 
 @dataclass
@@ -80,9 +130,76 @@ class RateLimit(logging.Filter):
         return True
 
 
+class LogFileError(Exception):
+    """The log file cannot be ours alone; the message names it and says why."""
+
+
+def open_log(path: Path) -> int:
+    """path opened for appending, created 0600, never through a link; a file of ours open to others is narrowed
+    to 0600. One that another user owns is refused: what the daemon logs would be theirs to read."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        why = "is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise LogFileError(f"{path}: cannot be the log file: {why}") from None
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode):  # not a terminal, /dev/null or a pipe, whose modes are not the log's
+        if st.st_uid != os.geteuid():
+            os.close(fd)
+            raise LogFileError(f"{path}: cannot be the log file: another user owns it")
+        if st.st_mode & 0o077:
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) & 0o600)
+    return fd
+
+
+def _stream(fd: int) -> TextIO:
+    """fd as text that never fails to encode: a surrogate escape is written as its backslash form."""
+    return open(fd, "a", encoding="utf-8", errors="backslashreplace", buffering=1)
+
+
+def _install(handler: logging.Handler, formatter: logging.Formatter, level: str | int | None = None) -> None:
+    handler.setFormatter(formatter)
+    handler.addFilter(ours_or_warning)
+    root = logging.getLogger()
+    if level is not None:
+        root.setLevel(level)
+    root.handlers[:] = [handler]
+
+
 def log_to(log_file: Path | None) -> None:
-    """Records go to log_file, or to stderr (which systemd sends to the journal)."""
-    handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(Logfmt())
+    """The daemon's records go to log_file, or to stderr (which systemd sends to the journal), as logfmt."""
+    handler = logging.StreamHandler(_stream(open_log(log_file)) if log_file else sys.stderr)
     handler.addFilter(RateLimit())
-    logging.getLogger().handlers[:] = [handler]
+    _install(handler, Logfmt())
+
+
+class _Early(logging.Handler):
+    """Warnings and errors the CLI logged before a daemon's log existed (a local source is planned before the
+    daemon detaches), kept to be written there too: the log must hold what the terminal was told."""
+
+    KEPT = 100
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.records) < self.KEPT:
+            self.records.append(record)
+
+
+_early = _Early()
+
+
+def log_to_terminal(level: str) -> None:
+    """The CLI's records, from `level` up, go to stderr as `LEVEL: message` (and warnings are kept for
+    replay_early)."""
+    _install(logging.StreamHandler(sys.stderr), Plain(), level)
+    logging.getLogger().addHandler(_early)
+
+
+def replay_early() -> None:
+    """Write the warnings kept by log_to_terminal through the handlers installed since (the daemon's log)."""
+    records, _early.records = _early.records, []
+    for record in records:
+        logging.getLogger().handle(record)

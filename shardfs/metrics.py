@@ -13,7 +13,15 @@ import threading
 from collections import defaultdict
 from collections.abc import Hashable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -121,6 +129,7 @@ class TallyCollector(Collector):
 
 REGISTRY.register(TallyCollector())
 ERRORS = Counter("shardfs_errors", "Operations answered with an error other than ENOENT", ["errno"], registry=REGISTRY)
+MOUNT = Info("shardfs_mount", "What this daemon serves: its source, mountpoint and view", registry=REGISTRY)
 START_TIME = Gauge("shardfs_start_time_seconds", "When the mount went live, in Unix time", registry=REGISTRY)
 # Requests to a remote source (`head`, `get`, `list`) by outcome: ok, not_found, denied, changed, failed, refused
 # (failed: a server error or timeout that obstore's retries, with backoff, could not get past).
@@ -157,6 +166,10 @@ class CacheCollector(Collector):
         yield CounterMetricFamily("shardfs_cache_evictions", "Entries dropped to stay in budget", value=c.evictions)
         yield GaugeMetricFamily("shardfs_cache_bytes", "Bytes held by the cache now", value=c.nbytes)
         yield GaugeMetricFamily("shardfs_cache_budget_bytes", "The cache's byte budget (--cache-size)", value=c.budget)
+        yield GaugeMetricFamily(
+            "shardfs_cache_oversized_bytes", "Of the bytes held, those of the one file larger than the budget",
+            value=c.oversized,
+        )  # fmt: skip
         yield GaugeMetricFamily("shardfs_cache_entries", "Entries held by the cache now", value=c.entries)
 
 

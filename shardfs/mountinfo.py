@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ SHARDFS_TYPE = "fuse.shardfs"
 class Mounted:
     fstype: str
     options: str  # the superblock's options: for FUSE, user_id=, group_id=, allow_other...
+    source: str = ""  # for shardfs, its fsname: the dataset's path or URL (a URL's password shown as ***)
 
     @property
     def daemon_uid(self) -> int | None:
@@ -30,10 +32,24 @@ def topmost(mountpoint: Path) -> Mounted | None:
     """The last (so the visible) mount at mountpoint's real path, or None when nothing is mounted there."""
     where = os.path.realpath(mountpoint)
     found = None
+    for point, mounted in _mounts():
+        if point == where:
+            found = mounted
+    return found
+
+
+def shardfs_mounts() -> list[tuple[str, Mounted]]:
+    """Every shardfs mount this process can see, by mountpoint, in mount order."""
+    return [(point, mounted) for point, mounted in _mounts() if mounted.fstype == SHARDFS_TYPE]
+
+
+def _mounts() -> Iterator[tuple[str, Mounted]]:
     for line in MOUNTINFO.read_text().splitlines():
         fields, _, fs = line.partition(" - ")
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields.split()[4])
-        if point == where:
-            fstype, _, options, *_ = fs.split()
-            found = Mounted(fstype, options)
-    return found
+        fstype, source, options, *_ = fs.split()
+        yield _unescape(fields.split()[4]), Mounted(fstype, options, _unescape(source))
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field as written: spaces, tabs, newlines and backslashes are octal escapes there."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)

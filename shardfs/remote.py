@@ -4,7 +4,13 @@ One obstore client per daemon process, shared by every libfuse thread: obstore r
 connections alive, and retries 429, 5xx and timeouts with backoff, all within one deadline per request.
 Every answer becomes what a local disk would say: a missing object is ENOENT, a refusal EACCES, anything
 the retries could not get past EIO (never ENOENT: a server error must not look like an absent chunk).
-Every read names the version (ETag) it was opened at, so an index never meets bytes of another version.
+
+Every byte range is tied to the version its object was opened at, so an index never meets bytes of another
+version: each GET sends the strongest precondition that version allows (If-Match for an ETag,
+If-Unmodified-Since for a Last-Modified date), and its answer is compared with the version too (size, ETag,
+Last-Modified), since a server may ignore preconditions. A server that sends neither header leaves only the
+size to compare: its ranges are never kept on disk. A body is read no further than one byte past the range
+asked, so no answer costs more memory than its request.
 """
 
 from __future__ import annotations
@@ -12,11 +18,12 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import obstore
@@ -39,27 +46,30 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """How to reach a remote source: --anonymous, --endpoint, --region, --timeout."""
+    """How to reach a remote source: --anonymous, --endpoint, --region, --timeout, --profile, --requester-pays."""
 
     anonymous: bool = False
     endpoint: str | None = None
     region: str | None = None
     timeout: float = DEFAULT_TIMEOUT
+    profile: str | None = None
+    requester_pays: bool = False
 
 
 def client_options(access: Access, url: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Timeouts and retries that keep a request, retries included, within access.timeout: each attempt
-    gets a quarter of it, retries stop being started after half of it, and no backoff waits longer than
-    an eighth."""
+    """Timeouts and retries that keep a request, retries included, within access.timeout (t): each attempt,
+    connecting and the whole body included, may take t/2; a failed attempt is retried only if it ended
+    within 3t/8 of the first one's start, after a backoff of at most t/8. The last retry thus starts by
+    t/2 and ends by t. (obstore decides on a retry when an attempt fails, then waits, then tries again.)"""
     t = access.timeout
     options = {
-        "timeout": timedelta(seconds=t / 4),
-        "connect_timeout": timedelta(seconds=t / 4),
+        "timeout": timedelta(seconds=t / 2),
+        "connect_timeout": timedelta(seconds=t / 2),
         "allow_http": url.startswith("http://"),
     }
     retry = {
         "max_retries": 10,
-        "retry_timeout": timedelta(seconds=t / 2),
+        "retry_timeout": timedelta(seconds=3 * t / 8),
         "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=t / 8), "base": 2},
     }
     return options, retry
@@ -72,17 +82,22 @@ def make_client(remote: Remote, access: Access) -> Any:
     options, retry = client_options(access, endpoint or remote.url)
     common: dict[str, Any] = {"client_options": options, "retry_config": retry}
     if remote.scheme in ("http", "https"):
-        return HTTPStore(remote.url, **common)
+        if remote.authorization:  # the URL's user:password; reqwest drops it on a redirect to another host
+            options["default_headers"] = {"authorization": remote.authorization}
+        return HTTPStore(remote.address, **common)
     prefix = remote.prefix or None
     if remote.scheme == "s3":
-        provider = None if access.anonymous else credentials.aws(remote.url)
-        config: dict[str, Any] = {"skip_signature": provider is None}
+        provider = None if access.anonymous else credentials.aws(remote.url, access.profile)
+        config: dict[str, Any] = {"skip_signature": provider is None, "request_payer": access.requester_pays}
         if endpoint:
             config["endpoint"] = endpoint
         if access.region:
             config["region"] = access.region  # else the profile's, or AWS_DEFAULT_REGION, or us-east-1
         _say_unsigned(remote, access, provider is not None)
         return S3Store(remote.bucket, prefix=prefix, config=config, credential_provider=provider, **common)
+    if access.requester_pays:  # GCS bills the requester through a userProject, which object_store never sends
+        raise SourceError(f"{remote.url}: --requester-pays is for s3:// sources; object_store cannot name a GCS "
+                          "billing project")  # fmt: skip
     signed = not access.anonymous and credentials.gcs(remote.url)
     config = {"skip_signature": not signed}
     if endpoint:
@@ -110,6 +125,7 @@ class RemoteStore:
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
         self._opened: LRUCache[str, StoredFile | FileNotFoundError] = LRUCache(OPENED)
+        self._said_unversioned = False
 
     def _store(self) -> Any:
         """The client of this process: obstore's runtime threads do not survive the daemon's fork, so a
@@ -123,7 +139,8 @@ class RemoteStore:
         return made[1]
 
     def _call(self, what: str, path: str, request: Callable[[], T]) -> T:
-        """One request (retries included), counted and timed; obstore's errors as a disk's errno."""
+        """One request (retries included), counted and timed; obstore's errors as a disk's errno, with the reason
+        in the error (not logged here: whoever handles it logs it or prints it, once)."""
         started = time.monotonic()
         outcome = "ok"
         try:
@@ -131,19 +148,21 @@ class RemoteStore:
         except FileNotFoundError:
             outcome = "not_found"
             raise FileNotFoundError(errno.ENOENT, "not in the source", self.where(path)) from None
-        except PreconditionError:
+        except StoreChanged:
             outcome = "changed"
-            raise StoreChanged(self.where(path), "replaced since its index was read") from None
+            raise
+        except BadAnswer:
+            outcome = "bad_answer"
+            raise
         except (PermissionDeniedError, UnauthenticatedError) as e:
             outcome = "denied"
-            log.error("%s: access denied: %s", self.where(path), _first_line(e), extra={"event": "remote_denied"})
-            raise PermissionError(errno.EACCES, "access denied by the server", self.where(path)) from None
+            why = f"access denied by the server: {_first_line(e)}"
+            raise PermissionError(errno.EACCES, why, self.where(path)) from None
         except SourceError:  # no client could be made (credentials): the mount's reason, not the server's
             outcome = "refused"
             raise
         except Exception as e:  # 5xx and timeouts once retries are spent, refused connections, bad answers
             outcome = "failed"
-            log.error("%s: %s failed: %s", self.where(path), what, _first_line(e), extra={"event": "remote_failed"})
             raise OSError(errno.EIO, f"{what} failed: {_first_line(e)}", self.where(path)) from None
         finally:
             metrics.REMOTE_REQUESTS.labels(what, outcome).inc()
@@ -153,7 +172,10 @@ class RemoteStore:
 
     def open(self, path: str) -> StoredFile:
         """The object's size and version, from one HEAD, remembered (absence too): the data is immutable
-        while mounted, and a shard's size is needed by every read of it."""
+        while mounted, and a shard's size is needed by every read of it. A name no object can have is absent,
+        with no request sent."""
+        if not is_key(path):
+            raise FileNotFoundError(errno.ENOENT, "not a name an object can have", self.where(path))
         with self._lock:  # cachetools' LRU reorders itself on get: not safe to share unlocked
             found = self._opened.get(path)
         if found is None:
@@ -164,39 +186,57 @@ class RemoteStore:
                 found = e
             with self._lock:
                 self._opened[path] = found
+            if isinstance(found, StoredFile) and found.version[0] == "size":
+                self._say_unversioned(path)
         if isinstance(found, FileNotFoundError):
             raise found
         return found
 
     def read(self, file: StoredFile, start: int, stop: int) -> bytes:
+        """Bytes [start, stop) of file's version, from --cache-dir if kept there (never for a version that
+        is only a size: another object of that size would be answered)."""
         url = self.where(file.path)
-        if self.disk is not None and (kept := self.disk.get(url, file.version, start, stop)) is not None:
+        disk = self.disk if file.version[0] != "size" else None
+        if disk is not None and (kept := disk.get(url, file.version, start, stop)) is not None:
             return kept
-        options: dict[str, Any] = {"range": (start, stop)}
-        if file.version[0] == "etag":
-            options["if_match"] = file.version[1]
-
-        def get() -> bytes:
-            return bytes(obstore.get(self._store(), file.path, options=options).bytes())
-
-        try:
-            data = self._call("get", file.path, get)
-        except FileNotFoundError:
-            raise StoreChanged(self.where(file.path), "deleted since it was opened") from None
+        data = self._call("get", file.path, lambda: self._get(file, start, stop))
         metrics.STORE_READS.inc()
         metrics.STORE_BYTES.inc(len(data))
-        if len(data) != stop - start:
-            raise StoreChanged(url, f"{len(data)} bytes at {start}, not {stop - start}: truncated")
-        if self.disk is not None:
-            self.disk.put(url, file.version, start, stop, data)
+        if disk is not None:
+            disk.put(url, file.version, start, stop, data)
         return data
+
+    def _get(self, file: StoredFile, start: int, stop: int) -> bytes:
+        """One GET of a range under the version's precondition, its answer checked against that version."""
+        url = self.where(file.path)
+        options: dict[str, Any] = {"range": (start, stop), **_precondition(file.version)}
+        try:
+            got = obstore.get(self._store(), file.path, options=options)
+        except FileNotFoundError:
+            raise StoreChanged(url, "deleted since it was opened") from None
+        except PreconditionError:
+            raise StoreChanged(url, f"the server refused {_described(file.version)}: replaced since opened") from None
+        if (differs := _differs(file, got.meta)) is not None:
+            raise StoreChanged(url, differs)
+        return _body(url, got, start, stop)
+
+    def _say_unversioned(self, path: str) -> None:
+        """Once per source: what a server that names no version costs."""
+        with self._lock:
+            said, self._said_unversioned = self._said_unversioned, True
+        if not said:
+            kept = "; nothing from it is kept in --cache-dir" if self.disk is not None else ""
+            log.warning(
+                "%s: the server sends neither ETag nor Last-Modified (%s): an object replaced under the mount is "
+                "noticed only if its size changed%s", self.remote.url, path, kept, extra={"event": "unversioned"},
+            )  # fmt: skip
 
     def next_data(self, file: StoredFile, offset: int) -> int:
         return offset  # an object has no holes that can be asked about
 
     def list(self, path: str) -> Iterator[tuple[str, bool]]:
         """A directory's entries, one delimited listing of its prefix."""
-        if not self.can_list:
+        if not self.can_list or not is_key(path):
             return
         prefix = f"{path.strip('/')}/" if path.strip("/") else None
         found = self._call("list", path, lambda: obstore.list_with_delimiter(self._store(), prefix))
@@ -208,6 +248,8 @@ class RemoteStore:
     def kind(self, path: str) -> str | None:
         if not path.strip("/"):
             return "dir"
+        if not is_key(path):
+            return None
         try:
             self.open(path)
             return "file"
@@ -233,11 +275,92 @@ class RemoteStore:
         return []
 
 
+class BadAnswer(OSError):
+    """A server's answer that is not the range asked for: longer, shorter, or re-encoded. The read is EIO."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(errno.EIO, f"refused the server's answer ({why})", path)
+
+
+# object_store takes a path only as UTF-8 text without ASCII control characters; it refuses others unsent.
+_NOT_IN_A_KEY = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+# object_store's stand-in for a Last-Modified header the server did not send.
+_NO_DATE = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def is_key(path: str) -> bool:
+    """Whether path can name an object; a name that cannot (a lone surrogate is a non-UTF-8 byte of a
+    name the kernel sent) names nothing there: absent, not an error."""
+    return _NOT_IN_A_KEY.search(path) is None
+
+
 def _version(meta: Any) -> tuple:
-    """An object's version: its ETag, else its size and modification time."""
+    """An object's version: its ETag, else its size and Last-Modified date, else its size alone."""
     if meta.get("e_tag"):
         return ("etag", meta["e_tag"])
-    return ("modified", meta["size"], str(meta.get("last_modified")))
+    if (when := _modified(meta)) is not None:
+        return ("modified", meta["size"], when)
+    return ("size", meta["size"])
+
+
+def _modified(meta: Any) -> str | None:
+    when = meta.get("last_modified")
+    return None if when is None or when == _NO_DATE else when.isoformat()
+
+
+def _precondition(version: tuple) -> dict[str, Any]:
+    """The strongest GET precondition a version allows. A size allows none, nor does a weak ETag: If-Match
+    compares strongly, so a server keeping RFC 9110 would refuse every read (the answer's ETag is compared)."""
+    if version[0] == "etag":
+        return {} if version[1].startswith("W/") else {"if_match": version[1]}
+    if version[0] == "modified":
+        return {"if_unmodified_since": datetime.fromisoformat(version[2])}
+    return {}
+
+
+def _described(version: tuple) -> str:
+    if version[0] == "etag":
+        return f"If-Match {version[1]}"
+    return f"If-Unmodified-Since {version[2]}"
+
+
+def _differs(file: StoredFile, meta: Any) -> str | None:
+    """Which field of an answer names another version than file's, if any."""
+    if meta["size"] != file.size:
+        return f"size {meta['size']}, not {file.size} as opened"
+    if file.version[0] == "etag" and meta.get("e_tag") != file.version[1]:
+        return f"ETag {meta.get('e_tag')}, not {file.version[1]} as opened"
+    if file.version[0] == "modified" and _modified(meta) != file.version[2]:
+        return f"Last-Modified {_modified(meta)}, not {file.version[2]} as opened"
+    return None
+
+
+def _body(url: str, got: Any, start: int, stop: int) -> bytes:
+    """An answer's body, read no further than one byte past the length asked. obstore gathers a stream's
+    chunks to at least min_chunk_size (all but the last), so a right answer is one chunk, a long one stops
+    after one network read past the length, and no body costs more memory than its range."""
+    asked = stop - start
+    parts: list[bytes] = []
+    n = 0
+    for part in got.stream(min_chunk_size=asked + 1):
+        parts.append(part)
+        n += len(part)
+        if n > asked:
+            break
+    if n != asked:
+        raise BadAnswer(url, _wrong_length(got.attributes, start, asked, n))
+    return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)  # bytes: callers slice, hash and size them
+
+
+def _wrong_length(attributes: Any, start: int, asked: int, n: int) -> str:
+    """Why an answer's body is not the asked length. (A Content-Encoding on an answer of the right length is
+    the object's stored encoding, as S3 keeps it: its bytes are the stored bytes, and they are taken.)"""
+    encoding = attributes.get("Content-Encoding")
+    if encoding and encoding != "identity":
+        return f"compressed by the server (Content-Encoding {encoding}), not the {asked} stored bytes at {start}"
+    if n > asked:
+        return f"the server sent more than the {asked} bytes asked at {start}: longer than asked"
+    return f"{n} bytes at {start}, not {asked}: shorter than asked: truncated"
 
 
 def _first_line(e: BaseException) -> str:

@@ -39,9 +39,9 @@ class ServiceError(Exception):
 def tell_systemd(state: Notification) -> None:
     """sd_notify, when run by systemd as Type=notify; otherwise nothing."""
     if os.environ.get("NOTIFY_SOCKET"):
-        error = notify(state, return_exceptions=True)
-        if error is not None:
-            log.warning("could not tell systemd %s: %s", state.name, error)
+        answer = notify(state, return_exceptions=True)  # sd_notify's count of messages sent, or the exception
+        if isinstance(answer, BaseException):
+            log.warning("could not tell systemd %s: %s", state.name, answer, extra={"event": "sd_notify"})
 
 
 def block_signals() -> None:

@@ -10,13 +10,12 @@ from pathlib import Path
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
 from shardfs.disk_cache import DiskCache
 from shardfs.errors import SourceError
-from shardfs.formats.plan import Plan
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
 from shardfs.location import Remote, parse_source
 from shardfs.remote import Access, RemoteStore
 from shardfs.store import LocalStore, Store
-from shardfs.tree import Provider, Tree
+from shardfs.tree import UNLISTED, Provider, Tree
 from shardfs.views import view_of
 
 
@@ -55,22 +54,31 @@ def open_source(
         store, name = LocalStore(local), str(local)
     cache = ByteCache(cache_bytes, max_file_size)
     try:
-        plan = _plan(store, cache, name)
+        kind = _format(store, name)
+    except OSError as e:  # the first request of all: what failed is reaching the source, not one file of it
+        hint = "the server refused these credentials" if e.errno == errno.EACCES else "check the URL and --endpoint"
+        raise SourceError(f"{name}: cannot be reached ({e.strerror}); {hint}") from None
+    try:
+        plan = open_zarr(store, cache) if kind == "zarr" else open_precomputed(store, cache)
     except OSError as e:
         if e.errno == errno.ENOENT:
             raise
         raise SourceError(f"{e.filename or name}: cannot be read: {e.strerror}") from None
     if view != "native":
         plan = view_of(plan, view)
-    tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories)
+    marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
+    tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories, plan.found, marker)
+    if not store.can_list and view == "native":
+        plan.kinds.append(f"note: {UNLISTED}")
     return Source(name, local, tree, plan.kinds, plan.providers, cache)
 
 
-def _plan(store: Store, cache: ByteCache, name: str) -> Plan:
+def _format(store: Store, name: str) -> str:
+    """'zarr' or 'precomputed', from the root metadata file that is there."""
     if store.kind("zarr.json") == "file":
-        return open_zarr(store, cache)
+        return "zarr"
     if store.kind("info") == "file":
-        return open_precomputed(store, cache)
+        return "precomputed"
     raise SourceError(f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")
 
 

@@ -15,6 +15,7 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from shardfs import mountinfo
 from shardfs.rundir import own_dir, runtime_dir, trusted_dir
 from shardfs.service import IDLE_TIMEOUT, ServiceError
 
+SETTLED = 60  # seconds after which a stats socket that answers nobody is a dead daemon's
 UCRED = struct.Struct("3i")  # pid, uid, gid, as SO_PEERCRED gives them
 
 
@@ -38,6 +40,7 @@ def serve(mountpoint: Path, figures: Callable[[], bytes]) -> Callable[[], None]:
         directory = own_dir(runtime_dir(uid), 0o755 if uid == 0 else 0o700)
     except PermissionError as e:
         raise ServiceError(f"{e}; cannot serve shardfs stats") from None
+    _sweep(directory)
     path = socket_path(directory, mountpoint)
     if _answers(path):
         raise ServiceError(f"{mountpoint}: another shardfs daemon already serves stats for it")
@@ -64,6 +67,16 @@ def serve(mountpoint: Path, figures: Callable[[], bytes]) -> Callable[[], None]:
     return remove
 
 
+def _sweep(directory: Path) -> None:
+    """Remove the sockets of daemons that were killed (kill -9 leaves them): any that no one answers. One
+    bound in the last minute is left alone, since its daemon may not be listening yet."""
+    settled = time.time() - SETTLED
+    for path in directory.glob("*.sock"):
+        with contextlib.suppress(OSError):
+            if path.lstat().st_mtime < settled and not _answers(path):
+                path.unlink()
+
+
 def _answers(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:
@@ -81,6 +94,12 @@ def mount_owner(mountpoint: Path) -> int | None:
 
 def read(mountpoint: Path) -> str:
     """The figures of the daemon mounted at mountpoint, once its directory and credentials check out."""
+    return ask(mountpoint)[1]
+
+
+def ask(mountpoint: Path) -> tuple[int, str]:
+    """The pid of the daemon mounted at mountpoint and its figures, once its directory and credentials
+    check out."""
     uid = mount_owner(mountpoint)
     missing = ServiceError(f"{mountpoint}: no shardfs daemon serves this mountpoint")
     if uid is None:
@@ -93,7 +112,7 @@ def read(mountpoint: Path) -> str:
             conn.connect(str(socket_path(directory, mountpoint)))
         except OSError:
             raise missing from None
-        _, peer, _ = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
+        pid, peer, _ = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
         if peer != uid:
             raise ServiceError(f"{mountpoint}: stats answered by uid {peer}, not by the mount's daemon (uid {uid})")
-        return b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode()
+        return pid, b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode()

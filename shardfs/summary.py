@@ -7,26 +7,45 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def summary(text: str, now: float) -> str:
-    """Uptime, operations and their rate, bytes served, cache hit rate and errors, one line each."""
-    total: dict[str, float] = defaultdict(float)  # each sample name, summed over its labels
+def _read(text: str) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+    """Each sample name summed over its labels, errors by errno, and the mount's identity labels."""
+    total: dict[str, float] = defaultdict(float)
     errors: dict[str, float] = defaultdict(float)
+    mount: dict[str, str] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             total[sample.name] += sample.value
             if sample.name == "shardfs_errors_total":
                 errors[sample.labels["errno"]] += sample.value
+            elif sample.name == "shardfs_mount_info":
+                mount = sample.labels
+    return total, errors, mount
+
+
+def identity(text: str, now: float) -> tuple[str, str]:
+    """The view a daemon serves and how long it has been up, for `shardfs list`."""
+    total, _, mount = _read(text)
+    return mount.get("view", "?"), duration(max(now - total["shardfs_start_time_seconds"], 0))
+
+
+def summary(text: str, now: float) -> str:
+    """What is mounted, uptime, operations and their rate, bytes served, cache hit rate and errors, one line each."""
+    total, errors, mount = _read(text)
     up = max(now - total["shardfs_start_time_seconds"], 1e-9)
     ops = total["shardfs_fuse_op_seconds_count"]
     hits, misses = total["shardfs_cache_hits_total"], total["shardfs_cache_misses_total"]
     rate = f"{hits / (hits + misses):.1%}" if hits + misses else "-"
     by_errno = ", ".join(f"{name} {count:.0f}" for name, count in sorted(errors.items()) if count)
+    oversized = total["shardfs_cache_oversized_bytes"]
+    held = f"{size(total['shardfs_cache_bytes'] - oversized)} held of {size(total['shardfs_cache_budget_bytes'])}"
+    beyond = f" (and one file larger than that budget: {size(oversized)})" if oversized else ""
     return (
+        f"mount       {mount.get('source', '?')} at {mount.get('mountpoint', '?')}, view {mount.get('view', '?')}\n"
         f"uptime      {duration(up)}\n"
         f"operations  {ops:,.0f} ({ops / up:,.1f}/s)\n"
         f"served      {size(total['shardfs_served_bytes_total'])}\n"
         f"cache       {rate} hit rate ({hits:,.0f} of {hits + misses:,.0f} lookups); "
-        f"{size(total['shardfs_cache_bytes'])} held of {size(total['shardfs_cache_budget_bytes'])}\n"
+        f"{held}{beyond}\n"
         f"errors      {sum(errors.values()):,.0f}{f' ({by_errno})' if by_errno else ''}; "
         f"corrupt data: {total['shardfs_decode_errors_total']:,.0f}\n"
     )

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests import peers
+
 SHARDFS = [sys.executable, "-m", "shardfs"]
 REPO = Path(__file__).resolve().parent.parent
 
@@ -105,3 +107,13 @@ def public_tmp() -> Iterator[Path]:
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def raw_volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(source, unsharded twin): a tensorstore precomputed volume with raw chunk data, so a chunk's bytes
+    lie in its shard as they are served (one range per chunk). Shared: tests copy it before changing it."""
+    root = tmp_path_factory.mktemp("raw-volume")
+    source, twin = root / "src", root / "twin"
+    peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
+    return source, twin

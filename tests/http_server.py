@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import gzip
 import hashlib
 import os
 import re
@@ -16,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -28,7 +30,16 @@ class RangeServer:
     before answering; `latency` delays every answer. `requests` counts (method, path), `most_in_flight` the
     most answered at once; `authorizations` holds every request's Authorization header (None when unsigned),
     and a request whose header `admit` refuses is answered 403, as a private bucket answers. Suffix ranges
-    (`bytes=-N`) are ignored (the whole object is sent), as some servers do, unless `suffix_ranges`."""
+    (`bytes=-N`) are ignored (the whole object is sent), as some servers do, unless `suffix_ranges`.
+    `ranges` records every GET's Range header.
+
+    Servers that break the rules, as some do: `etag` / `last_modified` False leave that header out (and
+    `weak_etags` sends weak ones, `W/"…"`, which If-Match never matches, as RFC 9110 has it);
+    `preconditions` False ignores If-Match and If-Unmodified-Since; `extra` bytes follow a range's body
+    (Content-Range still names the range asked; they are made as they are sent, never held), or so many
+    are missing from its end when negative; `gzip` compresses a range's body and says so (Content-Encoding:
+    gzip). `content_encoding` is sent with the stored bytes as they are, as S3 does for an object stored
+    with that Content-Encoding."""
 
     def __init__(self, root: Path, latency: float = 0.0, suffix_ranges: bool = False) -> None:
         self.root = root
@@ -37,8 +48,17 @@ class RangeServer:
         self.fail: dict[str, list[int]] = {}
         self.always: int | None = None
         self.hang = False
+        self.etag = True
+        self.weak_etags = False
+        self.last_modified = True
+        self.preconditions = True
+        self.extra = 0
+        self.gzip = False
+        self.content_encoding: str | None = None
+        self.ranges: list[str | None] = []
         self.requests: Counter[tuple[str, str]] = Counter()
         self.authorizations: list[str | None] = []
+        self.headers: list[dict[str, str]] = []  # every request's headers, names in lower case
         self.admit: Callable[[str | None], bool] | None = None
         self.in_flight = 0
         self.most_in_flight = 0  # the most requests answered at once so far
@@ -95,6 +115,7 @@ class RangeServer:
                 with server.lock:
                     server.requests[(self.command, path)] += 1
                     server.authorizations.append(self.headers.get("Authorization"))
+                    server.headers.append({k.lower(): v for k, v in self.headers.items()})
                     scripted = server.fail.get(path)
                     status = scripted.pop(0) if scripted else server.always
                 if server.hang:
@@ -114,10 +135,12 @@ class RangeServer:
                 if not file.is_file():
                     return self._status(404)
                 st = file.stat()
-                etag = _etag(st)
-                match = self.headers.get("If-Match")
-                if match is not None and match != etag:
+                etag = ("W/" if server.weak_etags else "") + _etag(st)
+                if server.preconditions and not _preconditions_hold(self.headers, etag, st.st_mtime):
                     return self._status(412)
+                if self.command == "GET":
+                    with server.lock:
+                        server.ranges.append(self.headers.get("Range"))
                 start, stop = 0, st.st_size
                 ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
                 suffix = re.fullmatch(r"bytes=-(\d+)", self.headers.get("Range", ""))
@@ -129,18 +152,33 @@ class RangeServer:
                     stop = min(int(ranged.group(2)) + 1 if ranged.group(2) else st.st_size, st.st_size)
                     if start >= st.st_size:
                         return self._status(416)
+                data = b""  # a HEAD reads nothing (a sparse 256 GiB object is HEADed too), unless gzip sizes it
+                if body or (ranged and server.gzip):
+                    with file.open("rb") as f:
+                        f.seek(start)
+                        data = f.read(stop - start)
+                length = stop - start
+                extra = max(server.extra, -length) if ranged else 0
+                if ranged and server.gzip:
+                    data = gzip.compress(data)
+                    length = len(data)
                 self.send_response(206 if ranged else 200)
                 if ranged:
                     self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{st.st_size}")
-                self.send_header("Content-Length", str(stop - start))
+                if encoding := "gzip" if ranged and server.gzip else server.content_encoding:
+                    self.send_header("Content-Encoding", encoding)
+                self.send_header("Content-Length", str(length + extra))
                 self.send_header("Accept-Ranges", "bytes")
-                self.send_header("ETag", etag)
-                self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
+                if server.etag:
+                    self.send_header("ETag", etag)
+                if server.last_modified:
+                    self.send_header("Last-Modified", email.utils.formatdate(st.st_mtime, usegmt=True))
                 self.end_headers()
                 if body:
-                    with file.open("rb") as f:
-                        f.seek(start)
-                        self.wfile.write(f.read(stop - start))
+                    self.wfile.write(data[: len(data) + min(extra, 0)])
+                    with contextlib.suppress(OSError):  # the client may stop reading: that is the point
+                        for piece in _zeros(extra):
+                            self.wfile.write(piece)
 
             def _list(self, bucket: str, prefix: str, delimited: bool) -> None:
                 """One page: delimited by '/', the objects and sub-prefixes directly under prefix; else every
@@ -197,6 +235,23 @@ class _Server(ThreadingHTTPServer):
     burst, and their connections wait a second for the retransmitted SYN)."""
 
     request_queue_size = 128
+
+
+def _preconditions_hold(headers: Message, etag: str, mtime: float) -> bool:
+    """If-Match and If-Unmodified-Since as RFC 9110 has them: If-Match compares strongly (a weak tag never
+    matches), a date is to the second, as Last-Modified is."""
+    match = headers.get("If-Match")
+    if match is not None and (match != etag or etag.startswith("W/")):
+        return False
+    since = headers.get("If-Unmodified-Since")
+    return since is None or int(mtime) <= email.utils.parsedate_to_datetime(since).timestamp()
+
+
+def _zeros(n: int, step: int = 1 << 20) -> Iterator[bytes]:
+    """n zero bytes, a piece at a time."""
+    piece = bytes(step)
+    for at in range(0, n, step):
+        yield piece[: min(step, n - at)]
 
 
 def _etag(st: os.stat_result) -> str:

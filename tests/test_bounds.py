@@ -6,9 +6,11 @@ stalling the suite."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -21,8 +23,10 @@ import numpy as np
 import pytest
 import zarr
 
+from shardfs.formats.plan import METADATA_LIMIT
 from tests import peers
 from tests.conftest import SHARDFS, assert_eio, shardfs
+from tests.http_server import RangeServer
 from tests.test_daemon import daemon_of, wait_until
 from tests.test_hostile_input import kv_dataset
 
@@ -375,6 +379,64 @@ def test_a_malformed_child_is_served_as_stored(tmp_path, mount, child) -> None:
     assert read(m.path / "bad" / "zarr.json") == child.encode()
     assert np.array_equal(zarr.open_array(m.path / "good", mode="r")[...], np.arange(8))
     assert (m.path / "good" / "c" / "3").exists()  # unsharded: inner chunk 3
+
+
+@pytest.fixture(scope="module")
+def segmentation(tmp_path_factory) -> tuple[Path, Path, dict[str, bytes], dict[int, bytes]]:
+    """A sharded volume (tensorstore, with its unsharded twin) with sharded multi-resolution meshes and
+    skeletons (cloud-volume) named by its root info."""
+    root = tmp_path_factory.mktemp("seg")
+    source, twin = root / "src", root / "twin"
+    peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin, extra_unsharded_scale=False)
+    volume_info = json.loads((source / "info").read_text())
+    meshes = peers.write_cloudvolume_multires_meshes(source)
+    skeletons = peers.write_cloudvolume_skeletons(source)
+    (source / "info").write_text(json.dumps({**volume_info, "mesh": "mesh", "skeletons": "skeletons"}))
+    return source, twin, meshes, skeletons
+
+
+BROKEN_INFO = {  # how a sub-directory's info is broken: its bytes, and the reason the log gives
+    "bad json": (b"{not json", "not valid JSON"),
+    "too deep": (b"[" * 100_000 + b"]" * 100_000, "nested more than"),
+    "too large": (b'{"@type": "neuroglancer_skeletons", "x": "', f"more than the {METADATA_LIMIT}-byte limit"),
+    "wrong type": (b'{"@type": "neuroglancer_skeletons", "sharding": 5}', "field 'sharding' must be an object"),
+}
+
+
+@pytest.mark.parametrize("served", ["local", "http"])
+@pytest.mark.parametrize("broken", BROKEN_INFO)
+@pytest.mark.parametrize("sub", ["mesh", "skeletons"])
+def test_a_broken_mesh_or_skeletons_info_is_served_as_stored(tmp_path, segmentation, sub, broken, served) -> None:
+    """The dataset mounts; the broken directory passes through as stored; the other one and the volume
+    read right; one warning in the daemon's log names the file and the reason (for a local source, planned
+    before the daemon detaches, the mount command's stderr too)."""
+    source, twin, meshes, skeletons = segmentation
+    root, point, log = tmp_path / "src", tmp_path / "m", tmp_path / "log"
+    shutil.copytree(source, root)
+    point.mkdir()
+    info, reason = BROKEN_INFO[broken]
+    (root / sub / "info").write_bytes(info)
+    if broken == "too large":
+        os.truncate(root / sub / "info", METADATA_LIMIT + 1)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(RangeServer(root).running()).url if served == "http" else root
+        done = shardfs("mount", url, point, "--log-file", log)
+        stack.callback(shardfs, "unmount", point)
+        with (point / sub / "info").open("rb") as f:
+            assert f.read(1 << 20) == (root / sub / "info").read_bytes()[: 1 << 20]  # passes through
+        assert (point / sub / "info").stat().st_size == (root / sub / "info").stat().st_size
+        for shard in (root / sub).glob("*.shard"):
+            assert (point / sub / shard.name).read_bytes() == shard.read_bytes()
+        other = {f"skeletons/{k}": v for k, v in skeletons.items()} if sub == "mesh" else {
+            f"mesh/{k}": v for k, v in meshes.items()}  # fmt: skip
+        assert all((point / name).read_bytes() == value for name, value in other.items())
+        chunk = next((twin / "4_4_40").iterdir())
+        assert (point / "4_4_40" / chunk.name).read_bytes() == chunk.read_bytes()
+        said = [line for line in log.read_text().splitlines() if "served as it is stored" in line]
+        assert len(said) == 1 and "level=warning" in said[0], said
+        assert f"{sub}/info" in said[0] and reason in said[0], said
+        if served == "local":  # planned before the daemon detached: the terminal was told too
+            assert f"{sub}/info" in done.stderr and reason in done.stderr, done.stderr
 
 
 def test_a_root_nested_too_deep_refuses_in_one_line(tmp_path) -> None:

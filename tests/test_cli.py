@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import numpy as np
+import psutil
 import pytest
 
 from shardfs import __version__
@@ -49,12 +51,27 @@ def test_mountpoint_that_is_the_source_inside_it_or_above_it_is_refused(tmp_path
         (["--cache-size", "x"], ["--cache-size", "'x'", "512M"]),
         (["--cache-size", "1000"], ["--cache-size", "too small", "64K"]),
         (["--cache-size", "0"], ["--cache-size", "too small", "64K"]),
+        (["--cache-size", "-5M"], ["--cache-size", "'-5M'", "512M"]),
+        (["--endpoint", "not-a-url"], ["--endpoint", "'not-a-url'", "https://"]),
+        (["-o", "view=zarr2", "--view", "n5"], ["--view", "given twice", "'zarr2'", "'n5'"]),
     ],
 )
 def test_bad_option_is_one_line_naming_the_valid_values(kv, tmp_path, args, words) -> None:
     for form in (["mount", kv[0], tmp_path], [kv[0], tmp_path]):  # the command, and the mount-helper form
         one_line_error(shardfs(*form, *args, check=False), 2, *words)
     assert not os.path.ismount(tmp_path)
+
+
+def test_remote_options_on_a_local_source_are_named_as_ignored(kv, tmp_path) -> None:
+    point = tmp_path / "m"
+    point.mkdir()
+    done = shardfs("mount", kv[0], point, "--timeout", "5", "--region", "eu-west-1", "--allow-other")
+    try:
+        assert done.stderr == f"shardfs: --region, --timeout: for remote sources only; ignored for {kv[0]}\n"
+        assert "allow_other" in next(ln for ln in Path("/proc/mounts").read_text().splitlines() if str(point) in ln)
+        assert (point / "3").read_bytes() == kv[1][3]
+    finally:
+        shardfs("unmount", point)
 
 
 @pytest.mark.parametrize("foreground", [False, True])
@@ -107,6 +124,10 @@ def test_unmount_touches_only_shardfs_unless_told(tmp_path) -> None:
             subprocess.run(["umount", point], check=False)
 
 
+def test_cat_of_a_directory_says_it_is_one(kv) -> None:
+    one_line_error(shardfs("cat", kv[0], "", check=False), 1, "a directory", "shardfs ls")
+
+
 def test_decimal_cache_size(kv, mount) -> None:
     m = mount(kv[0], "--cache-size", "1.5G")
     figures = scrape(shardfs("stats", "--prometheus", m.path).stdout)
@@ -120,12 +141,44 @@ def test_version_and_help_with_defaults() -> None:
         assert said in text
 
 
+def test_stats_says_what_is_held_beyond_the_budget(tmp_path, mount) -> None:
+    """One file larger than --cache-size is kept (so a reader's 128 KiB pieces decode it once): the summary
+    says so rather than show more held than the budget allows."""
+    big = np.random.default_rng(1).bytes(300 << 10)
+    peers.write_tensorstore_kv(tmp_path / "kv", {1: big})
+    m = mount(tmp_path / "kv", "--cache-size", "128K")
+    assert (m.path / "1").read_bytes() == big
+    cache = next(line for line in shardfs("stats", m.path).stdout.splitlines() if line.startswith("cache"))
+    held = cache.split("; ")[1]
+    assert held.endswith("held of 128.0 KiB (and one file larger than that budget: 300.2 KiB)"), cache
+
+
 def test_stats_is_a_short_summary_by_default(kv, mount) -> None:
     m = mount(kv[0])
     served = sum(len((m.path / str(k)).read_bytes()) for k in range(10))
     lines = shardfs("stats", m.path).stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["uptime", "operations", "served", "cache", "errors"]
+    assert [line.split()[0] for line in lines] == ["mount", "uptime", "operations", "served", "cache", "errors"]
+    assert lines.pop(0) == f"mount       {kv[0]} at {m.path}, view native"
     assert lines[2].split()[1:] == [str(served), "B"]
     assert lines[4].split()[1] == "0;"
     uptime = lines[0].split()[1:]
     assert uptime[0] == "0m" and int(uptime[1].rstrip("s")) < 60
+
+
+def test_info_names_every_scale_in_order(tmp_path) -> None:
+    """`shardfs info` names unsharded scales too (they pass through), and lists what was found by path."""
+    peers.write_tensorstore_volume(tmp_path / "v")
+    found = [line.strip() for line in shardfs("info", tmp_path / "v").stdout.splitlines()[1:3]]
+    assert found == [".: neuroglancer_multiscale_volume", "8_8_40: volume scale, unsharded (passes through)"]
+
+
+def test_list_shows_every_mount_with_its_daemon(kv, mount, tmp_path) -> None:
+    """`shardfs list`: each shardfs mount (and nothing else mounted) with its source, view, pid and uptime."""
+    peers.write_tensorstore_volume(tmp_path / "v")
+    native, n5 = mount(kv[0]), mount(tmp_path / "v", "--view", "n5")
+    rows = {line.split()[0]: line.split() for line in shardfs("list").stdout.splitlines()[1:]}
+    for m, source, view in ((native, kv[0], "native"), (n5, tmp_path / "v", "n5")):
+        _, shown_source, shown_view, pid, *uptime = rows[str(m.path)]
+        assert (shown_source, shown_view) == (str(source), view) and int(pid) > 1 and uptime[0] == "0m"
+        assert any(str(m.path) in arg for arg in psutil.Process(int(pid)).cmdline())
+    assert "/" not in rows and "/proc" not in rows

@@ -226,3 +226,29 @@ def test_a_shard_holding_another_shards_keys_lists_only_its_own(tmp_path, mount)
     for name in expected:
         assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
     assert not any((m.path / "4_4_40" / name).exists() for name, shard in where.items() if shard == lost)
+
+
+def test_a_misspelt_encoding_is_a_warning_naming_the_scale_and_the_known_encodings(tmp_path) -> None:
+    """`compressed_segmentaton` mounts (its chunks are served as stored), but never in silence: the mount's
+    stderr and log, `shardfs info` and `shardfs check` name the info, the field and the known encodings.
+    The encodings tensorstore writes raise no such word."""
+    root = tmp_path / "vol"
+    peers.write_tensorstore_volume(
+        root, dtype="uint32", encoding="compressed_segmentation", extra_unsharded_scale=False
+    )
+    assert "WARNING" not in shardfs("ls", root).stderr
+    info = json.loads((root / "info").read_text())
+    info["scales"][0]["encoding"] = "compressed_segmentaton"
+    (root / "info").write_text(json.dumps(info))
+    (tmp_path / "m").mkdir()
+    said = shardfs("mount", root, tmp_path / "m", "--log-file", tmp_path / "log").stderr
+    try:
+        logged = (tmp_path / "log").read_text()
+        for text in (said, logged):
+            assert "'scales[0].encoding' is 'compressed_segmentaton'" in text and "compressed_segmentation" in text
+        assert "level=warning event=unknown_encoding" in logged
+        assert os.listdir(tmp_path / "m" / info["scales"][0]["key"])  # its chunks are still there, as stored
+    finally:
+        shardfs("unmount", tmp_path / "m")
+    for command in ("info", "check"):
+        assert "warning:" in shardfs(command, root, check=False).stdout

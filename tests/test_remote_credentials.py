@@ -81,6 +81,22 @@ def test_aws_profile_in_home_signs_requests(bucket, home, server, mount, monkeyp
     read_a_chunk(mount(f"s3://{BUCKET}/vol", "--endpoint", server.url, "--anonymous").path, bucket[1])
 
 
+def test_profile_and_requester_pays_as_options(bucket, home, server, mount) -> None:
+    """--profile signs with that profile, as AWS_PROFILE would (no variable set); --requester-pays sends
+    x-amz-request-payer on every request, as a Requester Pays bucket requires; gs:// refuses it in words."""
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text(
+        "[default]\naws_access_key_id = AKIANOTTHISONE\naws_secret_access_key = other\n"
+        f"[lab]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {SECRET}\n"
+    )
+    server.admit = lambda auth: (auth or "").startswith(f"AWS4-HMAC-SHA256 Credential={KEY_ID}/")
+    m = mount(f"s3://{BUCKET}/vol", "--endpoint", server.url, "--profile", "lab", "--requester-pays")
+    read_a_chunk(m.path, bucket[1])
+    assert server.headers and all(h.get("x-amz-request-payer") == "requester" for h in server.headers)
+    done = shardfs("ls", f"gs://{BUCKET}/vol", "--endpoint", server.url, "--requester-pays", check=False)
+    assert done.returncode == 2 and "--requester-pays is for s3://" in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize(
     ("config", "why"),
     [("", "could not be found"), ("sso_start_url = https://sso.invalid\nsso_region = eu-west-3\n", "SSO Token")],

@@ -4,8 +4,10 @@ by URL, read back through the kernel by peers; requests counted per chunk; serve
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import os
+import re
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +23,8 @@ from shardfs.formats.zarr import named_children
 from tests import peers
 from tests.conftest import shardfs
 from tests.http_server import RangeServer
+from tests.test_bounds import peak_and_now_kib
+from tests.test_daemon import daemon_of
 
 TIMEOUT = "2"  # seconds, for the failure tests: a hung request must be EIO well before a test's patience ends
 
@@ -48,6 +52,7 @@ def server(volume) -> RangeServer:
 def test_precomputed_over_http_reads_as_unsharded(volume, server, mount) -> None:
     _, twin, expected = volume
     m = mount(f"precomputed://{server.url}")
+    assert "info" in os.listdir(m.path) and (m.path / "info").is_file()
     names = chunk_names(twin, "4_4_40")
     assert len(names) > 10
     # HTTP cannot list: a sharded directory lists from the shards the spec names, each probed with a HEAD.
@@ -169,7 +174,10 @@ def test_unreachable_source_is_refused_in_one_line(tmp_path) -> None:
     url = f"http://127.0.0.1:{port}/data"
     r = shardfs("mount", url, point, "--timeout", TIMEOUT, "--log-file", tmp_path / "log", check=False)
     assert r.returncode == 2
-    assert r.stderr.count("\n") == 1 and url in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"shardfs: {url}: cannot be reached ("), r.stderr
+    assert "check the URL" in r.stderr and "zarr.json" not in r.stderr.partition("(")[0]
+    r = shardfs("info", url, "--timeout", TIMEOUT, check=False)  # said once, not logged and then said again
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot be reached" in r.stderr, r.stderr
     with RangeServer(tmp_path).running() as server:  # reachable, but no dataset there
         r = shardfs("ls", f"{server.url}/nothing", check=False)
         assert r.returncode == 2 and "neither 'zarr.json'" in r.stderr and server.url in r.stderr
@@ -217,8 +225,33 @@ def test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata(tmp_path, moun
         back = zarr.open_group(m.path, mode="r", use_consolidated=False)
         for path, data in scales.items():
             assert back[path].shards is None and np.array_equal(back[path][...], data), path
+        # Listed: the metadata files it was walked from, as files; the chunks below them: said not to be.
+        assert sorted(os.listdir(m.path)) == ["0", "1", "zarr.json"]
+        assert [(e.name, e.is_file()) for e in os.scandir(m.path / "0") if e.name == "zarr.json"] == [
+            ("zarr.json", True)
+        ]
+        assert m.log_text().count("event=unlisted") == 1 and "cannot list directories" in m.log_text()
+        assert "note: a web server cannot list directories" in shardfs("info", server.url).stdout
     assert named_children({"consolidated_metadata": {"metadata": {"a": {}, "a/b": {}, "c/d": {}}}}) == ["a", "c"]
     assert named_children({"attributes": {"multiscales": [{"datasets": [{"path": "s0"}, {"path": "../x"}]}]}}) == ["s0"]
+
+
+def test_a_node_no_metadata_names_is_found_by_name_over_http(tmp_path, mount) -> None:
+    """zarr-python 3's default group names its children nowhere (no consolidated metadata, no OME): over a
+    server that answers 404 for directories, as object stores do, its array is still reached by name, its
+    files served as stored, and zarr-python reads it through the mount."""
+    root = tmp_path / "g.zarr"
+    group = zarr.open_group(root, mode="w", zarr_format=3)
+    data = np.arange(12 * 10, dtype="int16").reshape(12, 10)
+    group.create_array("t", shape=data.shape, dtype=data.dtype, chunks=(3, 5), shards=(6, 10))[...] = data
+    assert "consolidated_metadata" not in json.loads((root / "zarr.json").read_text()) or json.loads(
+        (root / "zarr.json").read_text())["consolidated_metadata"] is None  # fmt: skip
+    with RangeServer(root).running() as server:
+        m = mount(server.url)
+        assert os.listdir(m.path) == ["zarr.json"]  # nothing names `t`
+        assert (m.path / "t" / "zarr.json").read_bytes() == (root / "t" / "zarr.json").read_bytes()
+        assert np.array_equal(zarr.open_group(m.path, mode="r", use_consolidated=False)["t"][...], data)
+        assert not (m.path / "u").exists()  # a name with no zarr.json below it is absent
 
 
 def test_cache_dir_serves_a_later_mount_and_stays_in_budget(volume, server, mount, tmp_path) -> None:
@@ -261,3 +294,99 @@ def test_gzip_chunks_of_raw_voxels_are_stated_without_their_data(tmp_path, mount
         for name in names:
             assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
         assert server.gets(".shard") - before == len(names)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "named"),
+    [
+        ("extra", 256 << 20, "longer than asked"),
+        ("extra", -10, "shorter than asked: truncated"),
+        ("gzip", True, "compressed by the server (Content-Encoding gzip)"),
+    ],
+    ids=["longer", "shorter", "gzip"],
+)
+def test_a_wrong_answer_is_eio_naming_its_cause_and_costs_no_more_than_asked(
+    volume, server, mount, setting, value, named
+) -> None:
+    """A range answered with 256 MiB more than asked (made as it is sent), 10 bytes fewer, or compressed on
+    the way: EIO, the log line saying which, and the daemon's peak memory grows by far less than the excess
+    (the body is read no further than one byte past the range)."""
+    _, twin, _ = volume
+    m = mount(server.url)
+    name = chunk_names(twin, "4_4_40")[0]
+    (m.path / "4_4_40" / name).stat()  # its indexes read: the read is one GET of the chunk
+    pid = daemon_of(m.path).pid
+    before, _ = peak_and_now_kib(pid)
+    setattr(server, setting, value)
+    assert read_errno(m.path / "4_4_40" / name) == errno.EIO
+    peak, _ = peak_and_now_kib(pid)
+    assert peak - before < 4 << 10, (peak, before)  # KiB: not even a 10 MiB buffer (obstore's default chunk)
+    errors = [line for line in m.log_text().splitlines() if "level=error" in line]
+    assert errors and all(named in line for line in errors), errors
+    assert named.endswith("truncated") or not any("truncated" in line for line in errors)
+
+
+def test_a_stored_content_encoding_is_taken_as_stored(volume, server, mount) -> None:
+    """An object stored with a Content-Encoding (S3 sends it with every answer, the bytes as stored): its
+    ranges are the stored bytes, of the length asked, and are read; only a body of another length is refused."""
+    _, twin, _ = volume
+    server.content_encoding = "gzip"
+    m = mount(server.url)
+    for name in chunk_names(twin, "4_4_40"):
+        assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+
+
+def test_names_no_object_can_have_are_enoent_and_never_sent(volume, server, mount) -> None:
+    """Control characters and bytes that are not UTF-8 cannot be in an object's key: such a name is absent,
+    at the top (passed through to the source) and in a scale's directory, with no request and no error."""
+    m = mount(server.url)
+    (m.path / "4_4_40").stat()
+    before = server.requests.copy()
+    root = os.fsencode(m.path)
+    for name in (b"bad\x01name", b"tab\tname", b"del\x7f", b"latin1-\xe9t\xe9", b"\xff"):
+        for parent in (b"", b"4_4_40/"):
+            with pytest.raises(FileNotFoundError):
+                os.stat(root + b"/" + parent + name)
+    assert server.requests == before
+    assert "level=error" not in m.log_text(), m.log_text()
+
+
+def test_timeout_gives_each_attempt_half(volume, mount) -> None:
+    """--timeout 3: every attempt may take 1.5 s, and the last retry starts by then. A server answering in
+    1 s is served (with a quarter per attempt it refused the mount); one answering in 2 s, faster than
+    --timeout but slower than an attempt's share, is EIO within --timeout."""
+    source, twin, _ = volume
+    names = chunk_names(twin, "4_4_40")
+    with RangeServer(source, latency=1.0).running() as server:
+        m = mount(server.url, "--timeout", "3")
+        assert (m.path / "4_4_40" / names[0]).read_bytes() == (twin / "4_4_40" / names[0]).read_bytes()
+        server.latency = 2.0
+        started = time.monotonic()
+        assert read_errno(m.path / "4_4_40" / names[-1]) == errno.EIO
+        assert time.monotonic() - started < 3.0, time.monotonic() - started
+        attempts = [float(t) for t in re.findall(r" in ([0-9.]+)s - HTTP error", m.log_text())]
+        assert attempts and all(1.4 < t < 1.9 for t in attempts), m.log_text()  # one attempt of 1.5 s, no retry
+
+
+def test_a_large_value_is_read_in_pieces_of_piece_size(tmp_path, mount) -> None:
+    """A 12 MiB gzip chunk file of an unsharded precomputed volume, shown by the zarr v2 view, is decoded as it
+    is read: GETs of exactly 8 MiB, the remote store's piece size, then the rest; never the whole at once,
+    nor smaller pieces."""
+    voxels = np.random.default_rng(5).integers(0, 1 << 32, (48, 256, 256), dtype=np.uint32)
+    info = {
+        "@type": "neuroglancer_multiscale_volume", "type": "image", "data_type": "uint32", "num_channels": 1,
+        "scales": [{
+            "key": "s0", "size": [256, 256, 48], "resolution": [1, 1, 1], "voxel_offset": [0, 0, 0],
+            "chunk_sizes": [[256, 256, 48]], "encoding": "raw",
+        }],
+    }  # fmt: skip
+    (tmp_path / "s0").mkdir()
+    (tmp_path / "info").write_text(json.dumps(info))
+    stored = gzip.compress(voxels.tobytes(), compresslevel=1)
+    assert len(stored) > 8 << 20
+    (tmp_path / "s0" / "0-256_0-256_0-48.gz").write_bytes(stored)
+    with RangeServer(tmp_path).running() as server:
+        m = mount(server.url, "--view", "zarr2")
+        assert (m.path / "s0" / "0.0.0.0").read_bytes() == voxels.tobytes()
+        got = set(server.ranges) - {f"bytes=0-{(tmp_path / 'info').stat().st_size - 1}"}
+        assert got == {f"bytes=0-{(8 << 20) - 1}", f"bytes={8 << 20}-{len(stored) - 1}"}, got

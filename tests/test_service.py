@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardfs import daemon as daemon_module
 from shardfs import service, stats_socket
 from shardfs.cli import mount_argv, parser
 from shardfs.logs import BURST
@@ -95,7 +96,8 @@ def test_type_notify_ready_once_live_and_stopping_on_sigterm(kv, tmp_path) -> No
             assert (point / "7").read_bytes() == stored[7]
             proc.send_signal(signal.SIGTERM)
             assert "STOPPING=1" in notify.recv(4096).decode().splitlines()
-            assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+            assert proc.wait(timeout=30) == 0
+            assert proc.stderr is not None and "could not tell systemd" not in proc.stderr.read()  # it did
             assert not os.path.ismount(point)
         finally:
             if proc.poll() is None:
@@ -111,9 +113,9 @@ def test_example_config_options_become_cli_options() -> None:
     p, commands = parser()
     args = p.parse_args(mount_argv([conf["SOURCE"], conf["MOUNTPOINT"], "-o", conf["OPTIONS"]], commands))
     assert args.command == "mount" and args.cache_size == 1 << 30 and args.metrics == ("127.0.0.1", 9477)
-    assert args.options == ["allow_other"]
+    assert args.allow_other and args.options == []
     fstab_words = mount_argv(["s", "m", "-o", "rw,defaults,comment=x,x-systemd.automount,dev,log-level=info"], commands)
-    assert fstab_words == ["mount", "s", "m", "--log-level", "info", "-o", "dev"]
+    assert fstab_words == ["mount", "s", "m", "--log-level=info", "-o", "dev"]
 
 
 # --- fstab and mount -t, through util-linux mount and libfuse's mount.fuse3 -------------------------
@@ -391,3 +393,42 @@ def test_sighup_and_sigusr1_keep_a_remote_mount(kv, mount) -> None:
             wait_until(lambda event=event, before=before: m.log_text().count(event) > before)
         assert daemon.is_running() and os.path.ismount(m.path)
         assert (m.path / "4").read_bytes() == kv[1][4]
+
+
+def test_a_killed_daemons_stats_socket_is_swept_by_the_next_mount(kv, tmp_path) -> None:
+    """kill -9 leaves a daemon's socket behind; the next mount removes every socket no one answers (once a
+    minute old, so that a daemon starting alongside is never swept)."""
+    dead = stats_socket.socket_path(runtime_dir(0), tmp_path / "gone")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(dead))  # bound, never listening, then closed: what a killed daemon leaves
+    young = dead.with_name("0" * 32 + ".sock")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(young))
+    try:
+        os.utime(dead, (time.time() - 120, time.time() - 120))
+        point = tmp_path / "m"
+        point.mkdir()
+        shardfs("mount", kv[0], point, "--log-file", tmp_path / "log")
+        shardfs("unmount", point)
+        assert not dead.exists() and young.exists()
+    finally:
+        for path in (dead, young):
+            path.unlink(missing_ok=True)
+
+
+def test_the_default_log_is_kept_only_when_something_was_said(kv, tmp_path) -> None:
+    """A clean unmount removes the default log file ($TMPDIR/shardfs-UID/<mountpoint>.log) if the daemon
+    logged nothing; one with something in it is kept for the operator. Files do not pile up per mountpoint."""
+    point = tmp_path / "quiet"
+    point.mkdir()
+    log = daemon_module.default_log_file(point)
+    for level, kept in (("warning", False), ("info", True)):
+        log.unlink(missing_ok=True)
+        shardfs("mount", kv[0], point, "--log-level", level)
+        daemon = daemon_of(point)
+        assert log.exists()
+        shardfs("unmount", point)
+        daemon.wait(timeout=10)
+        assert log.exists() == kept, level
+    assert "event=mounted" in log.read_text()
+    log.unlink()

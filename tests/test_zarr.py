@@ -12,6 +12,7 @@ from pathlib import Path
 
 import crc32c
 import numcodecs
+import numcodecs.zarr3
 import numpy as np
 import pytest
 import tensorstore as ts
@@ -512,3 +513,32 @@ def test_consolidated_metadata_is_rewritten_too(tmp_path, mount) -> None:
     assert back["g/b"].shards is None and back["g/b"][...].tolist() == list(range(6))
     entries = json.loads((m.path / "zarr.json").read_text())["consolidated_metadata"]["metadata"]
     assert entries["a"] == json.loads((m.path / "a" / "zarr.json").read_text())
+
+
+def test_a_misspelt_codec_is_a_warning_naming_the_array_and_the_known_codecs(tmp_path) -> None:
+    """`sharding_index` for `sharding_indexed` mounts (its files pass through as stored), but never in
+    silence: `mount` (on stderr, the journal under systemd), `info` and `check` name the array, the field
+    and the known names. Codecs zarr-python writes, numcodecs' included, raise no such word."""
+    clean = zarr.create_array(tmp_path / "ok", shape=(8,), chunks=(4,), shards=(8,), dtype="u1",
+                              compressors=[numcodecs.zarr3.Zlib(level=1)])  # fmt: skip
+    clean[...] = 1
+    typo = zarr.create_array(tmp_path / "typo", shape=(8,), chunks=(4,), shards=(8,), dtype="u1")
+    typo[...] = 2
+    meta = json.loads((tmp_path / "typo" / "zarr.json").read_text())
+    assert meta["codecs"][0]["name"] == "sharding_indexed"
+    meta["codecs"][0]["name"] = "sharding_index"
+    (tmp_path / "typo" / "zarr.json").write_text(json.dumps(meta))
+    assert "WARNING" not in shardfs("ls", tmp_path / "ok", "--log-level", "debug").stderr
+    (tmp_path / "m").mkdir()
+    said = shardfs("mount", tmp_path / "typo", tmp_path / "m", "--log-file", tmp_path / "log").stderr
+    try:
+        assert said.startswith("WARNING: ") and "typo/zarr.json" in said and "'codecs'" in said
+        assert "['sharding_index']" in said and "sharding_indexed" in said
+        logged = (tmp_path / "log").read_text()  # planned before the daemon detached, and in its log too
+        assert "level=warning event=unknown_codec" in logged and "['sharding_index']" in logged
+        assert sorted(p.name for p in (tmp_path / "m" / "c").iterdir()) == ["0"]  # the shard, as stored
+    finally:
+        shardfs("unmount", tmp_path / "m")
+    for command in ("info", "check"):
+        out = shardfs(command, tmp_path / "typo").stdout
+        assert "warning:" in out and "['sharding_index']" in out, out

@@ -315,3 +315,6 @@ _DECODERS: dict[str, Callable[[bytes, tuple[int, int, int, int], np.dtype, dict]
     "compressed_segmentation": _cseg,
     "compresso": _compresso,
 }
+# Every chunk encoding a precomputed writer is known to use (neuroglancer, cloud-volume, igneous), whether or
+# not the views decode it: a name outside this is most likely a typo, worth a word at mount time.
+KNOWN = (*_DECODERS, "jxl", "fpzip", "kempressed", "zfpc", "crackle")

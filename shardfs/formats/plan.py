@@ -100,3 +100,4 @@ class Plan:
     # Directories the metadata names (scales, meshes, groups, arrays): where the store cannot list (HTTP),
     # these are how the tree knows them.
     directories: set[str] = field(default_factory=set)
+    found: set[str] = field(default_factory=set)  # the metadata files read (`info`, `zarr.json`): listed likewise

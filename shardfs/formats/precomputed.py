@@ -18,6 +18,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
+from shardfs.formats import encodings
 from shardfs.formats.encodings import decode_precomputed
 from shardfs.formats.plan import LARGEST, Array, Plan, load_json
 from shardfs.shards.morton import MortonCode
@@ -364,9 +365,35 @@ class Precomputed(Plan):
         if path in self.seen:
             return  # a mesh or skeletons key that points back at a directory already planned
         self.seen.add(path)
+        if required:
+            self._plan_info(directory, path, required)
+            return
+        planned = (set(self.files), set(self.providers), set(self.arrays), len(self.kinds))
+        try:
+            self._plan_info(directory, path, required)
+        except SourceError as e:
+            self._serve_as_stored(directory, path, str(e), planned)
+        except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
+            why = f"{self.store.where(path)}: cannot make sense of it ({type(e).__name__}: {e})"
+            self._serve_as_stored(directory, path, why, planned)
+
+    def _serve_as_stored(self, directory: str, path: str, why: str, planned: tuple) -> None:
+        """A sub-directory's info (meshes, skeletons) that cannot be planned leaves that directory as it is
+        stored, its files passing through, and the rest of the dataset mounted: what it had planned is undone."""
+        files, providers, arrays, kinds = planned
+        for table, before in ((self.files, files), (self.providers, providers), (self.arrays, arrays)):
+            for added in set(table) - before:
+                del table[added]
+        del self.kinds[kinds:]
+        self.kinds.append(f"{directory}: served as stored: {why}")
+        self.directories.add(directory)  # still reachable where the store cannot list
+        log.warning("%s; served as it is stored", why, extra={"event": "served_as_stored", "path": path})
+
+    def _plan_info(self, directory: str, path: str, required: bool) -> None:
         where = self.store.where(path)
         try:
             info = load_json(self.store, path)
+            self.found.add(path)
         except FileNotFoundError:
             if required:
                 raise SourceError(f"{where}: missing; a precomputed dataset starts with it") from None
@@ -403,7 +430,8 @@ class Precomputed(Plan):
         """Take `sharding` out of obj (so the rewritten info is unsharded) and open its directory."""
         if "sharding" not in obj:
             return None
-        spec = ShardingSpec.from_json(obj.pop("sharding"), f"{where}: field '{field_name}.sharding'")
+        name = f"{field_name}.sharding" if field_name else "sharding"
+        spec = ShardingSpec.from_json(obj.pop("sharding"), f"{where}: field '{name}'")
         return ShardedKV(self.store, directory, spec, self.cache)
 
     def _subdir(self, directory: str, key: object, where: str, field_name: str) -> str:
@@ -440,12 +468,15 @@ class Precomputed(Plan):
             except SourceError:
                 if kv is not None:
                     raise
-                continue  # an unsharded scale passes through as stored, whatever it holds; no view shows it
+                self.kinds.append(f"{scale_dir}: volume scale, unsharded (passes through; no view shows it)")
+                continue  # an unsharded scale with no grid we can read passes through as stored
+            self._known_encoding(scale.get("encoding", "raw"), where, name)
             # Any encoding of a chunk is smaller than twice its raw size; none may pass one file's cap.
             limit = min(2 * math.prod(naming.chunk) * voxel_bytes + 65536, self.cache.max_value)
             scale_array = VolumeScale(self.store, scale_dir, naming, kv, info["data_type"], channels, scale, limit)
             self.arrays[scale_dir] = scale_array.array()
             if kv is None:
+                self.kinds.append(f"{scale_dir}: volume scale, unsharded (passes through)")
                 continue
             kv.value_limit = limit
             details = {
@@ -457,6 +488,15 @@ class Precomputed(Plan):
         for sub in ("mesh", "skeletons"):
             if sub in info:
                 self.add_info(self._subdir(directory, info[sub], where, sub), required=False)
+
+    def _known_encoding(self, encoding: str, where: str, name: str) -> None:
+        """A WARNING (and a line in `shardfs info` and `check`) for an encoding no writer uses: likely a typo
+        (`compressed_segmentaton`), which would otherwise mount in silence and fail every transcoded read."""
+        if encoding not in encodings.KNOWN:
+            known = ", ".join(encodings.KNOWN)
+            why = f"{where}: field '{name}.encoding' is {encoding!r}, not a known encoding ({known})"
+            log.warning("%s; a typo? its chunks are served as stored", why, extra={"event": "unknown_encoding"})
+            self.kinds.append(f"warning: {why}")
 
     def _grid(self, scale: dict, where: str, name: str) -> VolumeChunks:
         size = _ints(scale, "size", where, name, positive=True)

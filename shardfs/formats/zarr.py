@@ -33,6 +33,11 @@ log = logging.getLogger("shardfs")
 
 DRAFT_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
 MAX_NESTING = 8  # sharding levels; writers use one or two, and each level is work for every lookup
+# Codecs of the zarr v3 spec and its registered extensions; zarr-python also writes numcodecs' as `numcodecs.*`.
+KNOWN_CODECS = (
+    *("bytes", "transpose", "sharding_indexed", "gzip", "zstd", "blosc", "crc32c"),
+    *("vlen-utf8", "vlen-bytes", "packbits"),
+)
 
 
 class Unsupported(Exception):
@@ -84,6 +89,22 @@ def unshard(codecs: list, chunk_shape: tuple[int, ...]) -> tuple[list[Level], li
         cps = tuple(s // i for s, i in zip(shape, inner, strict=True))
         levels.append(Level(shape, inner, _index_layout(config, cps), post))
         codecs, shape = config.get("codecs", []), inner
+
+
+def unknown_codecs(codecs: Any) -> list[str]:
+    """Codec names in a chain (sharding's inner and index chains too) that no zarr v3 writer uses: most
+    likely a typo (`sharding_index`), which would otherwise pass through in silence, shards as chunks."""
+    found, pending = [], [codecs]
+    while pending and len(found) < 8:
+        chain = pending.pop()
+        for codec in chain if isinstance(chain, list) else []:
+            name = _name(codec)
+            if not isinstance(name, str) or not (name in KNOWN_CODECS or name.startswith("numcodecs.")):
+                found.append(str(name))
+            config = codec.get("configuration") if isinstance(codec, dict) else None
+            if name == "sharding_indexed" and isinstance(config, dict) and len(pending) < MAX_NESTING:
+                pending += [config.get("codecs"), config.get("index_codecs")]
+    return found
 
 
 def positive_ints(values: Any, ndim: int) -> bool:
@@ -549,6 +570,7 @@ class ZarrPlan(Plan):
         where = self.store.where(path)
         try:
             meta = load_json(self.store, path)
+            self.found.add(path)
             if root and isinstance(meta, dict) and meta.get("zarr_format") == DRAFT_FORMAT:
                 self.walk_draft()
                 return []
@@ -649,6 +671,10 @@ class ZarrPlan(Plan):
         codecs = meta.get("codecs")
         if not isinstance(codecs, list):
             raise SourceError(f"{where}: field 'codecs' must be a list")
+        if unknown := unknown_codecs(codecs):
+            why = f"{where}: field 'codecs' names unknown codec(s) {unknown} (known: {', '.join(KNOWN_CODECS)})"
+            log.warning("%s; a typo? its files are served as stored", why, extra={"event": "unknown_codec"})
+            self.kinds.append(f"warning: {why}")
         try:
             unsharded = unshard(codecs, tuple(chunk_shape))
             keys = ChunkKeys.from_json(meta.get("chunk_key_encoding"), len(shape))

@@ -27,6 +27,8 @@ log = logging.getLogger("shardfs")
 
 UINT64_MAX = (1 << 64) - 1
 LISTING_BLOCK = 1 << 20  # bytes of shard index read at a time while listing
+LISTING_BUDGET = 64 << 20  # index bytes a listing may read without listing a name (see ListingBudget)
+LISTING_READ = 4 << 10  # the least a minishard index read costs it, and what a name listed gives back
 PROBED_SHARDS = 4096  # the most shard names asked for, one by one, to list a directory that cannot be listed
 PROBES_AT_ONCE = 16
 ENCODINGS = ("raw", "gzip")
@@ -44,7 +46,9 @@ class ShardingSpec:
     @classmethod
     def from_json(cls, obj: object, where: str) -> ShardingSpec:
         """Parse a `sharding` member; `where` names the file and field for the error message."""
-        if not isinstance(obj, dict) or obj.get("@type") != "neuroglancer_uint64_sharded_v1":
+        if not isinstance(obj, dict):
+            raise SourceError(f"{where} must be an object, not {obj!r}"[:300])
+        if obj.get("@type") != "neuroglancer_uint64_sharded_v1":
             raise SourceError(f"{where}: '@type' must be 'neuroglancer_uint64_sharded_v1'")
         values = {}
         for name in ("preshift_bits", "minishard_bits", "shard_bits"):
@@ -135,6 +139,34 @@ class MinishardIndex:
 EMPTY = MinishardIndex({})
 
 
+class BudgetSpent(Exception):
+    """A listing has read all the index it may: the rest of the directory is not listed."""
+
+    def __init__(self, shard: str) -> None:
+        super().__init__(shard)
+        self.shard = shard
+
+
+@dataclass
+class ListingBudget:
+    """The index one listing may read without listing a name, so that no shard (a remote one claiming a
+    256 GiB shard index, which no hole-skipping can shorten) stalls `ls` unboundedly: every shard index byte
+    read counts, and every minishard index read at least LISTING_READ (a request's worth); each name listed
+    gives LISTING_READ back, up to the whole budget. A real directory lists long before it runs out, however
+    large; one that holds too little for what it makes us read stops, after a bounded number of requests."""
+
+    left: int = LISTING_BUDGET
+
+    def spend(self, nbytes: int, shard: str) -> None:
+        """BudgetSpent, before the read, if nbytes is more than is left."""
+        if nbytes > self.left:
+            raise BudgetSpent(shard)
+        self.left -= nbytes
+
+    def refund(self, nbytes: int) -> None:
+        self.left = min(self.left + nbytes, LISTING_BUDGET)
+
+
 @dataclass(slots=True)
 class Chunk:
     """Where one key's stored bytes are, in one version of its shard."""
@@ -160,6 +192,7 @@ class ShardedKV:
         self.cache = cache
         # The largest decoded value: one file's cap, unless the format knows better (volumes do).
         self.value_limit = cache.max_value
+        self._budget_said = False  # whether a listing's running out of budget was logged (once a directory)
 
     def shard_path(self, shard: int) -> str:
         name = self.spec.shard_name(shard)
@@ -180,14 +213,20 @@ class ShardedKV:
             raise CorruptChunk(file.path, key, f"data range [{start}, {stop}) lies outside the file")
         return Chunk(file, key, start, stop)
 
-    def minishard(self, file: StoredFile, minishard: int, key: object = "?") -> MinishardIndex:
-        make = lambda: self._read_minishard(file, minishard, key)  # noqa: E731
+    def minishard(
+        self, file: StoredFile, minishard: int, key: object = "?", entry: tuple[int, int] | None = None
+    ) -> MinishardIndex:
+        """entry: its shard index entry, if already read (a listing has the block): no request for it."""
+        make = lambda: self._read_minishard(file, minishard, key, entry)  # noqa: E731
         return self.cache.get_or_make(("minishard", file.path, file.version, minishard), make)
 
-    def _read_minishard(self, file: StoredFile, minishard: int, key: object) -> MinishardIndex:
+    def _read_minishard(
+        self, file: StoredFile, minishard: int, key: object, entry: tuple[int, int] | None
+    ) -> MinishardIndex:
         index_size = self._index_size(file, key)
-        start, stop = struct.unpack("<QQ", file.read(16 * minishard, 16 * minishard + 16))
-        start, stop = start + index_size, stop + index_size
+        if entry is None:
+            entry = struct.unpack("<QQ", file.read(16 * minishard, 16 * minishard + 16))
+        start, stop = entry[0] + index_size, entry[1] + index_size
         if not start <= stop <= file.size:
             why = f"minishard {minishard} index range [{start}, {stop}) lies outside the file"
             raise CorruptChunk(file.path, key, why)
@@ -245,46 +284,84 @@ class ShardedKV:
             return
         paths = [(shard, self.shard_path(shard)) for shard in range(count)]
         with ThreadPoolExecutor(PROBES_AT_ONCE) as pool:
-            present = pool.map(lambda item: self.store.kind(item[1]) == "file", paths)
+            present = pool.map(lambda item: self._present(item[1]), paths)
             yield from (item for item, here in zip(paths, present, strict=True) if here)
 
-    def minishards(self, file: StoredFile) -> Iterator[tuple[int, MinishardIndex | CorruptChunk]]:
+    def _present(self, path: str) -> bool:
+        """Whether a shard is there to be listed; one the server fails to answer for is logged and left out,
+        so that the others still list."""
+        try:
+            return self.store.kind(path) == "file"
+        except OSError as e:
+            _skipped(path, e)
+            return False
+
+    def minishards(
+        self, file: StoredFile, budget: ListingBudget | None = None
+    ) -> Iterator[tuple[int, MinishardIndex | CorruptChunk]]:
         """Each non-empty minishard of one shard file with its index, or the CorruptChunk that keeps it from
         being read: listing skips those, `shardfs check` reports them. The shard index is read in blocks,
         only where the file holds data (a sparse file's holes are empty minishards), so the work is
-        bounded by the bytes stored, not by `minishard_bits`. A file shorter than its shard index raises
-        CorruptChunk."""
+        bounded by the bytes stored, not by `minishard_bits`; a listing's budget, if given, is spent before
+        each block and each minishard index is read (BudgetSpent when it runs out). A file shorter than its
+        shard index raises CorruptChunk."""
         index_size = self._index_size(file, "?")
         block = 0
         while (block := file.next_data(block) // 16 * 16) < index_size:
             stop = min(block + LISTING_BLOCK, index_size)
-            entries = np.frombuffer(file.read(block, stop), "<u8")
-            for i in np.flatnonzero(entries[1::2] != entries[0::2]).tolist():
-                minishard = block // 16 + i
+            if budget is not None:
+                budget.spend(stop - block, file.path)
+            entries = np.frombuffer(file.read(block, stop), "<u8").reshape(-1, 2)
+            for i in np.flatnonzero(entries[:, 1] != entries[:, 0]).tolist():
+                start, end = entries[i].tolist()
+                if budget is not None and start <= end <= file.size - index_size:  # else corrupt, and not read
+                    # what is read (or refused after the limit), and at least one request's worth
+                    budget.spend(max(min(end - start, MINISHARD_INDEX_LIMIT + 1024), LISTING_READ), file.path)
                 try:
-                    index: MinishardIndex | CorruptChunk = self.minishard(file, minishard)
+                    index: MinishardIndex | CorruptChunk = self.minishard(file, block // 16 + i, entry=(start, end))
                 except CorruptChunk as e:
                     index = e
-                yield minishard, index
+                yield block // 16 + i, index
             block = stop
 
     def stored_keys(self) -> Iterator[int]:
-        """Every stored key, shard by shard, holding one minishard index at a time. Keys that do not hash
-        to where they were found are left out, so that every listed name can be looked up. Corrupt or
-        unreadable shards are logged and skipped: a listing shows what can be read."""
-        for shard, path in self._shards():
-            try:
-                file = self.store.open(path)
-                for minishard, index in self.minishards(file):
-                    if isinstance(index, CorruptChunk):
-                        log.error("listing skips part of a shard: %s", index, extra=index.log_fields("listing_skip"))
-                        continue
-                    for key in index.entries:
-                        if self.spec.shard_and_minishard(key) == (shard, minishard):
-                            yield key
-            except CorruptChunk as e:
-                log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
-            except FileNotFoundError:
-                continue  # removed since it was listed
-            except OSError as e:  # unreadable (EACCES, EIO from the disk, changed under the mount)
-                log.error("listing skips a shard: %s", e, extra={"event": "listing_skip", "shard": path})
+        """Every stored key, shard by shard, holding one minishard index at a time, within one listing's
+        budget of index bytes. Keys that do not hash to where they were found are left out, so that every
+        listed name can be looked up. Corrupt or unreadable shards are logged and skipped, and so is what
+        is past the budget: a listing shows what can be read."""
+        budget = ListingBudget()
+        try:
+            for shard, path in self._shards():
+                yield from self._keys_in(shard, path, budget)
+        except BudgetSpent as e:
+            if not self._budget_said:
+                self._budget_said = True
+                log.warning("%s: a listing reads at most %d bytes of index without listing a name, and the %d-byte "
+                            "shard index of %s is past them: the names from there on are not listed (each is "
+                            "still found by name)", self.store.where(self.directory), LISTING_BUDGET,
+                            self.spec.shard_index_size, self.store.where(e.shard),
+                            extra={"event": "listing_budget", "shard": e.shard})  # fmt: skip
+
+    def _keys_in(self, shard: int, path: str, budget: ListingBudget) -> Iterator[int]:
+        try:
+            file = self.store.open(path)
+            for minishard, index in self.minishards(file, budget):
+                if isinstance(index, CorruptChunk):
+                    log.error("listing skips part of a shard: %s", index, extra=index.log_fields("listing_skip"))
+                    continue
+                listed = 0
+                for key in index.entries:
+                    if self.spec.shard_and_minishard(key) == (shard, minishard):
+                        listed += 1
+                        yield key
+                budget.refund(LISTING_READ * listed)
+        except CorruptChunk as e:
+            log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
+        except FileNotFoundError:
+            pass  # removed since it was listed
+        except OSError as e:  # unreadable (EACCES, EIO from the disk or the server, changed under the mount)
+            _skipped(path, e)
+
+
+def _skipped(path: str, e: OSError) -> None:
+    log.warning("listing skips a shard: %s", e, extra={"event": "listing_skip", "shard": path})

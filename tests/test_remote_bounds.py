@@ -1,0 +1,92 @@
+"""Listings over HTTP, where no hole can be seen and a shard can fail alone: a shard claiming a 256 GiB
+shard index lists within a budget of requests and leaves the mount unmountable at once, and a shard the
+server fails on is left out while the others list. Through the kernel, against RangeServer on loopback;
+`ls` runs as a subprocess with a timeout, so a regression fails instead of hanging the suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+from shardfs.shards.neuroglancer import LISTING_BLOCK, LISTING_BUDGET
+from tests import peers
+from tests.http_server import RangeServer
+from tests.test_daemon import daemon_of
+
+PROMPT = 20  # seconds within which a bounded listing returns
+
+
+def listing(path: Path, mountpoint: Path) -> list[str]:
+    """`ls path`, within PROMPT seconds. A listing stuck in the kernel cannot be killed (its READDIR waits on
+    the daemon), so past PROMPT the daemon is killed, which ends the wait, and the test fails."""
+    ls = subprocess.Popen(["ls", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = ls.communicate(timeout=PROMPT)
+    except subprocess.TimeoutExpired:
+        daemon_of(mountpoint).kill()
+        ls.communicate()
+        raise AssertionError(f"`ls {path}` still runs after {PROMPT} s") from None
+    assert ls.returncode == 0, err
+    return out.split()
+
+
+def test_a_256_gib_shard_index_over_http_lists_within_the_budget(tmp_path, mount) -> None:
+    """minishard_bits 34: a shard index of 16 * 2^34 bytes, on disk a hole the server streams as zeros. One
+    key sits in the first block, one 128 GiB in: the listing reads at most its budget and shows the first;
+    both read right by name; the mount unmounts at once."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    spec = peers.sharding_spec(preshift_bits=0, hash="identity", minishard_bits=34, shard_bits=0,
+                               minishard_index_encoding="raw", data_encoding="raw")  # fmt: skip
+    (root / "info").write_text(json.dumps({"sharding": spec}))
+    index_size, near, far = 16 << 34, 5, 1 << 33  # identity hash: a key's minishard is the key
+    values = {near: b"near", far: b"far away"}
+    with (root / "0.shard").open("wb") as f:
+        at = 0  # relative to the end of the shard index, where each value is followed by its minishard index
+        for key, value in values.items():
+            rows = struct.pack("<3Q", key, at, len(value))  # key, offset after the previous chunk (none), size
+            f.seek(16 * key)
+            f.write(struct.pack("<QQ", at + len(value), at + len(value) + len(rows)))
+            f.seek(index_size + at)
+            f.write(value + rows)
+            at += len(value) + len(rows)
+    with RangeServer(root).running() as server:
+        m = mount(server.url)
+        assert listing(m.path, m.path) == [str(near), "info"]
+        assert server.gets("0.shard") <= LISTING_BUDGET // LISTING_BLOCK + 1
+        log = m.log_text()
+        assert "event=listing_budget" in log and "0.shard" in log, log
+        assert str(index_size) in log and str(LISTING_BUDGET) in log
+        assert listing(m.path, m.path) == [str(near), "info"]  # a second listing: the same, and said once
+        assert m.log_text().count("event=listing_budget") == 1
+        before = server.gets("0.shard")
+        assert (m.path / str(far)).read_bytes() == values[far]  # found by name: its index entry, index, data
+        assert server.gets("0.shard") - before == 3
+        assert (m.path / str(near)).read_bytes() == values[near]
+        subprocess.run(["fusermount3", "-u", m.path], check=True, timeout=PROMPT)
+        assert not os.path.ismount(m.path)
+
+
+def test_a_shard_the_server_fails_on_is_left_out_of_listings(tmp_path, mount) -> None:
+    """One shard fails its HEAD, another (already opened) its GETs: each is logged once, by name and
+    reason, and left out; the other shards' chunks list and read as the unsharded twin's."""
+    source, twin = tmp_path / "src", tmp_path / "twin"
+    peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
+    shards = peers.volume_chunk_shards(source, "4_4_40")
+    no_head, no_get = sorted(set(shards.values()))[:2]
+    with RangeServer(source).running() as server:
+        m = mount(server.url, "--timeout", "2")
+        (m.path / "4_4_40" / next(n for n, s in shards.items() if s == no_get)).stat()  # its HEAD is remembered
+        for shard in (no_head, no_get):
+            server.fail[f"4_4_40/{shard}"] = [503] * 10_000  # every request for it, retries included
+        names = listing(m.path / "4_4_40", m.path)
+        assert names == sorted(n for n, s in shards.items() if s not in (no_head, no_get))
+        assert len(names) > 10
+        for name in names:
+            assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
+        skips = [line for line in m.log_text().splitlines() if "listing skips a shard" in line]
+        assert len(skips) == 2 and all("level=warning" in line and "failed" in line for line in skips), skips
+        assert {shard for shard in (no_head, no_get) for line in skips if shard in line} == {no_head, no_get}
