@@ -26,6 +26,8 @@ from cysystemd.daemon import Notification
 from shardfs import metrics, mountinfo, service, stats_socket
 from shardfs.cache import return_freed_memory
 from shardfs.errors import SourceError
+from shardfs.fuse import serve as own_session
+from shardfs.fuse.mount import FuseMountError
 from shardfs.fuse_adapter import ShardFS
 from shardfs.logs import log_to, open_log, replay_early
 from shardfs.rundir import own_dir
@@ -185,6 +187,16 @@ def serve(
     except service.ServiceError as e:
         raise MountError(str(e)) from None
     metrics.watch_cache(tree.cache)
+    if os.environ.get("SHARDFS_FUSE") == "own":  # shardfs's own session (issue 21), until it replaces libfuse's
+        try:
+            own_session.serve(tree, mtime_ns, mountpoint, options, ready)
+        except FuseMountError as e:
+            raise MountError(str(e)) from None
+        finally:
+            remove_stats_socket()
+        service.tell_systemd(Notification.STOPPING)
+        log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
+        return
     try:
         capture.start()
         mfusepy.FUSE(ShardFS(tree, mtime_ns, ready), str(mountpoint), foreground=True, nothreads=False, **options)

@@ -22,6 +22,7 @@ import mfusepy
 from shardfs import metrics
 from shardfs.codecs import start_request
 from shardfs.errors import CorruptChunk
+from shardfs.fuse.adapter import DirCursor
 from shardfs.tree import Dir, Node, Owner, Tree
 
 log = logging.getLogger("shardfs")
@@ -87,34 +88,6 @@ def _count(code: int) -> None:
 def _error(code: int) -> mfusepy.FuseOSError:
     _count(code)
     return mfusepy.FuseOSError(code)
-
-
-class DirCursor:
-    """Where a streamed listing stands. libfuse asks again from the offset of the first entry that did
-    not fit; the cursor resumes there, re-offering that one entry, instead of listing from the start."""
-
-    def __init__(self, entries: Callable[[], Iterator[tuple[str, bool]]]) -> None:
-        self._entries = entries
-        self.restart()
-
-    def restart(self) -> None:
-        self._iter = itertools.chain([(".", True), ("..", True)], self._entries())
-        self._next = 0  # offset of the entry the iterator yields next
-        self._last: tuple[int, str, int] | None = None
-
-    def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
-        """(name, st_mode, offset of the next entry), from offset on."""
-        if self._last is not None and self._last[0] == offset:
-            yield self._last[1], self._last[2], offset + 1
-        elif offset != self._next:
-            self.restart()
-            for _ in itertools.islice(self._iter, offset):
-                self._next += 1
-        for name, is_dir in self._iter:
-            mode = stat.S_IFDIR if is_dir else stat.S_IFREG
-            self._last = (self._next, name, mode)
-            self._next += 1
-            yield name, mode, self._next
 
 
 class ShardFS(mfusepy.Operations):

@@ -27,10 +27,11 @@ from xml.sax.saxutils import escape
 class RangeServer:
     """Serves root at `url`. `fail[path] = [503, 429, ...]` answers those statuses first, in order, then
     the file; `always` answers every request with that status; `hang` makes every request wait (bounded)
-    before answering; `latency` delays every answer. `requests` counts (method, path); `authorizations`
-    holds every request's Authorization header (None when unsigned), and a request whose header `admit`
-    refuses is answered 403, as a private bucket answers. Suffix ranges (`bytes=-N`) are ignored (the whole
-    object is sent), as some servers do, unless `suffix_ranges`. `ranges` records every GET's Range header.
+    before answering; `latency` delays every answer. `requests` counts (method, path), `most_in_flight` the
+    most answered at once; `authorizations` holds every request's Authorization header (None when unsigned),
+    and a request whose header `admit` refuses is answered 403, as a private bucket answers. Suffix ranges
+    (`bytes=-N`) are ignored (the whole object is sent), as some servers do, unless `suffix_ranges`.
+    `ranges` records every GET's Range header.
 
     Servers that break the rules, as some do: `etag` / `last_modified` False leave that header out (and
     `weak_etags` sends weak ones, `W/"…"`, which If-Match never matches, as RFC 9110 has it);
@@ -59,6 +60,8 @@ class RangeServer:
         self.authorizations: list[str | None] = []
         self.headers: list[dict[str, str]] = []  # every request's headers, names in lower case
         self.admit: Callable[[str | None], bool] | None = None
+        self.in_flight = 0
+        self.most_in_flight = 0  # the most requests answered at once so far
         self.lock = threading.Lock()
         self.server = _Server(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
@@ -74,6 +77,18 @@ class RangeServer:
                 if method == "GET" and path.startswith(prefix) and path.endswith(suffix)
             )
 
+    @contextlib.contextmanager
+    def counted(self) -> Iterator[None]:
+        """One request being answered, for `in_flight` and `most_in_flight`."""
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
@@ -87,10 +102,12 @@ class RangeServer:
                 pass
 
             def do_HEAD(self) -> None:
-                self._answer(body=False)
+                with server.counted():
+                    self._answer(body=False)
 
             def do_GET(self) -> None:
-                self._answer(body=True)
+                with server.counted():
+                    self._answer(body=True)
 
             def _answer(self, body: bool) -> None:
                 url = urlsplit(self.path)

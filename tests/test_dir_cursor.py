@@ -1,9 +1,9 @@
-"""Streamed listings: libfuse asks again from the offset of the first entry that did not fit."""
+"""Streamed listings: the kernel asks again from the offset of the first entry that did not fit."""
 
 import stat
 from collections.abc import Iterator
 
-from shardfs.fuse_adapter import DirCursor
+from shardfs.fuse.adapter import DirCursor
 
 
 def entries() -> list[tuple[str, bool]]:

@@ -1,0 +1,196 @@
+"""Tree answers as FUSE answers: nodes become attributes, listings stream through cursors, and exceptions
+become errno with the same log lines and metrics as ever. It knows nothing of the wire but the attr struct."""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from shardfs import metrics
+from shardfs.codecs import start_request
+from shardfs.errors import CorruptChunk
+from shardfs.fuse import wire
+from shardfs.tree import Dir, Owner, Tree
+
+log = logging.getLogger("shardfs")
+F = TypeVar("F", bound=Callable[..., Any])
+
+BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
+REQUEST_FILES = 4  # a request may decode as much as this many of the largest files (nested shards, a view)
+READDIR = metrics.OPS.labels("readdir")
+OPENED = metrics.OPS.labels("open")
+
+
+class FuseError(Exception):
+    """A request answered with this errno."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(errno.errorcode.get(code, str(code)))
+        self.errno = code
+
+
+def errors_to_errno(name: str) -> Callable[[F], F]:
+    """Absent → ENOENT; corrupt data → EIO with a log line naming shard and key; a bug → EIO, logged.
+    Every call is timed under name, and every error but ENOENT counted, for `--metrics` and `shardfs stats`.
+    The wrapped method's first argument after self is the path, for the log lines."""
+    timer = metrics.OPS.labels(name)
+
+    def decorate(op: F) -> F:
+        @functools.wraps(op)
+        def wrapper(self: TreeOps, path: str, *args: Any) -> Any:
+            start_request(self.request_limit)
+            start = time.perf_counter()
+            try:
+                return op(self, path, *args)
+            except FuseError as e:
+                count(e.errno)
+                raise
+            except CorruptChunk as e:
+                metrics.DECODE_ERRORS.inc()
+                log.error("%s", e, extra={**e.log_fields("eio"), "path": "/" + path})
+                raise error(errno.EIO) from None
+            except (FileNotFoundError, NotADirectoryError):
+                raise FuseError(errno.ENOENT) from None
+            except OSError as e:
+                log.error("%s: %s", name, e, extra={"event": "os_error", "path": "/" + path})
+                raise error(e.errno or errno.EIO) from None
+            except Exception:
+                log.exception("%s failed", name, extra={"event": "bug", "path": "/" + path})
+                raise error(errno.EIO) from None
+            finally:
+                timer.observe(time.perf_counter() - start)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def count(code: int) -> None:
+    """Count an error answer for the metrics (ENOENT is an answer, not an error)."""
+    if code != errno.ENOENT:
+        metrics.ERRORS.labels(errno.errorcode.get(code, str(code))).inc()
+
+
+def error(code: int) -> FuseError:
+    count(code)
+    return FuseError(code)
+
+
+class DirCursor:
+    """Where a streamed listing stands. The kernel asks again from the offset of the first entry that did
+    not fit; the cursor resumes there, re-offering that one entry, instead of listing from the start."""
+
+    def __init__(self, entries: Callable[[], Iterator[tuple[str, bool]]]) -> None:
+        self._entries = entries
+        self.restart()
+
+    def restart(self) -> None:
+        self._iter = itertools.chain([(".", True), ("..", True)], self._entries())
+        self._next = 0  # offset of the entry the iterator yields next
+        self._last: tuple[int, str, int] | None = None
+
+    def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
+        """(name, st_mode, offset of the next entry), from offset on."""
+        if self._last is not None and self._last[0] == offset:
+            yield self._last[1], self._last[2], offset + 1
+        elif offset != self._next:
+            self.restart()
+            for _ in itertools.islice(self._iter, offset):
+                self._next += 1
+        for name, is_dir in self._iter:
+            mode = stat.S_IFDIR if is_dir else stat.S_IFREG
+            self._last = (self._next, name, mode)
+            self._next += 1
+            yield name, mode, self._next
+
+
+class TreeOps:
+    """Read-only operations over a Tree, by path ('' is the root). The session owns node ids and the
+    wire; this owns what the answers say."""
+
+    def __init__(self, tree: Tree, mtime_ns: int) -> None:
+        self.tree = tree
+        self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
+        self._times = (*divmod(mtime_ns, 1_000_000_000),)
+        self._dirs: dict[int, DirCursor] = {}
+        self._handles = itertools.count(1)
+        self._lock = threading.Lock()
+        self._modes = functools.lru_cache(maxsize=1024)(self._mode)
+
+    @staticmethod
+    def _mode(kind: int, owner: Owner) -> tuple[int, int, int, int]:
+        """(st_mode, st_nlink, uid, gid) of a node owned by owner (few distinct ones: cached). Files get
+        read bits only; directories read and search."""
+        mode = owner.mode if kind == stat.S_IFDIR else owner.mode & 0o444
+        return kind | mode, 2 if kind == stat.S_IFDIR else 1, owner.uid, owner.gid
+
+    @errors_to_errno("getattr")
+    def attributes(self, path: str) -> tuple[int, ...] | None:
+        """The fuse_attr fields after ino of the node at path (pack with `attr`), or None if there is
+        none: a negative entry for the kernel to keep."""
+        try:
+            node = self.tree.lookup(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if isinstance(node, Dir):
+            mode, nlink, uid, gid = self._modes(stat.S_IFDIR, node.owner)
+            size = 0
+        else:
+            mode, nlink, uid, gid = self._modes(stat.S_IFREG, node.owner)
+            size = node.size()
+        sec, nsec = self._times
+        return size, (size + 511) // 512, sec, sec, sec, nsec, nsec, nsec, mode, nlink, uid, gid, 0, BLOCK_SIZE, 0
+
+    @errors_to_errno("read")
+    def read(self, path: str, offset: int, size: int) -> bytes:
+        node = self.tree.lookup(path)
+        if isinstance(node, Dir):
+            raise error(errno.EISDIR)
+        data = node.read(offset, size)
+        metrics.SERVED.inc(len(data))
+        return data
+
+    @errors_to_errno("opendir")
+    def opendir(self, path: str) -> int:
+        if not isinstance(self.tree.lookup(path), Dir):
+            raise error(errno.ENOTDIR)
+        with self._lock:
+            fh = next(self._handles)
+            self._dirs[fh] = DirCursor(lambda: self.tree.listdir(path))
+        return fh
+
+    def readdir(self, path: str, fh: int, offset: int) -> Iterator[tuple[str, int, int]]:
+        """Entries are made while the session packs them, so errors are mapped here, not by the decorator."""
+        cursor = self._dirs.get(fh)
+        if cursor is None:
+            raise error(errno.EBADF)
+        start_request(self.request_limit)
+        start = time.perf_counter()
+        try:
+            yield from cursor.entries(offset)
+        except Exception as e:
+            log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
+            cursor.restart()
+            raise error(errno.EIO) from None
+        finally:
+            READDIR.observe(time.perf_counter() - start)
+
+    def releasedir(self, fh: int) -> None:
+        with self._lock:
+            self._dirs.pop(fh, None)
+
+    def open_dirs(self) -> int:
+        """How many directory handles are open (for tests and stats)."""
+        return len(self._dirs)
+
+
+def attr(ino: int, fields: tuple[int, ...]) -> bytes:
+    """A fuse_attr: the node's number, then what `TreeOps.attributes` found."""
+    return wire.ATTR.pack(ino, *fields)

@@ -1,0 +1,124 @@
+"""Mounting a FUSE filesystem without libfuse: as root, mount(2) with an open /dev/fuse; as anyone else,
+fusermount3 mounts and hands the device back over a socket (SCM_RIGHTS), as libfuse has it do.
+
+The mount shows as type `fuse.shardfs` with the source name given, as it did under libfuse."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import re
+import socket
+import stat
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MNT_DETACH = 2
+FUSE_DEVICE = os.makedev(10, 229)  # /dev/fuse: the misc device's fixed number
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+class FuseMountError(Exception):
+    """The mount could not be made; the message says why in one sentence."""
+
+
+@dataclass(frozen=True)
+class MountOptions:
+    fsname: str
+    subtype: str = "shardfs"
+    read_only: bool = True
+    allow_other: bool = False
+    default_permissions: bool = True
+
+
+def mount(mountpoint: Path, options: MountOptions) -> int:
+    """Mount a FUSE filesystem at mountpoint; the /dev/fuse fd to serve it on (close-on-exec). A
+    mountpoint `/dev/fd/N` is a descriptor already mounted by a privileged parent (a CSI driver, a
+    container runtime): it is served as it is."""
+    handed = handed_fd(mountpoint)
+    if handed is not None:
+        return handed
+    if os.geteuid() == 0:
+        return _mount_as_root(mountpoint, options)
+    return _mount_with_fusermount(mountpoint, options)
+
+
+def handed_fd(mountpoint: Path) -> int | None:
+    """N of a mountpoint `/dev/fd/N`, checked to be an open /dev/fuse; None for any other path."""
+    found = re.fullmatch(r"/dev/fd/(\d+)", str(mountpoint))
+    if found is None:
+        return None
+    fd = int(found.group(1))
+    try:
+        st = os.fstat(fd)
+    except OSError as e:
+        raise FuseMountError(f"{mountpoint}: not an open descriptor ({e.strerror})") from None
+    if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:
+        raise FuseMountError(f"{mountpoint}: not a /dev/fuse descriptor")
+    os.set_inheritable(fd, False)
+    return fd
+
+
+def unmount(mountpoint: Path, lazy: bool = False) -> None:
+    """Unmount: umount2(2) as root, `fusermount3 -u` otherwise. OSError / FuseMountError if refused."""
+    if os.geteuid() == 0:
+        if _libc.umount2(os.fsencode(mountpoint), MNT_DETACH if lazy else 0) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code), str(mountpoint))
+        return
+    done = subprocess.run(
+        ["fusermount3", "-u", *(["-z"] if lazy else []), "--", str(mountpoint)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise FuseMountError(done.stderr.strip() or f"{mountpoint}: fusermount3 -u failed")
+
+
+def _mount_as_root(mountpoint: Path, options: MountOptions) -> int:
+    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        root_mode = stat.S_IFMT(os.stat(mountpoint).st_mode)
+        data = [f"fd={fd}", f"rootmode={root_mode:o}", f"user_id={os.getuid()}", f"group_id={os.getgid()}"]
+        data += [name for name, on in _flags(options) if on]
+        flags = MS_NOSUID | MS_NODEV | (MS_RDONLY if options.read_only else 0)
+        kind = f"fuse.{options.subtype}".encode()
+        if _libc.mount(options.fsname.encode(), os.fsencode(mountpoint), kind, flags, ",".join(data).encode()):
+            code = ctypes.get_errno()
+            raise FuseMountError(f"{mountpoint}: mount failed: {os.strerror(code)}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _flags(options: MountOptions) -> list[tuple[str, bool]]:
+    return [("allow_other", options.allow_other), ("default_permissions", options.default_permissions)]
+
+
+def _mount_with_fusermount(mountpoint: Path, options: MountOptions) -> int:
+    """fusermount3 is setuid root: it checks the user may mount there, mounts, and sends the fd back."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    text = [f"fsname={options.fsname}", f"subtype={options.subtype}", "nosuid", "nodev"]
+    text += ["ro"] if options.read_only else []
+    text += [name for name, on in _flags(options) if on]
+    with ours, theirs:
+        done = subprocess.run(
+            ["fusermount3", "-o", ",".join(text), "--", str(mountpoint)],
+            env={**os.environ, "_FUSE_COMMFD": str(theirs.fileno())},
+            pass_fds=[theirs.fileno()],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise FuseMountError(done.stderr.strip() or f"{mountpoint}: fusermount3 failed")
+        theirs.close()
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
+    if not fds:
+        raise FuseMountError(f"{mountpoint}: fusermount3 sent no /dev/fuse descriptor")
+    os.set_inheritable(fds[0], False)
+    return fds[0]

@@ -1,0 +1,353 @@
+"""A FUSE session over /dev/fuse: threads read requests and answer them, by opcode.
+
+The threads take turns reading the device (see `Session._loop`); `os.readv` releases the GIL while it
+waits, and requests that wait on the tree are answered in parallel. INIT grants what lets a
+read-only tree be served fast: lookups in one directory in parallel (PARALLEL_DIROPS), reads of up to
+1 MiB (MAX_PAGES), readahead in parallel (ASYNC_READ), and no OPEN at all where the kernel can do without
+(OPEN answered ENOSYS: it then keeps a file's pages across opens, so a warm read never leaves the kernel).
+Node ids name paths while the kernel holds them: a lookup counts one more, FORGET counts them down, and
+a node is dropped at zero. Unmounting makes every read fail with ENODEV: each thread then ends.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shardfs.fuse import wire
+from shardfs.fuse.adapter import BLOCK_SIZE, OPENED, FuseError, TreeOps, attr, count
+from shardfs.fuse.wire import InitFlag, Op
+
+log = logging.getLogger("shardfs")
+
+BUFFER = 64 * 1024  # a request never needs more: no writes, names up to 255 bytes, forgets batched to fit
+MAX_WRITE = 4096  # the least the kernel accepts; nothing is written to a read-only tree
+MAX_PAGES = 256  # reads of up to 1 MiB in one request
+KERNEL_BACKGROUND = 12  # the kernel's default of asynchronous requests (readahead) in flight: never fewer
+WANTED = InitFlag.ASYNC_READ | InitFlag.PARALLEL_DIROPS | InitFlag.MAX_PAGES
+ZERO_ATTR = bytes(wire.ATTR.size)
+# Opcodes answered ENOSYS: the kernel remembers most (FLUSH, FSYNC, xattrs, ACCESS, LSEEK, POLL, BMAP)
+# and never asks again; locks are then kept by the kernel alone.
+NOT_IMPLEMENTED = frozenset(
+    {
+        Op.FLUSH, Op.FSYNC, Op.FSYNCDIR, Op.GETXATTR, Op.LISTXATTR, Op.ACCESS, Op.GETLK, Op.SETLK, Op.SETLKW,
+        Op.BMAP, Op.POLL, Op.LSEEK, Op.SYNCFS, Op.SETUPMAPPING, Op.REMOVEMAPPING,
+    }
+)  # fmt: skip
+SLOW = frozenset({Op.LOOKUP, Op.GETATTR, Op.READ, Op.OPENDIR, Op.READDIR})  # they ask the tree: may wait
+UNANSWERED = frozenset({Op.FORGET, Op.BATCH_FORGET, Op.INTERRUPT, Op.NOTIFY_REPLY})  # the kernel waits on none
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long the kernel may keep what it was told, in seconds: names, attributes, absences."""
+
+    entry: float = 86400.0
+    attr: float = 86400.0
+    negative: float = 86400.0
+
+
+def _split(seconds: float) -> tuple[int, int]:
+    whole = int(seconds)
+    return whole, int((seconds - whole) * 1e9)
+
+
+class Nodes:
+    """Node ids of paths the kernel holds, with its lookup count of each. Ids are never reused, so a
+    stale id from the kernel is an error, not another file."""
+
+    def __init__(self) -> None:
+        self._paths: dict[int, str] = {wire.ROOT_ID: ""}
+        self._ids: dict[str, int] = {"": wire.ROOT_ID}
+        self._counts: dict[int, int] = {}
+        self._next = wire.ROOT_ID + 1
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._paths)
+
+    def path(self, nodeid: int) -> str:
+        """The path of a node the kernel holds; KeyError if it holds no such node."""
+        return self._paths[nodeid]
+
+    def looked_up(self, path: str) -> int:
+        """The id of path, counted once more."""
+        with self._lock:
+            nodeid = self._ids.get(path)
+            if nodeid is None:
+                nodeid = self._next
+                self._next += 1
+                self._ids[path] = nodeid
+                self._paths[nodeid] = path
+            if nodeid != wire.ROOT_ID:
+                self._counts[nodeid] = self._counts.get(nodeid, 0) + 1
+            return nodeid
+
+    def forget(self, nodeid: int, times: int) -> None:
+        """The kernel let go of nodeid times lookups; at none left it is dropped."""
+        with self._lock:
+            left = self._counts.get(nodeid, 0) - times
+            if left > 0:
+                self._counts[nodeid] = left
+            elif nodeid in self._counts:
+                del self._counts[nodeid]
+                del self._ids[self._paths.pop(nodeid)]
+
+
+class Session:
+    """Serves ops on an open /dev/fuse fd until the filesystem is unmounted. on_ready runs once INIT
+    is answered: the mount then answers requests."""
+
+    def __init__(
+        self, fd: int, ops: TreeOps, threads: int = 10, timeouts: Timeouts | None = None,
+        kernel_cache: bool = True, on_ready: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.fd = fd
+        self.ops = ops
+        self.threads = threads
+        self.nodes = Nodes()
+        self.kernel_cache = kernel_cache
+        self.on_ready = on_ready
+        self.no_open = False  # until INIT says whether the kernel takes ENOSYS for OPEN as "none needed"
+        self.granted = InitFlag(0)
+        self.interrupts = 0  # INTERRUPTs received, for tests and stats
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._reader = threading.Lock()  # held by the one thread reading the device
+        self._running = 0
+        self.minor = 0
+        timeouts = timeouts or Timeouts()
+        self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.attr))
+        self._attr_valid = _split(timeouts.attr)
+        self._negative = _split(timeouts.negative) if timeouts.negative > 0 else None
+        self._handlers: dict[int, Callable[[int, int, memoryview], None]] = {
+            Op.INIT: self._init, Op.LOOKUP: self._lookup, Op.FORGET: self._forget,
+            Op.BATCH_FORGET: self._batch_forget, Op.GETATTR: self._getattr, Op.OPEN: self._open,
+            Op.READ: self._read, Op.RELEASE: self._ok, Op.OPENDIR: self._opendir, Op.READDIR: self._readdir,
+            Op.RELEASEDIR: self._releasedir, Op.STATFS: self._statfs, Op.IOCTL: self._ioctl,
+            Op.READLINK: self._not_a_link, Op.INTERRUPT: self._interrupt, Op.NOTIFY_REPLY: self._ignore,
+            Op.DESTROY: self._ok,
+        }  # fmt: skip
+
+    def run(self) -> None:
+        """Serve until unmounted (returns once every thread has ended) or stopped."""
+        self._running = self.threads
+        for i in range(self.threads):
+            threading.Thread(target=self._serve, name=f"fuse-{i}", daemon=True).start()
+        self._done.wait()
+
+    @property
+    def ended(self) -> bool:
+        """Whether every thread has ended (the filesystem was unmounted)."""
+        return not self._running
+
+    def stop(self) -> None:
+        """Make run return now; the threads end with the process (or once the mount goes)."""
+        self._done.set()
+
+    def _serve(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._lock:
+                self._running -= 1
+                if not self._running:
+                    self._done.set()
+
+    def _loop(self) -> None:
+        """One thread at a time reads the device (the reader). It answers quick requests itself and reads
+        on; a request that may wait (on the tree, the store, the network) it hands the reading role on
+        for, and answers in parallel. So the stream of quick ones (an IOCTL per `open()`) is served by
+        one thread that keeps the GIL, not by a new thread each time, which would wait for the GIL
+        first."""
+        buffer = bytearray(BUFFER)
+        view = memoryview(buffer)
+        while True:
+            with self._reader:
+                while True:
+                    size = self._next(buffer)
+                    if not size:
+                        return
+                    if int.from_bytes(buffer[4:8], sys.byteorder) not in SLOW:
+                        self._dispatch(view[:size])
+                    else:
+                        break
+            self._dispatch(view[:size])
+
+    def _next(self, buffer: bytearray) -> int:
+        """The next request's size; 0 once the filesystem is unmounted (or, in tests, the socket closed)."""
+        while True:
+            try:
+                return os.readv(self.fd, [buffer])
+            except OSError as e:
+                if e.errno == errno.ENODEV:  # unmounted
+                    return 0
+                if e.errno not in (errno.ENOENT, errno.EINTR, errno.EAGAIN):  # ENOENT: interrupted before read
+                    raise
+
+    def _dispatch(self, request: memoryview) -> None:
+        _, opcode, unique, nodeid, *_ = wire.IN_HEADER.unpack_from(request)
+        body = request[wire.IN_HEADER.size :]
+        handler = self._handlers.get(opcode)
+        try:
+            if handler is not None:
+                handler(unique, nodeid, body)
+            elif opcode in wire.READ_ONLY_REFUSED:
+                self._error(unique, errno.EROFS)
+            else:
+                self._error(unique, errno.ENOSYS, counted=opcode not in NOT_IMPLEMENTED)
+        except FuseError as e:
+            self._error(unique, e.errno, counted=False)  # counted where it was raised
+        except KeyError:  # a node id we do not hold
+            log.error("request %s for unknown node %d", _name(opcode), nodeid, extra={"event": "bug"})
+            self._error(unique, errno.ESTALE)
+        except Exception:
+            log.exception("%s failed", _name(opcode), extra={"event": "bug"})
+            if opcode not in UNANSWERED:
+                self._error(unique, errno.EIO)
+
+    # Replies. A reply to a request the kernel has dropped meanwhile (interrupted: ENOENT) or to an
+    # unmounted filesystem (ENODEV) goes nowhere, as it should.
+    def _reply(self, unique: int, *parts: bytes) -> None:
+        size = wire.OUT_HEADER.size + sum(map(len, parts))
+        try:
+            os.writev(self.fd, [wire.OUT_HEADER.pack(size, 0, unique), *parts])
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
+
+    def _error(self, unique: int, code: int, counted: bool = True) -> None:
+        if counted:
+            count(code)
+        try:
+            os.write(self.fd, wire.OUT_HEADER.pack(wire.OUT_HEADER.size, -code, unique))
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENODEV):
+                raise
+
+    # Requests
+    def _init(self, unique: int, nodeid: int, body: memoryview) -> None:
+        major, minor, max_readahead, flags = wire.INIT_IN.unpack_from(body)
+        if major > wire.KERNEL_MAJOR:  # a newer kernel asks again, in our major
+            self._reply(unique, wire.INIT_OUT.pack(wire.KERNEL_MAJOR, wire.OUR_MINOR, *(0,) * 9))
+            return
+        minor = min(minor, wire.OUR_MINOR)
+        if major < wire.KERNEL_MAJOR or minor < wire.MIN_MINOR:
+            log.error("kernel FUSE protocol %d.%d is too old (7.%d at least)", major, minor, wire.MIN_MINOR)
+            self._error(unique, errno.EPROTO)
+            return
+        offered = InitFlag(flags)
+        self.granted = WANTED & offered
+        self.no_open = InitFlag.NO_OPEN_SUPPORT in offered
+        self.minor = minor
+        background = min(max(self.threads, KERNEL_BACKGROUND), 0xFFFF)
+        reply = wire.INIT_OUT.pack(
+            wire.KERNEL_MAJOR, minor, max_readahead, self.granted, background, background * 3 // 4,
+            MAX_WRITE, 1, MAX_PAGES, 0, 0,
+        )  # fmt: skip
+        self._reply(unique, reply if minor >= 23 else reply[: wire.COMPAT_22_INIT_OUT_SIZE])
+        log.info(
+            "FUSE protocol 7.%d, granted %s, %d threads, kernel sends OPEN: %s", minor,
+            "|".join(flag.name or "" for flag in InitFlag if flag in self.granted) or "nothing", self.threads,
+            "no (no_open)" if self.no_open else "yes", extra={"event": "fuse_init"},
+        )  # fmt: skip
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def _child(self, nodeid: int, body: memoryview) -> str:
+        parent = self.nodes.path(nodeid)
+        name = os.fsdecode(bytes(body[: len(body) - 1]))  # NUL-terminated
+        return f"{parent}/{name}" if parent else name
+
+    def _lookup(self, unique: int, nodeid: int, body: memoryview) -> None:
+        path = self._child(nodeid, body)
+        fields = self.ops.attributes(path)
+        if fields is None:
+            if self._negative is None:
+                self._error(unique, errno.ENOENT, counted=False)
+            else:  # node id 0: the kernel keeps the absence for the negative timeout
+                entry = wire.ENTRY_OUT.pack(0, 0, self._negative[0], 0, self._negative[1], 0)
+                self._reply(unique, entry, ZERO_ATTR)
+            return
+        child = self.nodes.looked_up(path)
+        entry_s, entry_ns, attr_s, attr_ns = self._entry_valid
+        self._reply(unique, wire.ENTRY_OUT.pack(child, 0, entry_s, attr_s, entry_ns, attr_ns), attr(child, fields))
+
+    def _forget(self, unique: int, nodeid: int, body: memoryview) -> None:
+        self.nodes.forget(nodeid, wire.FORGET_IN.unpack_from(body)[0])
+
+    def _batch_forget(self, unique: int, nodeid: int, body: memoryview) -> None:
+        (number, _) = wire.BATCH_FORGET_IN.unpack_from(body)
+        for i in range(number):
+            self.nodes.forget(*wire.FORGET_ONE.unpack_from(body, wire.BATCH_FORGET_IN.size + i * wire.FORGET_ONE.size))
+
+    def _getattr(self, unique: int, nodeid: int, body: memoryview) -> None:
+        fields = self.ops.attributes(self.nodes.path(nodeid))
+        if fields is None:
+            raise FuseError(errno.ENOENT)
+        self._reply(unique, wire.ATTR_OUT.pack(*self._attr_valid, 0), attr(nodeid, fields))
+
+    def _open(self, unique: int, nodeid: int, body: memoryview) -> None:
+        """ENOSYS tells a kernel that can do without it not to ask again (FUSE no_open): it then sends
+        neither OPEN nor RELEASE and keeps a file's pages across opens. Permissions are the kernel's
+        (`default_permissions`); writes are refused by the `ro` mount."""
+        OPENED.observe(0)  # counted, so that `shardfs stats` shows whether the kernel still asks
+        if self.no_open:
+            self._error(unique, errno.ENOSYS, counted=False)
+        else:
+            self._reply(unique, wire.OPEN_OUT.pack(0, wire.FOPEN_KEEP_CACHE if self.kernel_cache else 0, 0))
+
+    def _read(self, unique: int, nodeid: int, body: memoryview) -> None:
+        _, offset, size, *_ = wire.READ_IN.unpack_from(body)
+        self._reply(unique, self.ops.read(self.nodes.path(nodeid), offset, size))
+
+    def _opendir(self, unique: int, nodeid: int, body: memoryview) -> None:
+        self._reply(unique, wire.OPEN_OUT.pack(self.ops.opendir(self.nodes.path(nodeid)), 0, 0))
+
+    def _readdir(self, unique: int, nodeid: int, body: memoryview) -> None:
+        fh, offset, size, *_ = wire.READ_IN.unpack_from(body)
+        parts, used = [], 0
+        for name, mode, next_offset in self.ops.readdir(self.nodes.path(nodeid), fh, offset):
+            entry = wire.dirent(wire.UNKNOWN_INO, next_offset, os.fsencode(name), mode >> 12)
+            if used + len(entry) > size:
+                break  # not taken: the cursor offers it again at next_offset - 1
+            parts.append(entry)
+            used += len(entry)
+        self._reply(unique, b"".join(parts))
+
+    def _releasedir(self, unique: int, nodeid: int, body: memoryview) -> None:
+        self.ops.releasedir(wire.RELEASE_IN.unpack_from(body)[0])
+        self._ok(unique, nodeid, body)
+
+    def _statfs(self, unique: int, nodeid: int, body: memoryview) -> None:
+        self._reply(unique, wire.STATFS_OUT.pack(0, 0, 0, 0, 0, BLOCK_SIZE, 255, BLOCK_SIZE, 0))
+
+    def _ioctl(self, unique: int, nodeid: int, body: memoryview) -> None:
+        """Python's open() asks whether a file is a terminal (TCGETS) every time: no file here is one."""
+        self._error(unique, errno.ENOTTY, counted=False)
+
+    def _not_a_link(self, unique: int, nodeid: int, body: memoryview) -> None:
+        self._error(unique, errno.EINVAL)
+
+    def _ok(self, unique: int, nodeid: int, body: memoryview) -> None:
+        self._reply(unique)
+
+    def _interrupt(self, unique: int, nodeid: int, body: memoryview) -> None:
+        """The request it names is answered when it is done, as if never interrupted: the kernel takes
+        that answer (or drops it, if its caller is gone)."""
+        self.interrupts += 1
+
+    def _ignore(self, unique: int, nodeid: int, body: memoryview) -> None:
+        """NOTIFY_REPLY: nothing is ever asked of the kernel, so nothing is expected back."""
+
+
+def _name(opcode: int) -> str:
+    try:
+        return Op(opcode).name
+    except ValueError:
+        return str(opcode)

@@ -1,0 +1,25 @@
+"""`python -m tests.fuse_serve SOURCE MOUNTPOINT` (or through tests.as_user, as that user): SOURCE mounted
+at MOUNTPOINT (mount(2) as root, fusermount3 otherwise, or a handed `/dev/fd/N`) and served by shardfs's
+own session until unmounted."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from shardfs.fuse.adapter import TreeOps
+from shardfs.fuse.mount import MountOptions, mount
+from shardfs.fuse.session import Session
+from shardfs.source import open_source
+
+
+def main(args: list[str]) -> int:
+    source, mountpoint = args
+    tree = open_source(source, 16 << 20).tree
+    fd = mount(Path(mountpoint), MountOptions(fsname=source))
+    Session(fd, TreeOps(tree, 0), threads=4).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,443 @@
+"""shardfs's own FUSE session (shardfs/fuse), through the kernel: a tree opened from a tensorstore-written
+dataset, mounted with mount(2) and served by the session in this process, read back by plain `open()`,
+`os.walk`, tensorstore and cloud-volume and compared with the unsharded twin; lookups that overlap in
+one directory, FORGET storms, INTERRUPT, unmounting with requests in flight, errno for every change."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorstore as ts
+from cloudvolume import CloudVolume
+
+from shardfs.fuse import wire
+from shardfs.fuse.adapter import TreeOps
+from shardfs.fuse.mount import FuseMountError, MountOptions, mount, unmount
+from shardfs.fuse.session import Session
+from shardfs.fuse.wire import InitFlag
+from shardfs.source import open_source
+from tests import peers
+from tests.conftest import as_user
+from tests.http_server import RangeServer
+
+LATENCY = 0.05  # seconds a slow server takes per request
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np.ndarray]:
+    """A sharded precomputed volume (raw chunks: one read is one GET), its unsharded twin, its voxels."""
+    root = tmp_path_factory.mktemp("session")
+    source, twin = root / "src", root / "twin"
+    expected = peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
+    return source, twin, expected
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A volume of 2,048 small chunks in one sharded directory, and its unsharded twin."""
+    root = tmp_path_factory.mktemp("many")
+    source, twin = root / "src", root / "twin"
+    peers.write_tensorstore_volume(
+        source, size=(128, 128, 64), chunk=(8, 8, 8), extra_unsharded_scale=False, unsharded_twin=twin
+    )
+    return source, twin
+
+
+@pytest.fixture
+def server(volume) -> Iterator[RangeServer]:
+    with RangeServer(volume[0]).running() as s:
+        yield s
+
+
+def fuse_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("fuse-")]
+
+
+@contextlib.contextmanager
+def served(source: str | Path, mountpoint: Path, threads: int = 16, read_only: bool = True) -> Iterator[Session]:
+    """source mounted at mountpoint by a Session running in this process; unmounted after, and the
+    session found ended with all its threads."""
+    tree = open_source(source, 64 << 20).tree
+    mountpoint.mkdir(exist_ok=True)
+    fd = mount(mountpoint, MountOptions(fsname=str(source), read_only=read_only, allow_other=True))
+    ready = threading.Event()
+    session = Session(fd, TreeOps(tree, 0), threads, on_ready=ready.set)
+    runner = threading.Thread(target=session.run, name="session")
+    runner.start()
+    try:
+        assert ready.wait(10), "INIT never came"
+        yield session
+    finally:
+        with contextlib.suppress(OSError):
+            unmount(mountpoint, lazy=True)
+        runner.join(20)
+        os.close(fd)
+    assert not runner.is_alive() and not fuse_threads(), "the session outlived its mount"
+
+
+def relative_files(root: Path) -> set[Path]:
+    return {Path(d, f).relative_to(root) for d, _, files in os.walk(root) for f in files}
+
+
+def test_init_grants_parallel_lookups_and_large_reads(volume, tmp_path) -> None:
+    with served(volume[0], tmp_path / "m") as session:
+        assert InitFlag.PARALLEL_DIROPS | InitFlag.ASYNC_READ | InitFlag.MAX_PAGES in session.granted
+        assert session.no_open  # 6.18 takes ENOSYS for OPEN: no OPEN, pages kept across opens
+        assert session.minor >= 38
+        mounts = Path("/proc/mounts").read_text().splitlines()
+        assert f"{volume[0]} {tmp_path / 'm'} fuse.shardfs ro," in "\n".join(mounts)
+
+
+def test_reads_and_listings_match_the_unsharded_twin(volume, tmp_path) -> None:
+    source, twin, expected = volume
+    m = tmp_path / "m"
+    with served(source, m):
+        files = relative_files(twin)
+        assert relative_files(m) == files
+        for rel in files - {Path("info")}:
+            with open(m / rel, "rb") as f:  # Python's open(): it asks isatty (an IOCTL) every time
+                assert not f.isatty()
+                assert f.read() == (twin / rel).read_bytes(), rel
+        spec = {"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(m)}}
+        assert np.array_equal(ts.open(dict(spec, scale_index=0)).result().read().result(), expected)
+        cv = CloudVolume(f"file://{m}", mip=0, fill_missing=True, progress=False)
+        assert np.array_equal(cv[:, :, :], expected)
+
+
+def test_sixteen_lookups_in_one_directory_overlap(volume, server, tmp_path) -> None:
+    """Each lookup of an unsharded chunk is a HEAD; 16 threads stat'ing distinct names in one directory
+    have their HEADs at the server at once (libfuse 3.14's loop, without PARALLEL_DIROPS, had one)."""
+    _, twin, _ = volume
+    names = sorted(p.name for p in (twin / "8_8_40").iterdir())[:16]
+    with served(server.url, tmp_path / "m", threads=32) as session:
+        (tmp_path / "m" / "8_8_40").stat()
+        server.latency = LATENCY
+        server.most_in_flight = 0
+        started = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            sizes = list(pool.map(lambda n: (tmp_path / "m" / "8_8_40" / n).stat().st_size, names))
+        elapsed = time.monotonic() - started
+        assert sizes == [(twin / "8_8_40" / n).stat().st_size for n in names]
+        assert server.most_in_flight >= 8, server.most_in_flight
+        assert elapsed < len(names) * LATENCY / 4, elapsed
+        assert len(session.nodes) >= len(names)
+
+
+def drop_kernel_names() -> None:
+    """Make the kernel let go of every unused dentry and inode: it FORGETs their node ids."""
+    Path("/proc/sys/vm/drop_caches").write_text("2")
+
+
+def wait_for(condition, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_forget_storms_leave_no_nodes_behind(many, tmp_path) -> None:
+    """Every lookup is counted and every FORGET (batched or not) counted down: after the kernel lets go
+    of 2,048 names, three times over, the session holds only the root, and the names still read."""
+    source, twin = many
+    m = tmp_path / "m"
+    names = sorted(p.name for p in (twin / "4_4_40").iterdir())
+    with served(source, m) as session:
+        for _ in range(3):
+            for name in names:
+                (m / "4_4_40" / name).stat()
+                (m / "4_4_40" / name).stat()  # the kernel's entry: no second LOOKUP, nothing to forget twice
+            assert len(session.nodes) >= len(names)
+            drop_kernel_names()
+            assert wait_for(lambda: len(session.nodes) <= 2), len(session.nodes)
+        assert (m / "4_4_40" / names[7]).read_bytes() == (twin / "4_4_40" / names[7]).read_bytes()
+
+
+@pytest.fixture
+def many_descriptors() -> Iterator[None]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 16384)), hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_ten_thousand_files_held_open(many, tmp_path, many_descriptors) -> None:
+    """No OPEN reaches the session (no_open), so holding files open costs it nothing: 10,240 descriptors
+    on 2,048 files, each read while all are held, then closed; the session holds a node a file."""
+    source, twin = many
+    m = tmp_path / "m"
+    names = sorted(p.name for p in (twin / "4_4_40").iterdir())
+    with served(source, m) as session:
+        held = [os.open(m / "4_4_40" / names[i % len(names)], os.O_RDONLY) for i in range(10_240)]
+        try:
+            for i, fd in enumerate(held[: len(names)]):
+                assert os.read(fd, 1 << 20) == (twin / "4_4_40" / names[i]).read_bytes()
+            assert all(os.pread(fd, 1, 0) for fd in held)
+        finally:
+            for fd in held:
+                os.close(fd)
+        assert len(session.nodes) == len(names) + 2
+
+
+def test_listing_of_thousands_resumes_where_each_page_ended(many, tmp_path) -> None:
+    """2,048 names take about twenty READDIR requests of a page each; every one resumes at its offset."""
+    source, twin = many
+    with served(source, tmp_path / "m") as session:
+        listed = os.listdir(tmp_path / "m" / "4_4_40")
+        assert sorted(listed) == sorted(os.listdir(twin / "4_4_40"))
+        assert len(listed) == len(set(listed))
+        assert wait_for(lambda: session.ops.open_dirs() == 0)  # every RELEASEDIR (sent after close) honoured
+
+
+def test_interrupted_lookup_is_answered_and_the_session_goes_on(volume, server, tmp_path) -> None:
+    """A signal to a process waiting on a slow LOOKUP makes the kernel send INTERRUPT; the lookup is
+    answered all the same, and a reader killed meanwhile leaves nothing stuck."""
+    _, twin, _ = volume
+    names = sorted(p.name for p in (twin / "8_8_40").iterdir())
+    m = tmp_path / "m"
+    code = "import os, signal, sys; signal.signal(signal.SIGUSR1, lambda *a: None); print(os.stat(sys.argv[1]).st_size)"
+    with served(server.url, m) as session:
+        (m / "8_8_40").stat()
+        server.latency = 1.0
+        patient = subprocess.Popen([sys.executable, "-c", code, m / "8_8_40" / names[0]], stdout=subprocess.PIPE)
+        killed = subprocess.Popen([sys.executable, "-c", code, m / "8_8_40" / names[1]])
+        assert wait_for(lambda: server.in_flight >= 2)
+        patient.send_signal(signal.SIGUSR1)
+        killed.kill()
+        out, _ = patient.communicate(timeout=10)
+        assert int(out) == (twin / "8_8_40" / names[0]).stat().st_size
+        assert killed.wait(timeout=10) == -signal.SIGKILL
+        assert wait_for(lambda: session.interrupts >= 1)
+        server.latency = 0
+        assert (m / "8_8_40" / names[2]).read_bytes() == (twin / "8_8_40" / names[2]).read_bytes()
+
+
+def test_unmount_with_lookups_in_flight_ends_the_session(volume, server, tmp_path) -> None:
+    _, twin, _ = volume
+    names = sorted(p.name for p in (twin / "8_8_40").iterdir())[:8]
+    m = tmp_path / "m"
+    results: list[object] = []
+
+    def stat(name: str) -> None:
+        try:
+            results.append((m / "8_8_40" / name).stat().st_size)
+        except OSError as e:
+            results.append(e.errno)
+
+    with served(server.url, m):
+        (m / "8_8_40").stat()
+        server.latency = 1.0
+        readers = [threading.Thread(target=stat, args=(name,)) for name in names]
+        for reader in readers:
+            reader.start()
+        assert wait_for(lambda: server.in_flight >= 4)
+        unmount(m, lazy=True)
+        for reader in readers:
+            reader.join(10)
+        assert len(results) == len(names)  # each one answered; the fixture checks the session ended
+    assert not os.path.ismount(m)
+
+
+def test_every_change_is_refused_read_only(volume, tmp_path) -> None:
+    """Mounted without `ro`, every change reaches the session: each is EROFS, as a user expects."""
+    source, twin, _ = volume
+    m = tmp_path / "m"
+    name = sorted(p.name for p in (twin / "4_4_40").iterdir())[0]
+    chunk = m / "4_4_40" / name
+    with served(source, m, read_only=False):
+        changes = [
+            lambda: os.mkdir(m / "new"),
+            lambda: os.close(os.open(m / "new", os.O_WRONLY | os.O_CREAT, 0o644)),
+            lambda: os.unlink(chunk),
+            lambda: os.rmdir(m / "8_8_40"),
+            lambda: os.rename(chunk, m / "moved"),
+            lambda: os.symlink("x", m / "link"),
+            lambda: os.link(chunk, m / "hard"),
+            lambda: os.truncate(chunk, 0),
+            lambda: os.chmod(chunk, 0o600),
+            lambda: os.utime(chunk, (0, 0)),
+            lambda: os.setxattr(chunk, "user.x", b"1"),
+            lambda: os.removexattr(chunk, "user.x"),
+            lambda: os.mknod(m / "fifo", 0o600 | 0o010000),
+        ]
+        for change in changes:
+            with pytest.raises(OSError) as e:
+                change()
+            assert e.value.errno == errno.EROFS, (change, e.value)
+        with pytest.raises(OSError) as e:
+            os.getxattr(chunk, "user.x")
+        assert e.value.errno == errno.EOPNOTSUPP
+        with pytest.raises(OSError) as e:
+            os.readlink(chunk)
+        assert e.value.errno == errno.EINVAL
+        with pytest.raises(FileNotFoundError):
+            (m / "4_4_40" / "nothing").stat()
+        assert chunk.read_bytes() == (twin / "4_4_40" / name).read_bytes()
+
+
+def test_absences_are_kept_by_the_kernel(volume, server, tmp_path) -> None:
+    """A LOOKUP of a missing name is answered with node id 0 and the negative timeout: asked once."""
+    m = tmp_path / "m"
+    with served(server.url, m):
+        (m / "8_8_40").stat()
+        before = sum(server.requests.values())
+        for _ in range(3):
+            assert not (m / "8_8_40" / "0-1_0-1_0-1").exists()
+        asked = sum(server.requests.values()) - before
+        assert asked > 0
+        assert not (m / "8_8_40" / "0-1_0-1_0-1").exists()
+        assert sum(server.requests.values()) - before == asked
+
+
+@contextlib.contextmanager
+def kernel_socket(volume_root: Path) -> Iterator[tuple[socket.socket, Session]]:
+    """A session whose "device" is one end of a packet socket pair: the test plays a kernel this machine
+    does not run (older, newer), request by request."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    session = Session(theirs.fileno(), TreeOps(open_source(volume_root, 1 << 20).tree, 0), threads=1)
+    runner = threading.Thread(target=session.run)
+    runner.start()
+    try:
+        yield ours, session
+    finally:
+        ours.close()
+        runner.join(10)
+        theirs.close()
+    assert not runner.is_alive()
+
+
+def ask(kernel: socket.socket, opcode: int, body: bytes, unique: int = 1, nodeid: int = 0) -> tuple[int, bytes]:
+    """Send one request; (errno, payload) of the reply."""
+    kernel.send(wire.IN_HEADER.pack(wire.IN_HEADER.size + len(body), opcode, unique, nodeid, 0, 0, 0, 0, 0) + body)
+    reply = kernel.recv(1 << 16)
+    size, error, answered = wire.OUT_HEADER.unpack_from(reply)
+    assert (size, answered) == (len(reply), unique)
+    return -error, reply[wire.OUT_HEADER.size :]
+
+
+def init(kernel: socket.socket, major: int, minor: int, flags: int) -> tuple[int, bytes]:
+    return ask(kernel, wire.Op.INIT, wire.INIT_IN.pack(major, minor, 1 << 17, flags) + bytes(48))
+
+
+EVERYTHING = 0xFFFFFFFF
+
+
+@pytest.mark.parametrize("minor", [38, 44])
+def test_init_answers_a_kernel_as_new_or_newer_with_our_minor(volume, minor) -> None:
+    with kernel_socket(volume[0]) as (kernel, session):
+        code, reply = init(kernel, 7, minor, EVERYTHING)
+        assert code == 0 and len(reply) == wire.INIT_OUT.size
+        major, got_minor, readahead, flags, _, _, max_write, gran, max_pages, *_ = wire.INIT_OUT.unpack(reply)
+        assert (major, got_minor, readahead, max_write, gran, max_pages) == (7, 38, 1 << 17, 4096, 1, 256)
+        assert InitFlag(flags) == InitFlag.ASYNC_READ | InitFlag.PARALLEL_DIROPS | InitFlag.MAX_PAGES
+        assert session.no_open
+        assert ask(kernel, wire.Op.OPEN, bytes(8), 2, 1)[0] == errno.ENOSYS  # no_open: no OPEN again
+
+
+def test_init_answers_an_older_kernel_in_its_own_terms(volume) -> None:
+    """7.22 knew neither no_open nor parallel lookups, and took a 24-byte init_out: it gets that, only
+    what it offered, and OPEN answered with the kernel cache kept."""
+    offered = InitFlag.ASYNC_READ | InitFlag.BIG_WRITES | InitFlag.DO_READDIRPLUS
+    with kernel_socket(volume[0]) as (kernel, session):
+        code, reply = init(kernel, 7, 22, offered)
+        assert code == 0 and len(reply) == wire.COMPAT_22_INIT_OUT_SIZE
+        major, minor, _, flags = wire.INIT_IN.unpack_from(reply)
+        assert (major, minor, InitFlag(flags)) == (7, 22, InitFlag.ASYNC_READ)
+        assert not session.no_open
+        code, reply = ask(kernel, wire.Op.OPEN, bytes(8), 2, 1)
+        assert code == 0 and wire.OPEN_OUT.unpack(reply)[1] == wire.FOPEN_KEEP_CACHE
+
+
+def test_init_of_a_newer_major_asks_again_and_a_too_old_kernel_is_refused(volume) -> None:
+    with kernel_socket(volume[0]) as (kernel, _):
+        code, reply = init(kernel, 8, 0, EVERYTHING)
+        assert code == 0 and wire.INIT_OUT.unpack(reply)[:2] == (7, 38)  # our major: the kernel asks again
+        assert init(kernel, 7, 38, EVERYTHING)[0] == 0
+    with kernel_socket(volume[0]) as (kernel, _):
+        assert init(kernel, 7, 8, EVERYTHING)[0] == errno.EPROTO
+
+
+@pytest.fixture
+def fuse_for_all() -> Iterator[None]:
+    """/dev/fuse as distributions make it (0666: udev's rule), for fusermount3 opens it as the user; this
+    machine's device node is root's alone (0600). Restored after."""
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        yield
+    finally:
+        os.chmod("/dev/fuse", mode)
+
+
+def test_a_user_mounts_through_fusermount3(user, other_user, public_tmp, fuse_for_all) -> None:
+    """Not root: fusermount3 mounts and hands the /dev/fuse descriptor back over the socket; the user
+    reads the files, unmounts with fusermount3 -u, and the daemon ends by itself."""
+    source, twin = public_tmp / "src", public_tmp / "twin"
+    peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin, extra_unsharded_scale=False)
+    subprocess.run(["chmod", "-R", "a+rX", public_tmp], check=True)
+    m = public_tmp / "m"
+    m.mkdir()
+    os.chown(m, *user)
+    daemon = subprocess.Popen([*other_user, "tests.fuse_serve", source, m])
+    try:
+        assert wait_for(lambda: f" {m} " in Path("/proc/mounts").read_text())  # root may not look in: no allow_other
+        name = sorted(p.name for p in (twin / "4_4_40").iterdir())[3]
+        done = as_user(user, "od", "-An", "-tx1", "-v", m / "4_4_40" / name)
+        expected = subprocess.run(["od", "-An", "-tx1", "-v", twin / "4_4_40" / name], capture_output=True, text=True)
+        assert done.returncode == 0 and done.stdout == expected.stdout, done.stderr
+        line = next(line for line in Path("/proc/mounts").read_text().splitlines() if f" {m} " in line)
+        assert line.startswith(f"{source} {m} fuse.shardfs ro,nosuid,nodev") and f"user_id={user[0]}" in line
+        assert as_user(user, "fusermount3", "-u", m).returncode == 0
+        assert daemon.wait(timeout=10) == 0
+    finally:
+        if daemon.poll() is None:
+            subprocess.run(["umount", "-l", m])
+            daemon.kill()
+
+
+def test_a_descriptor_mounted_by_a_parent_is_served_as_dev_fd_n(volume, tmp_path) -> None:
+    """`/dev/fd/N` as the mountpoint: the parent mounted /dev/fuse itself (as a CSI driver does) and
+    handed the descriptor over; the child serves it, and ends when the parent unmounts."""
+    source, twin, _ = volume
+    m = tmp_path / "m"
+    m.mkdir()
+    fd = mount(m, MountOptions(fsname=str(source)))
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.fuse_serve", source, f"/dev/fd/{fd}"], pass_fds=[fd], cwd=Path.cwd()
+        )
+    finally:
+        os.close(fd)
+    try:
+        name = sorted(p.name for p in (twin / "4_4_40").iterdir())[5]
+        assert (m / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        unmount(m)
+        assert child.wait(timeout=10) == 0
+    finally:
+        if child.poll() is None:
+            unmount(m, lazy=True)
+            child.kill()
+
+
+def test_dev_fd_n_must_be_an_open_fuse_device(tmp_path) -> None:
+    with open(tmp_path / "f", "w") as f, pytest.raises(FuseMountError, match="not a /dev/fuse descriptor"):
+        mount(Path(f"/dev/fd/{f.fileno()}"), MountOptions(fsname="x"))
+    with pytest.raises(FuseMountError, match="not an open descriptor"):
+        mount(Path("/dev/fd/999"), MountOptions(fsname="x"))
