@@ -31,7 +31,6 @@ from shardfs.fuse.session import Session
 from shardfs.fuse.wire import InitFlag
 from shardfs.source import open_source
 from tests import peers
-from tests.conftest import as_user
 from tests.http_server import RangeServer
 
 LATENCY = 0.05  # seconds a slow server takes per request
@@ -372,44 +371,6 @@ def test_init_of_a_newer_major_asks_again_and_a_too_old_kernel_is_refused(volume
         assert init(kernel, 7, 38, EVERYTHING)[0] == 0
     with kernel_socket(volume[0]) as (kernel, _):
         assert init(kernel, 7, 8, EVERYTHING)[0] == errno.EPROTO
-
-
-@pytest.fixture
-def fuse_for_all() -> Iterator[None]:
-    """/dev/fuse as distributions make it (0666: udev's rule), for fusermount3 opens it as the user; this
-    machine's device node is root's alone (0600). Restored after."""
-    mode = os.stat("/dev/fuse").st_mode & 0o777
-    os.chmod("/dev/fuse", 0o666)
-    try:
-        yield
-    finally:
-        os.chmod("/dev/fuse", mode)
-
-
-def test_a_user_mounts_through_fusermount3(user, other_user, public_tmp, fuse_for_all) -> None:
-    """Not root: fusermount3 mounts and hands the /dev/fuse descriptor back over the socket; the user
-    reads the files, unmounts with fusermount3 -u, and the daemon ends by itself."""
-    source, twin = public_tmp / "src", public_tmp / "twin"
-    peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin, extra_unsharded_scale=False)
-    subprocess.run(["chmod", "-R", "a+rX", public_tmp], check=True)
-    m = public_tmp / "m"
-    m.mkdir()
-    os.chown(m, *user)
-    daemon = subprocess.Popen([*other_user, "tests.fuse_serve", source, m])
-    try:
-        assert wait_for(lambda: f" {m} " in Path("/proc/mounts").read_text())  # root may not look in: no allow_other
-        name = sorted(p.name for p in (twin / "4_4_40").iterdir())[3]
-        done = as_user(user, "od", "-An", "-tx1", "-v", m / "4_4_40" / name)
-        expected = subprocess.run(["od", "-An", "-tx1", "-v", twin / "4_4_40" / name], capture_output=True, text=True)
-        assert done.returncode == 0 and done.stdout == expected.stdout, done.stderr
-        line = next(line for line in Path("/proc/mounts").read_text().splitlines() if f" {m} " in line)
-        assert line.startswith(f"{source} {m} fuse.shardfs ro,nosuid,nodev") and f"user_id={user[0]}" in line
-        assert as_user(user, "fusermount3", "-u", m).returncode == 0
-        assert daemon.wait(timeout=10) == 0
-    finally:
-        if daemon.poll() is None:
-            subprocess.run(["umount", "-l", m])
-            daemon.kill()
 
 
 def test_a_descriptor_mounted_by_a_parent_is_served_as_dev_fd_n(volume, tmp_path) -> None:
