@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,6 +30,15 @@ def assert_eio(path: Path) -> None:
     with pytest.raises(OSError) as e:
         path.read_bytes()
     assert e.value.errno == errno.EIO
+
+
+def errno_of(path: Path) -> int:
+    """The errno of stat'ing path through the mount, or 0 if it is there."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.errno
+    return 0
 
 
 def scrape(text: str) -> dict[tuple[str, frozenset], float]:
@@ -110,10 +120,10 @@ def public_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def raw_volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(source, unsharded twin): a tensorstore precomputed volume with raw chunk data, so a chunk's bytes
-    lie in its shard as they are served (one range per chunk). Shared: tests copy it before changing it."""
+def raw_volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np.ndarray]:
+    """(source, unsharded twin, voxels): a tensorstore precomputed volume with raw chunk data, so a chunk's
+    bytes lie in its shard as they are served (one range, one GET per chunk). Shared: tests copy it before
+    changing it."""
     root = tmp_path_factory.mktemp("raw-volume")
     source, twin = root / "src", root / "twin"
-    peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
-    return source, twin
+    return source, twin, peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)

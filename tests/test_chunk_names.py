@@ -19,6 +19,7 @@ import tensorstore as ts
 
 from shardfs.formats.precomputed import TABLE_CELLS
 from tests import peers
+from tests.conftest import errno_of
 
 SCALE = "4_4_40"
 
@@ -50,14 +51,6 @@ def volume(request, tmp_path_factory) -> tuple[Path, Path, list[int], list[int],
         return source, twin, *write_long_volume(source, twin)
     peers.write_tensorstore_volume(source, data_encoding="raw", extra_unsharded_scale=False, unsharded_twin=twin)
     return source, twin, [70, 50, 33], [16, 16, 8], [-5, 3, 7]
-
-
-def errno_of(path: Path) -> int:
-    try:
-        os.stat(path)
-    except OSError as e:
-        return e.errno
-    return 0
 
 
 def spellings(number: int) -> list[str]:

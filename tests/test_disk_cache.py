@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shardfs.disk_cache import HEADER, DiskCache
@@ -30,9 +31,9 @@ SECRET = b"root-only secret 7f3a9c "
 
 
 @pytest.fixture
-def volume(raw_volume: tuple[Path, Path]) -> tuple[Path, Path]:
+def volume(raw_volume: tuple[Path, Path, np.ndarray]) -> tuple[Path, Path]:
     """All full chunks the same size: entries of one length can be swapped for each other."""
-    return raw_volume
+    return raw_volume[0], raw_volume[1]
 
 
 @pytest.fixture

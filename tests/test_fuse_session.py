@@ -36,13 +36,10 @@ from tests.http_server import RangeServer
 LATENCY = 0.05  # seconds a slow server takes per request
 
 
-@pytest.fixture(scope="module")
-def volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np.ndarray]:
-    """A sharded precomputed volume (raw chunks: one read is one GET), its unsharded twin, its voxels."""
-    root = tmp_path_factory.mktemp("session")
-    source, twin = root / "src", root / "twin"
-    expected = peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
-    return source, twin, expected
+@pytest.fixture
+def volume(raw_volume: tuple[Path, Path, np.ndarray]) -> tuple[Path, Path, np.ndarray]:
+    """Raw chunks: one read is one GET."""
+    return raw_volume
 
 
 @pytest.fixture(scope="module")

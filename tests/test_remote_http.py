@@ -34,13 +34,10 @@ def chunk_names(twin: Path, scale: str) -> list[str]:
     return sorted(p.name for p in (twin / scale).iterdir())
 
 
-@pytest.fixture(scope="module")
-def volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np.ndarray]:
-    """A precomputed volume with raw chunk data (one read is one GET), and its unsharded twin."""
-    root = tmp_path_factory.mktemp("http")
-    source, twin = root / "src", root / "twin"
-    expected = peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
-    return source, twin, expected
+@pytest.fixture
+def volume(raw_volume: tuple[Path, Path, np.ndarray]) -> tuple[Path, Path, np.ndarray]:
+    """Raw chunks: one read is one GET."""
+    return raw_volume
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import zarr
 from zarr.codecs import BytesCodec, GzipCodec, ZstdCodec
 
 from tests import peers
+from tests.conftest import errno_of
 from tests.test_views import precomputed, ts_read
 from tests.test_zarr_draft import run
 
@@ -140,14 +141,6 @@ def test_zero_copy_n5_blocks_are_the_header_and_the_stored_chunk(sources, mount)
     assert (vn5 / "4_4_40" / "4" / "3" / "3").read_bytes() == struct.pack(">HH3I", 0, 3, 5, 4, 2) + (
         vnative / "4_4_40" / edge
     ).read_bytes()
-
-
-def errno_of(path: Path) -> int:
-    try:
-        os.stat(path)
-    except OSError as e:
-        return e.errno
-    return 0
 
 
 def test_the_grid_ends_where_the_array_does(sources, mount) -> None:
