@@ -104,9 +104,9 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
     """Serve the names and sizes in listing (one 'relpath size' per line) with the real adapter, logging
     to stderr as the daemon logs to its file (the bench checks its no_open line)."""
     from shardfs.cache import ByteCache
-    from shardfs.daemon import fuse_options, serve
     from shardfs.logs import log_to
-    from shardfs.store import Owner
+    from shardfs.service.daemon import fuse_options, serve
+    from shardfs.stores.local import Owner
     from shardfs.tree import BytesFile, Dir
 
     owner = Owner(os.getuid(), os.getgid(), 0o555)
@@ -155,7 +155,7 @@ def build_c_noop(work: Path) -> Path:
 def c_noop_options() -> str:
     """shardfs's mount options, less those of libfuse's high-level API, which noop_ll.c does itself
     (day-long timeouts; no_open keeps pages across opens as kernel_cache does)."""
-    from shardfs.daemon import fuse_options
+    from shardfs.service.daemon import fuse_options
 
     high_level = ("kernel_cache", "attr_timeout", "entry_timeout", "negative_timeout")
     options = fuse_options("noop", {}).items()

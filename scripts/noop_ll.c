@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define ONE_DAY 86400.0 /* shardfs/daemon.py's ONE_DAY */
+#define ONE_DAY 86400.0 /* shardfs/service/daemon.py's ONE_DAY */
 #define BLOCK_SIZE (1 << 20) /* shardfs's st_blksize */
 
 struct node {

@@ -16,17 +16,16 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from shardfs import __version__, metrics, mountinfo, stats_socket
+from shardfs import __version__, metrics
 from shardfs.check import check
-from shardfs.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
-from shardfs.disk_cache import DiskCache
-from shardfs.errors import CacheDirRefused, CorruptChunk, SourceError
-from shardfs.location import redact_userinfo
-from shardfs.logs import LogFileError, log_to_terminal, redact
-from shardfs.remote import DEFAULT_TIMEOUT, Access
-from shardfs.service import ServiceError
+from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError
+from shardfs.logs import LogFileError, log_to_terminal, redact, redact_userinfo
+from shardfs.service import mountinfo, stats_socket
+from shardfs.service.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
+from shardfs.service.summary import identity, summary
 from shardfs.source import Source, is_remote, open_source
-from shardfs.summary import identity, summary
+from shardfs.stores.disk_cache import DiskCache
+from shardfs.stores.remote import DEFAULT_TIMEOUT, Access
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"

@@ -22,3 +22,7 @@ class CorruptChunk(Exception):
 class CacheDirRefused(Exception):
     """--cache-dir cannot be trusted or opened. The message is one sentence naming the directory, what is
     wrong and what to do."""
+
+
+class ServiceError(Exception):
+    """A service part could not start; the message says why in one sentence."""

@@ -28,8 +28,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
-from shardfs.location import redact_userinfo
-
 OURS = "shardfs"  # the logger hierarchy whose DEBUG and INFO records are logged
 FIELDS = ("event", "path", "shard", "key", "suppressed")  # passed as `extra=` by the calls that know them
 _BARE = re.compile(r"[^\s\"=\\]+")
@@ -51,6 +49,14 @@ _SECRET_NAMES = (
 )
 _NAMED_SECRET = re.compile(rf"(?i)((?:{_SECRET_NAMES})[\"']?\s*(?:[:=]\s*b?[\"']?|>))[^\"'<\s,;&]+")
 _AUTHORIZATION = re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*b?[\"']?)[^\"'\n]+")
+
+
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s?#]+@")  # up to the authority's last '@'
+
+
+def redact_userinfo(text: str) -> str:
+    """text with the `user:password@` of every URL in it shown as `***@`."""
+    return _USERINFO.sub(r"\1***@", text)
 
 
 def redact(text: str) -> str:

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
-from shardfs.disk_cache import DiskCache
 from shardfs.errors import SourceError
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
-from shardfs.location import Remote, parse_source
-from shardfs.remote import Access, RemoteStore
-from shardfs.store import LocalStore, Store
+from shardfs.stores.disk_cache import DiskCache
+from shardfs.stores.local import LocalStore, Store
+from shardfs.stores.location import Remote, parse_source
+from shardfs.stores.remote import Access, RemoteStore
 from shardfs.tree import UNLISTED, Provider, Tree
 from shardfs.views import view_of
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shardfs.daemon import is_stale
+from shardfs.service.daemon import is_stale
 from tests import peers
 from tests.conftest import SHARDFS, scrape, shardfs
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardfs.disk_cache import HEADER, DiskCache
+from shardfs.stores.disk_cache import HEADER, DiskCache
 from tests import peers
 from tests.conftest import Mount, as_user, shardfs
 from tests.http_server import RangeServer

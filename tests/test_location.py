@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shardfs.location import Remote, parse_source
+from shardfs.stores.location import Remote, parse_source
 
 
 @pytest.mark.parametrize(

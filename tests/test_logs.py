@@ -67,7 +67,7 @@ def test_other_libraries_log_only_warnings_and_errors() -> None:
     def passes(name: str, level: int) -> bool:
         return ours_or_warning(logging.LogRecord(name, level, __file__, 1, "m", (), None))
 
-    assert all(passes(name, logging.DEBUG) for name in ("shardfs", "shardfs.remote"))
+    assert all(passes(name, logging.DEBUG) for name in ("shardfs", "shardfs.stores.remote"))
     for name in ("botocore.parsers", "urllib3.connectionpool", "fuse", "shardfsx", "root"):
         assert not passes(name, logging.DEBUG) and not passes(name, logging.INFO), name
         assert passes(name, logging.WARNING) and passes(name, logging.ERROR), name

@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from moto.server import ThreadedMotoServer
 
-from shardfs import credentials
-from shardfs.credentials import on_ec2, on_gce
+from shardfs.stores import credentials
+from shardfs.stores.credentials import on_ec2, on_gce
 from tests import peers
 from tests.conftest import shardfs
 from tests.http_server import RangeServer

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shardfs import daemon as daemon_module
-from shardfs import service, stats_socket
 from shardfs.cli import mount_argv, parser
 from shardfs.logs import BURST
-from shardfs.rundir import runtime_dir
+from shardfs.service import daemon as daemon_module
+from shardfs.service import lifecycle, stats_socket
+from shardfs.service.rundir import runtime_dir
 from tests import peers
 from tests.conftest import REPO, SHARDFS, assert_eio, scrape, shardfs
 from tests.http_server import RangeServer
@@ -248,8 +248,8 @@ def test_another_user_can_neither_block_a_mount_nor_fake_its_stats(kv, other_use
 
 TRUST_CHECKS = """
 import json, os, subprocess, sys
-from shardfs import stats_socket
-from shardfs.rundir import runtime_dir
+from shardfs.service import stats_socket
+from shardfs.service.rundir import runtime_dir
 source, point, log, *other_user = sys.argv[1:]
 shardfs = [sys.executable, "-m", "shardfs"]
 stats = lambda: subprocess.run([*shardfs, "stats", point], capture_output=True, text=True, timeout=60)
@@ -304,7 +304,7 @@ def test_a_flood_of_stats_requests_costs_the_daemon_little(kv, other_user, publi
         flood = subprocess.run([*other_user, "tests.flooder", str(path), "2"], capture_output=True, text=True,
                                timeout=60, cwd=REPO, check=True)  # fmt: skip
         busy = sum(daemon.cpu_times()[:2]) - busy
-        assert 0 < int(flood.stdout) <= 2 / service.ANSWER_INTERVAL + 20, flood.stdout
+        assert 0 < int(flood.stdout) <= 2 / lifecycle.ANSWER_INTERVAL + 20, flood.stdout
         assert busy < 0.5, f"the daemon spent {busy:.2f} s of CPU answering a 2 s flood"
         assert scrape(shardfs("stats", "--prometheus", point).stdout)["shardfs_served_bytes_total", frozenset()] == 0
     finally:
@@ -320,12 +320,12 @@ def test_idle_metrics_connections_time_out_and_are_bounded(kv, mount) -> None:
     threads = daemon.num_threads()
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(50)]
     try:
-        wait_until(lambda: daemon.num_threads() >= threads + service.METRICS_CONNECTIONS)
-        assert daemon.num_threads() <= threads + service.METRICS_CONNECTIONS
+        wait_until(lambda: daemon.num_threads() >= threads + lifecycle.METRICS_CONNECTIONS)
+        assert daemon.num_threads() <= threads + lifecycle.METRICS_CONNECTIONS
         started = time.monotonic()
         idle[0].settimeout(30)
         assert idle[0].recv(1) == b""  # closed by the daemon
-        assert time.monotonic() - started <= service.IDLE_TIMEOUT + 2
+        assert time.monotonic() - started <= lifecycle.IDLE_TIMEOUT + 2
         wait_until(lambda: daemon.num_threads() == threads)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
             assert ("shardfs_served_bytes_total", frozenset()) in scrape(reply.read().decode())

@@ -23,7 +23,7 @@ from shardfs.formats.encodings import decode_precomputed
 from shardfs.formats.plan import LARGEST, Array, Plan, load_json
 from shardfs.shards.morton import MortonCode
 from shardfs.shards.neuroglancer import UINT64_MAX, Chunk, ShardedKV, ShardingSpec
-from shardfs.store import Store
+from shardfs.stores.local import Store
 from shardfs.tree import BytesFile, File, LazyFile, RangeFile
 
 log = logging.getLogger("shardfs")
@@ -205,9 +205,8 @@ class ChunkDir:
         return chunk_file(self.kv, chunk)
 
     def _decoded_on_read(self, chunk: Chunk, length: int) -> File:
-        """A gzip chunk of raw voxels: its size is known from the grid, so a lookup fetches nothing (the
-        kernel sends one LOOKUP at a time per directory when libfuse does not pass FUSE_PARALLEL_DIROPS on,
-        as 3.14 never does); the read, which runs in parallel, fetches and decodes it. A chunk that does not
+        """A gzip chunk of raw voxels: its size is known from the grid, so a lookup fetches nothing; the
+        read fetches and decodes it. A chunk that does not
         decode to that size is corrupt: EIO when read."""
 
         def make() -> bytes:

@@ -18,7 +18,23 @@ from pathlib import Path
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOEXEC = 8
+MS_SYNCHRONOUS = 16
+MS_DIRSYNC = 128
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_RELATIME = 1 << 21
+MS_STRICTATIME = 1 << 24
 MNT_DETACH = 2
+# The mount flags `-o` may set or clear, as mount(8) and libfuse spell them: name → (flag, set or clear).
+# A FUSE mount is nosuid,nodev unless `suid`/`dev` are given (by root: fusermount3 refuses them to others).
+VFS_FLAGS = {
+    "nosuid": (MS_NOSUID, True), "suid": (MS_NOSUID, False), "nodev": (MS_NODEV, True), "dev": (MS_NODEV, False),
+    "noexec": (MS_NOEXEC, True), "exec": (MS_NOEXEC, False), "sync": (MS_SYNCHRONOUS, True),
+    "async": (MS_SYNCHRONOUS, False), "dirsync": (MS_DIRSYNC, True), "noatime": (MS_NOATIME, True),
+    "atime": (MS_NOATIME, False), "nodiratime": (MS_NODIRATIME, True), "diratime": (MS_NODIRATIME, False),
+    "relatime": (MS_RELATIME, True), "norelatime": (MS_RELATIME, False), "strictatime": (MS_STRICTATIME, True),
+}  # fmt: skip
 FUSE_DEVICE = os.makedev(10, 229)  # /dev/fuse: the misc device's fixed number
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
@@ -35,6 +51,7 @@ class MountOptions:
     read_only: bool = True
     allow_other: bool = False
     default_permissions: bool = True
+    vfs: tuple[str, ...] = ()  # names in VFS_FLAGS, in the order given
 
 
 def mount(mountpoint: Path, options: MountOptions) -> int:
@@ -86,6 +103,9 @@ def _mount_as_root(mountpoint: Path, options: MountOptions) -> int:
         data = [f"fd={fd}", f"rootmode={root_mode:o}", f"user_id={os.getuid()}", f"group_id={os.getgid()}"]
         data += [name for name, on in _flags(options) if on]
         flags = MS_NOSUID | MS_NODEV | (MS_RDONLY if options.read_only else 0)
+        for name in options.vfs:
+            flag, on = VFS_FLAGS[name]
+            flags = flags | flag if on else flags & ~flag
         kind = f"fuse.{options.subtype}".encode()
         if _libc.mount(options.fsname.encode(), os.fsencode(mountpoint), kind, flags, ",".join(data).encode()):
             code = ctypes.get_errno()
@@ -103,7 +123,7 @@ def _flags(options: MountOptions) -> list[tuple[str, bool]]:
 def _mount_with_fusermount(mountpoint: Path, options: MountOptions) -> int:
     """fusermount3 is setuid root: it checks the user may mount there, mounts, and sends the fd back."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    text = [f"fsname={options.fsname}", f"subtype={options.subtype}", "nosuid", "nodev"]
+    text = [f"fsname={options.fsname}", f"subtype={options.subtype}", "nosuid", "nodev", *options.vfs]
     text += ["ro"] if options.read_only else []
     text += [name for name, on in _flags(options) if on]
     with ours, theirs:

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.fuse.adapter import TreeOps
-from shardfs.fuse.mount import FuseMountError, MountOptions, handed_fd, mount, unmount
+from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, handed_fd, mount, unmount
 from shardfs.fuse.session import Session, Timeouts
 from shardfs.tree import Tree
 
-DEFAULT_THREADS = 10  # libfuse's max_threads default
-IGNORED = frozenset({"max_idle_threads"})  # every thread waits on the device: none is idle in libfuse's sense
+DEFAULT_THREADS = 10  # max_threads when not given, as libfuse had it
+IGNORED = frozenset({"max_idle_threads"})  # libfuse's; every thread here waits on the device, none idles
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
         read_only=flag("ro") or not flag("rw"),
         allow_other=flag("allow_other"),
         default_permissions=flag("default_permissions"),
+        vfs=tuple(name for name in list(left) if name in VFS_FLAGS and left.pop(name)),
     )
     timeouts = Timeouts(number("entry_timeout", 1.0), number("attr_timeout", 1.0), number("negative_timeout", 0.0))
     threads = int(number("max_threads", DEFAULT_THREADS))

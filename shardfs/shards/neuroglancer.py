@@ -23,7 +23,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.store import JoinedFile, Store, StoredFile
+from shardfs.stores.local import JoinedFile, Store, StoredFile
 
 log = logging.getLogger("shardfs")
 

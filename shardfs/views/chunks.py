@@ -12,7 +12,7 @@ import numpy as np
 
 from shardfs.errors import CorruptChunk
 from shardfs.formats.plan import Array, Compressor
-from shardfs.store import Owner
+from shardfs.stores.local import Owner
 from shardfs.tree import File
 
 BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}

@@ -11,18 +11,13 @@ the log, messages) has `***@` in its place.
 from __future__ import annotations
 
 import base64
-import re
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
+from shardfs.logs import redact_userinfo
+
 FORMAT_PREFIXES = ("precomputed://", "zarr3://", "zarr://", "n5://")
 REMOTE_SCHEMES = ("gs", "s3", "http", "https")
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s?#]+@")  # up to the authority's last '@'
-
-
-def redact_userinfo(text: str) -> str:
-    """text with the `user:password@` of every URL in it shown as `***@`."""
-    return _USERINFO.sub(r"\1***@", text)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Byte ranges from an object store or a web server (gs://, s3://, http(s)://), through obstore.
 
-One obstore client per daemon process, shared by every libfuse thread: obstore releases the GIL, keeps
+One obstore client per daemon process, shared by every FUSE session thread: obstore releases the GIL, keeps
 connections alive, and retries 429, 5xx and timeouts with backoff, all within one deadline per request.
 Every answer becomes what a local disk would say: a missing object is ENOENT, a refusal EACCES, anything
 the retries could not get past EIO (never ENOENT: a server error must not look like an absent chunk).
@@ -31,11 +31,12 @@ from cachetools import LRUCache
 from obstore.exceptions import PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import GCSStore, HTTPStore, S3Store
 
-from shardfs import credentials, metrics
-from shardfs.disk_cache import DiskCache
+from shardfs import metrics
 from shardfs.errors import SourceError
-from shardfs.location import Remote
-from shardfs.store import Owner, StoreChanged, StoredFile
+from shardfs.stores import credentials
+from shardfs.stores.disk_cache import DiskCache
+from shardfs.stores.local import Owner, StoreChanged, StoredFile
+from shardfs.stores.location import Remote
 
 log = logging.getLogger("shardfs")
 
@@ -77,7 +78,7 @@ def client_options(access: Access, url: str) -> tuple[dict[str, Any], dict[str, 
 
 def make_client(remote: Remote, access: Access) -> Any:
     """The obstore store for a remote source; unsigned when asked or when no credentials are found (see
-    shardfs/credentials.py for where they are looked for)."""
+    shardfs/stores/credentials.py for where they are looked for)."""
     endpoint = access.endpoint or ""
     options, retry = client_options(access, endpoint or remote.url)
     common: dict[str, Any] = {"client_options": options, "retry_config": retry}

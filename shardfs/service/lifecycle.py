@@ -3,7 +3,7 @@
 - systemd: `READY=1` once the mount is live and `STOPPING=1` on the way out (sd_notify, via cysystemd).
 - SIGHUP drops every cache, for a source rewritten in place; SIGUSR1 toggles DEBUG logging.
 - `shardfs stats MOUNTPOINT` reads the figures from a socket in the daemon's runtime directory
-  (shardfs/stats_socket.py): no file in the mount for `cp -r` to copy.
+  (shardfs/service/stats_socket.py): no file in the mount for `cp -r` to copy.
 - `--metrics HOST:PORT` serves the same figures to Prometheus.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 from cysystemd.daemon import Notification, notify
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from shardfs.errors import ServiceError
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
@@ -30,10 +31,6 @@ SIGNALS = {signal.SIGHUP, signal.SIGUSR1}
 ANSWER_INTERVAL = 0.01  # seconds between two builds of the figures (each ~0.3 ms of the GIL): at most 3% of it
 METRICS_CONNECTIONS = 8  # --metrics connections served at once; more are closed at once
 IDLE_TIMEOUT = 5.0  # seconds a --metrics connection may wait on its client
-
-
-class ServiceError(Exception):
-    """A service part could not start; the message says why in one sentence."""
 
 
 def tell_systemd(state: Notification) -> None:
@@ -46,9 +43,9 @@ def tell_systemd(state: Notification) -> None:
 
 def block_signals() -> None:
     """Block SIGHUP and SIGUSR1 in the calling thread, and so in every thread started from it after: call it
-    first thing in the daemon, before anything starts a thread (obstore's runtime, libfuse's workers), so
+    first thing in the daemon, before anything starts a thread (obstore's runtime, the FUSE session), so
     that only handle_signals' thread ever takes them. A thread that did not block them would run their
-    default action (SIGHUP and SIGUSR1 end the process) or libfuse's (SIGHUP ends the mount)."""
+    default action: end the process."""
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
 

@@ -19,9 +19,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shardfs import mountinfo
-from shardfs.rundir import own_dir, runtime_dir, trusted_dir
-from shardfs.service import IDLE_TIMEOUT, ServiceError
+from shardfs.errors import ServiceError
+from shardfs.service import mountinfo
+from shardfs.service.lifecycle import IDLE_TIMEOUT
+from shardfs.service.rundir import own_dir, runtime_dir, trusted_dir
 
 SETTLED = 60  # seconds after which a stats socket that answers nobody is a dead daemon's
 UCRED = struct.Struct("3i")  # pid, uid, gid, as SO_PEERCRED gives them

@@ -1,8 +1,8 @@
 """Mounting and unmounting: FUSE options, detaching, readiness, stale mounts, logging.
 
 `mount` returns only once the kernel has the mount live: the detached daemon reports back through a
-pipe from libfuse's `init`, which runs after the mount is established. The daemon closes the stdin,
-stdout and stderr it inherited, so `out=$(shardfs mount ...)` never waits on it.
+pipe once its session has answered the kernel's INIT, which comes after the mount is made. The daemon
+closes the stdin, stdout and stderr it inherited, so `out=$(shardfs mount ...)` never waits on it.
 """
 
 from __future__ import annotations
@@ -20,25 +20,23 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import mfusepy
 from cysystemd.daemon import Notification
 
-from shardfs import metrics, mountinfo, service, stats_socket
+from shardfs import metrics
 from shardfs.cache import return_freed_memory
-from shardfs.errors import SourceError
-from shardfs.fuse import serve as own_session
+from shardfs.errors import ServiceError, SourceError
+from shardfs.fuse import serve as session
 from shardfs.fuse.mount import FuseMountError
-from shardfs.fuse_adapter import ShardFS
 from shardfs.logs import log_to, open_log, replay_early
-from shardfs.rundir import own_dir
+from shardfs.service import lifecycle, mountinfo, stats_socket
+from shardfs.service.rundir import own_dir
 from shardfs.source import Source
-from shardfs.stderr_capture import StderrCapture
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
 
 ONE_DAY = 86400
-REMOTE_THREADS = 64  # libfuse's max_threads for remote sources: readers wait on the network, not the CPU
+REMOTE_THREADS = 64  # session threads (`max_threads`) for remote sources: readers wait on the network, not the CPU
 REFUSED = "refused: "  # what the daemon's answer starts with when it could not open the source
 
 
@@ -63,7 +61,6 @@ def fuse_options(fsname: str, extra: dict[str, str | bool], remote: bool = False
         "negative_timeout": str(ONE_DAY),
         "fsname": re.sub(r"[,\s]", "_", fsname),
         "subtype": "shardfs",
-        "max_idle_threads": "10",  # libfuse 3.14.0 warns of an invalid value when it is left unset
     }
     if remote:
         options["max_threads"] = str(REMOTE_THREADS)
@@ -159,55 +156,32 @@ def serve(
     on_ready: Callable[[], None] | None = None,
     metrics_at: tuple[str, int] | None = None,
 ) -> None:
-    """Run the multithreaded FUSE loop until unmounted or signalled; libfuse unmounts on SIGTERM/SIGINT.
-
-    libfuse reports a loop ended by a signal as an error; once the mount was live, that is a clean stop.
-    Before that, what libfuse wrote to stderr is why the mount failed: it becomes the MountError.
-    """
-    live = False
-    capture = StderrCapture()
+    """Serve the tree at mountpoint until unmounted, SIGTERM or SIGINT (which unmount)."""
 
     def ready() -> None:
-        nonlocal live
-        live = True
-        os.write(2, capture.release().encode())  # libfuse's warnings, if any, where they always went
         metrics.START_TIME.set_to_current_time()
         log.info("mounted %s at %s", options.get("fsname"), mountpoint, extra={"event": "mounted"})
-        service.tell_systemd(Notification.READY)
+        lifecycle.tell_systemd(Notification.READY)
         if on_ready is not None:
             on_ready()
 
-    service.handle_signals(tree)  # before libfuse's threads: they inherit the blocked signals
+    lifecycle.handle_signals(tree)  # before the session's threads: they inherit the blocked signals
     return_freed_memory()
-    figures = service.Paced(metrics.text)
+    figures = lifecycle.Paced(metrics.text)
     try:
         if metrics_at is not None:
-            service.serve_metrics(metrics_at, figures)
+            lifecycle.serve_metrics(metrics_at, figures)
         remove_stats_socket = stats_socket.serve(mountpoint, figures)
-    except service.ServiceError as e:
+    except ServiceError as e:
         raise MountError(str(e)) from None
     metrics.watch_cache(tree.cache)
-    if os.environ.get("SHARDFS_FUSE") == "own":  # shardfs's own session (issue 21), until it replaces libfuse's
-        try:
-            own_session.serve(tree, mtime_ns, mountpoint, options, ready)
-        except FuseMountError as e:
-            raise MountError(str(e)) from None
-        finally:
-            remove_stats_socket()
-        service.tell_systemd(Notification.STOPPING)
-        log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
-        return
     try:
-        capture.start()
-        mfusepy.FUSE(ShardFS(tree, mtime_ns, ready), str(mountpoint), foreground=True, nothreads=False, **options)
-    except RuntimeError:
-        if not live:
-            reason = " ".join(capture.release().split()) or "libfuse gave no reason"
-            raise MountError(f"{mountpoint}: mount failed: {reason}") from None
+        session.serve(tree, mtime_ns, mountpoint, options, ready)
+    except FuseMountError as e:
+        raise MountError(str(e)) from None
     finally:
-        capture.release()
         remove_stats_socket()
-    service.tell_systemd(Notification.STOPPING)
+    lifecycle.tell_systemd(Notification.STOPPING)
     log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
 
 
@@ -231,7 +205,7 @@ def mount(
     prepare_mountpoint(mountpoint, local, allow_non_empty)
     mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
     if foreground:
-        service.block_signals()  # before a remote source is opened: obstore's threads start with it
+        lifecycle.block_signals()  # before a remote source is opened: obstore's threads start with it
         log_to(log_file)
         serve(_opened(source).tree, mtime_ns, mountpoint, options, metrics_at=metrics_at)
         return
@@ -252,7 +226,7 @@ def mount(
     # The daemon: a session of its own, stdio off the caller's terminal and pipes, logs to the file.
     os.close(ready_r)
     os.setsid()
-    service.block_signals()  # before a remote source is opened: obstore's threads start with it
+    lifecycle.block_signals()  # before a remote source is opened: obstore's threads start with it
     descriptors = []
     if isinstance(source, Source):
         source.tree.store.forget()  # its files would be closed under it next
@@ -301,6 +275,6 @@ def _detach_stdio(log_fd: int) -> None:
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
-    os.dup2(log_fd, 2)  # libfuse's own messages land in the log too
+    os.dup2(log_fd, 2)  # whatever a library prints lands in the log too
     os.close(null)
     os.close(log_fd)
