@@ -188,8 +188,8 @@ def peak_and_now_kib(pid: int) -> tuple[int, int]:
 def test_memory_stays_within_the_budget_and_one_file(tmp_path, mount) -> None:
     """Bombs and files near the cap, read by eight threads at once: every bomb is EIO, every file right, and
     the daemon grows by at most the cache budget, the one large file being made (large files are made one
-    at a time, their stored bytes read as they are decoded), and a fixed overhead (2 MiB for each of
-    libfuse's threads before a value counts as large, and the interpreter's own)."""
+    at a time, their stored bytes read as they are decoded), and a fixed overhead (the session threads'
+    stacks before a value counts as large, and the interpreter's own)."""
     rng = np.random.default_rng(3)
     large = {k: rng.bytes(20 << 20) for k in (10, 11, 12)}
     data = {k: gzip_bomb(300 << 20) for k in range(1, 7)}

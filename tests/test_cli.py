@@ -75,7 +75,7 @@ def test_remote_options_on_a_local_source_are_named_as_ignored(kv, tmp_path) -> 
 
 
 @pytest.mark.parametrize("foreground", [False, True])
-def test_option_libfuse_refuses_is_named_on_the_terminal(kv, tmp_path, foreground) -> None:
+def test_an_option_the_mount_refuses_is_named_on_the_terminal(kv, tmp_path, foreground) -> None:
     point, log = tmp_path / "m", tmp_path / "log"
     point.mkdir()
     attach = ["-f"] if foreground else ["--log-file", log]

@@ -140,9 +140,9 @@ def test_permissions_follow_the_source(public_tmp, mount) -> None:
         assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (mode, uid, gid), path
 
 
-def test_max_threads_caps_libfuses_workers(tmp_path, mount) -> None:
-    """`-o max_threads=1` reaches libfuse: sixteen readers at once are served right by the one worker the loop
-    starts with, and the daemon starts no thread while they read."""
+def test_max_threads_caps_the_sessions_threads(tmp_path, mount) -> None:
+    """`-o max_threads=1` reaches the session: sixteen readers at once are served right by its one thread,
+    and the daemon starts no thread while they read."""
     volume, twin = tmp_path / "vol", tmp_path / "twin"
     peers.write_tensorstore_volume(volume, unsharded_twin=twin, extra_unsharded_scale=False)
     expected = {p.name: p.read_bytes() for p in (twin / "4_4_40").iterdir()}

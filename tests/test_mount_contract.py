@@ -21,7 +21,7 @@ from tests.test_daemon import daemon_of
 from tests.test_service import free_port
 
 MIB = 1 << 20
-LIBFUSE_DEFAULT_TIMEOUT = 1.0  # libfuse's attr_timeout and entry_timeout when none is given (negative: 0)
+DEFAULT_TIMEOUT = 1.0  # attr_timeout and entry_timeout when none is given, as libfuse had them (negative: 0)
 
 
 @pytest.fixture(scope="module")
@@ -121,13 +121,13 @@ def test_the_kernel_opens_files_without_asking(volume, mount) -> None:
 
 
 def test_names_attributes_and_absences_are_kept_by_the_kernel(volume, mount) -> None:
-    """attr_timeout, entry_timeout and negative_timeout of a day: once past libfuse's own defaults (1 s, 1 s
-    and 0), a second stat of a file and of a missing name still never reaches the daemon."""
+    """attr_timeout, entry_timeout and negative_timeout of a day: once past the defaults (1 s, 1 s and 0),
+    a second stat of a file and of a missing name still never reaches the daemon."""
     m = mount(volume[0])
     chunk, missing = m.path / "4_4_40" / "-5-11_3-19_7-15", m.path / "4_4_40" / "0-1_0-1_0-1"
     size = chunk.stat().st_size
     assert not missing.exists()
-    time.sleep(1.5 * LIBFUSE_DEFAULT_TIMEOUT)  # not a timing assertion: waits out what the defaults would keep
+    time.sleep(1.5 * DEFAULT_TIMEOUT)  # not a timing assertion: waits out what the defaults would keep
     before = op_counts(m.path)
     assert chunk.stat().st_size == size and not missing.exists()
     assert op_counts(m.path).get("getattr", 0) == before.get("getattr", 0)

@@ -1,5 +1,5 @@
-"""A remote mount serves many readers at once: each waiting read holds one of libfuse's worker threads for a
-network round trip, so a remote source is mounted with more workers than libfuse's default ten. Counted where
+"""A remote mount serves many readers at once: each waiting read holds one of the FUSE session's threads for
+a network round trip, so a remote source is mounted with more threads than the default ten. Counted where
 it shows, at a loopback server slower than the network: sixteen readers of sixteen chunks have sixteen
 requests in flight together, not ten."""
 

@@ -90,9 +90,7 @@ def test_one_get_per_chunk_once_warm(volume, server, mount) -> None:
 
 def test_sixteen_readers_overlap(volume, server, mount) -> None:
     """With 50 ms per request, 16 readers finish in a fraction of the serial time: their reads overlap.
-    Lookups are stat'ed first: the kernel sends one LOOKUP at a time per directory (fusectl's `waiting`
-    stays at 1; libfuse 3.14 never passes FUSE_PARALLEL_DIROPS on), so it is the reads, one GET each, that
-    can overlap."""
+    Lookups are stat'ed first, so that it is the reads, one GET each, that are measured."""
     _, twin, _ = volume
     m = mount(server.url)
     names = chunk_names(twin, "4_4_40")
@@ -275,8 +273,8 @@ def test_cache_dir_serves_a_later_mount_and_stays_in_budget(volume, server, moun
 
 def test_gzip_chunks_of_raw_voxels_are_stated_without_their_data(tmp_path, mount) -> None:
     """A gzip chunk of raw voxels has its size from the grid (clipped at the edges, channels included):
-    a lookup reads indexes only, never the chunk, since the kernel sends this libfuse's LOOKUPs one at a
-    time per directory; each read then costs one GET, and the bytes are the unsharded twin's."""
+    a lookup reads indexes only, never the chunk; each read then costs one GET, and the bytes are the
+    unsharded twin's."""
     source, twin = tmp_path / "src", tmp_path / "twin"
     peers.write_tensorstore_volume(source, dtype="uint16", num_channels=2, data_encoding="gzip", unsharded_twin=twin)
     with RangeServer(source).running() as server:
