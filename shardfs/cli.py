@@ -122,7 +122,8 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
         )  # fmt: skip
         s.add_argument(
             "--max-file-size", type=byte_size, default=DEFAULT_MAX_FILE, metavar="SIZE",
-            help="the largest file decoded (a chunk, a shard under a whole-shard codec); larger ones are EIO",
+            help="the largest file decoded (a chunk, a shard under a whole-shard codec); a larger one is EIO, logged"
+            " and counted as over --max-file-size (not as corrupt)",
         )  # fmt: skip
         s.add_argument(
             "--view", choices=["native", "n5", "zarr2"], default="native",

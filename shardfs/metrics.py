@@ -150,6 +150,9 @@ DISK_CACHE = Counter(
 DECODE_ERRORS = Counter(
     "shardfs_decode_errors", "Stored data that contradicts its index or does not decode", registry=REGISTRY
 )
+OVER_MAX_FILE_SIZE = Counter(
+    "shardfs_over_max_file_size", "Reads refused because the file is larger than --max-file-size", registry=REGISTRY
+)
 
 
 class CacheCollector(Collector):

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from shardfs import metrics
 from shardfs.codecs import start_request
-from shardfs.errors import CorruptChunk
+from shardfs.errors import CorruptChunk, over_max_file_size
 from shardfs.fuse import wire
 from shardfs.tree import Dir, Owner, Tree
 
@@ -53,8 +53,7 @@ def errors_to_errno(name: str) -> Callable[[F], F]:
                 count(e.errno)
                 raise
             except CorruptChunk as e:
-                metrics.DECODE_ERRORS.inc()
-                log.error("%s", e, extra={**e.log_fields("eio"), "path": "/" + path})
+                refused(e, self.tree.cache.max_value, path)
                 raise error(errno.EIO) from None
             except (FileNotFoundError, NotADirectoryError):
                 raise FuseError(errno.ENOENT) from None
@@ -70,6 +69,17 @@ def errors_to_errno(name: str) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def refused(e: CorruptChunk, max_file_size: int, path: str) -> None:
+    """Log and count a chunk that cannot be served: too large for --max-file-size (the operator can raise it),
+    else corrupt."""
+    if (too_large := over_max_file_size(e, max_file_size)) is not None:
+        metrics.OVER_MAX_FILE_SIZE.inc()
+        log.error("%s", too_large, extra={**e.log_fields("too_large"), "path": "/" + path})
+    else:
+        metrics.DECODE_ERRORS.inc()
+        log.error("%s", e, extra={**e.log_fields("eio"), "path": "/" + path})
 
 
 def count(code: int) -> None:
