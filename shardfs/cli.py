@@ -25,7 +25,7 @@ from shardfs.service.daemon import MountError, UsageError, fuse_options, mount, 
 from shardfs.service.summary import identity, summary
 from shardfs.source import Source, is_remote, open_source
 from shardfs.stores.disk_cache import DiskCache
-from shardfs.stores.remote import DEFAULT_TIMEOUT, Access
+from shardfs.stores.remote import DEFAULT_TIMEOUT, WAITING, Access
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        say(WAITING.said() or "stopping")
+        return 130  # as a shell reports a command ended by SIGINT
     except Exception as e:  # a source shaped in a way no check foresaw: one line, not a traceback
         logging.getLogger("shardfs").debug("unexpected error", exc_info=True)
         say(f"{args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})")

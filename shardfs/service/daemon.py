@@ -31,6 +31,7 @@ from shardfs.logs import log_to, open_log, replay_early
 from shardfs.service import lifecycle, mountinfo, stats_socket
 from shardfs.service.rundir import own_dir
 from shardfs.source import Source
+from shardfs.stores.remote import WAITING
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
@@ -181,6 +182,8 @@ def serve(
         raise MountError(str(e)) from None
     finally:
         remove_stats_socket()
+    if (waiting := WAITING.said()) is not None:  # left to end with the process, which does not wait for them
+        log.warning("%s", waiting, extra={"event": "stopping"})
     lifecycle.tell_systemd(Notification.STOPPING)
     log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
 
