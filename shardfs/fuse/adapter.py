@@ -121,6 +121,34 @@ class DirCursor:
             yield name, mode, self._next
 
 
+class StoredBytes:
+    """What `df` shows: the bytes and files the source stores, counted once, in a thread of its own started at
+    the first STATFS (a mount waits for nothing, and one no one asks costs nothing). Until the count is done
+    STATFS answers what it has counted so far; it stops at MAX_FILES files (`df` then shows a lower bound).
+    A source that cannot be listed (HTTP) counts nothing: size 0."""
+
+    MAX_FILES = 1_000_000
+
+    def __init__(self, sizes: Callable[[], Iterator[int]]) -> None:
+        self._sizes = sizes
+        self._started = threading.Event()
+        self.nbytes = self.files = 0
+
+    def now(self) -> tuple[int, int]:
+        """(bytes, files) counted so far; the first call starts the count."""
+        if not self._started.is_set():
+            self._started.set()
+            threading.Thread(target=self._count, name="shardfs-df", daemon=True).start()
+        return self.nbytes, self.files
+
+    def _count(self) -> None:
+        try:
+            for size in itertools.islice(self._sizes(), self.MAX_FILES):
+                self.nbytes, self.files = self.nbytes + size, self.files + 1
+        except Exception as e:  # a listing refused or failed: df shows what was counted
+            log.warning("df: the source's size could not be counted: %s", e, extra={"event": "statfs"})
+
+
 class TreeOps:
     """Read-only operations over a Tree, by path ('' is the root). The session owns node ids and the
     wire; this owns what the answers say."""
@@ -133,6 +161,7 @@ class TreeOps:
         self._handles = itertools.count(1)
         self._lock = threading.Lock()
         self._modes = functools.lru_cache(maxsize=1024)(self._mode)
+        self.stored = StoredBytes(tree.store.sizes)
 
     @staticmethod
     def _mode(kind: int, owner: Owner) -> tuple[int, int, int, int]:

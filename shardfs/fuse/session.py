@@ -31,6 +31,7 @@ MAX_PAGES = 256  # reads of up to 1 MiB in one request
 KERNEL_BACKGROUND = 12  # the kernel's default of asynchronous requests (readahead) in flight: never fewer
 WANTED = InitFlag.ASYNC_READ | InitFlag.PARALLEL_DIROPS | InitFlag.MAX_PAGES
 ZERO_ATTR = bytes(wire.ATTR.size)
+STATFS_UNIT = 512  # f_frsize: `df` shows the source's size to within half a KiB
 # Opcodes answered ENOSYS: the kernel remembers most (FLUSH, FSYNC, xattrs, ACCESS, LSEEK, POLL, BMAP)
 # and never asks again; locks are then kept by the kernel alone.
 NOT_IMPLEMENTED = frozenset(
@@ -325,7 +326,10 @@ class Session:
         self._ok(unique, nodeid, body)
 
     def _statfs(self, unique: int, nodeid: int, body: memoryview) -> None:
-        self._reply(unique, wire.STATFS_OUT.pack(0, 0, 0, 0, 0, BLOCK_SIZE, 255, BLOCK_SIZE, 0))
+        """The source's stored bytes as size and used, nothing free (read-only), in 512-byte units."""
+        nbytes, files = self.ops.stored.now()
+        blocks = -(-nbytes // STATFS_UNIT)
+        self._reply(unique, wire.STATFS_OUT.pack(blocks, 0, 0, files, 0, BLOCK_SIZE, 255, STATFS_UNIT, 0))
 
     def _ioctl(self, unique: int, nodeid: int, body: memoryview) -> None:
         """Python's open() asks whether a file is a terminal (TCGETS) every time: no file here is one."""

@@ -338,6 +338,14 @@ class RemoteStore:
     def descriptors(self) -> list[int]:
         return []
 
+    def sizes(self) -> Iterator[int]:
+        """Every object's size under the source's prefix, a listing page at a time; nothing over HTTP."""
+        if not self.can_list:
+            return
+        for page in obstore.list(self._store()):
+            for meta in page:
+                yield meta["size"]
+
 
 class BadAnswer(OSError):
     """A server's answer that is not the range asked for: longer, shorter, or re-encoded. The read is EIO."""
