@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from shardfs import __version__, metrics
+from shardfs import __version__
 from shardfs.check import check
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError
 from shardfs.logs import LogFileError, log_to_terminal, redact, redact_userinfo
@@ -130,8 +130,10 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
             help="native: the source's own format, unsharded; n5 or zarr2: its arrays in that format",
         )  # fmt: skip
         s.add_argument(
-            "--log-level", type=str.upper, choices=LOG_LEVELS, default="WARNING", metavar="LEVEL",
-            help=f"{', '.join(LOG_LEVELS)}: the least severe records logged",
+            "--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+            help=f"{', '.join(LOG_LEVELS)}: the least severe records logged (default: WARNING; INFO for mount -f,"
+            " whose terminal then shows the mount and its end). DEBUG logs a line per FUSE request (op, path,"
+            " bytes, store_reads, us), at most 1000 a minute",
         )  # fmt: skip
         s.add_argument(
             "--anonymous",
@@ -246,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(mount_argv(sys.argv[1:] if argv is None else argv, commands))
     except ValueError as e:
         p.error(redact(str(e)))
-    log_to_terminal(args.__dict__.get("log_level", "WARNING"))
+    log_to_terminal(args.__dict__.get("log_level") or ("INFO" if args.__dict__.get("foreground") else "WARNING"))
     try:
         if args.command == "unmount":
             unmount(args.mountpoint.absolute(), args.any_type)
@@ -334,7 +336,6 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
     if args.allow_other:
         extra["allow_other"] = True
     options = fuse_options(name, extra, remote)
-    metrics.MOUNT.info({"source": str(name), "mountpoint": str(args.mountpoint.absolute()), "view": args.view})
     log_file = args.log_file.absolute() if args.log_file else None
     mount(
         source,
@@ -346,6 +347,8 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         args.metrics,
         args.allow_non_empty,
         disk.descriptors() if disk else [],
+        str(name),
+        args.view,
     )
     return 0
 

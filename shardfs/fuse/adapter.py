@@ -66,9 +66,35 @@ def errors_to_errno(name: str) -> Callable[[F], F]:
             finally:
                 timer.observe(time.perf_counter() - start)
 
-        return wrapper  # type: ignore[return-value]
+        @functools.wraps(op)
+        def logged(self: TreeOps, path: str, *args: Any) -> Any:
+            if not log.isEnabledFor(logging.DEBUG):
+                return wrapper(self, path, *args)
+            reads, start = metrics.STORE_READS.mine(), time.perf_counter()
+            try:
+                answer = wrapper(self, path, *args)
+            except FuseError as e:
+                log_request(name, path, start, reads, code=e.errno)
+                raise
+            log_request(name, path, start, reads, answer)
+            return answer
+
+        return logged  # type: ignore[return-value]
 
     return decorate
+
+
+def log_request(op: str, path: str, start: float, reads: float, answer: object = None, code: int = 0) -> None:
+    """The DEBUG line of one request: what was asked, how many bytes it answered or which errno, how many
+    byte ranges it read from the source (this thread's count), and how long it took."""
+    fields: dict[str, object] = {"event": "request", "op": op, "path": "/" + path}
+    if isinstance(answer, bytes):
+        fields["bytes"] = len(answer)
+    if code or (answer is None and op == "getattr"):  # getattr's None: absent
+        fields["errno"] = errno.errorcode.get(code or errno.ENOENT, code)
+    fields["store_reads"] = int(metrics.STORE_READS.mine() - reads)
+    fields["us"] = round((time.perf_counter() - start) * 1e6)
+    log.debug("answered", extra=fields)
 
 
 def refused(e: CorruptChunk, max_file_size: int, path: str) -> None:
@@ -211,15 +237,18 @@ class TreeOps:
         if cursor is None:
             raise error(errno.EBADF)
         start_request(self.request_limit)
-        start = time.perf_counter()
+        start, reads, code = time.perf_counter(), metrics.STORE_READS.mine(), 0
         try:
             yield from cursor.entries(offset)
         except Exception as e:
             log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
             cursor.restart()
+            code = errno.EIO
             raise error(errno.EIO) from None
         finally:
             READDIR.observe(time.perf_counter() - start)
+            if log.isEnabledFor(logging.DEBUG):
+                log_request("readdir", path, start, reads, code=code)
 
     def releasedir(self, fh: int) -> None:
         with self._lock:

@@ -102,7 +102,7 @@ class Nodes:
 
 class Session:
     """Serves ops on an open /dev/fuse fd until the filesystem is unmounted. on_ready runs once INIT
-    is answered: the mount then answers requests."""
+    is answered: the mount then answers requests (`granted_text` says on what terms)."""
 
     def __init__(
         self, fd: int, ops: TreeOps, threads: int = 10, timeouts: Timeouts | None = None,
@@ -252,13 +252,13 @@ class Session:
             MAX_WRITE, 1, MAX_PAGES, 0, 0,
         )  # fmt: skip
         self._reply(unique, reply if minor >= 23 else reply[: wire.COMPAT_22_INIT_OUT_SIZE])
-        log.info(
-            "FUSE protocol 7.%d, granted %s, %d threads, kernel sends OPEN: %s", minor,
-            "|".join(flag.name or "" for flag in InitFlag if flag in self.granted) or "nothing", self.threads,
-            "no (no_open)" if self.no_open else "yes", extra={"event": "fuse_init"},
-        )  # fmt: skip
         if self.on_ready is not None:
             self.on_ready()
+
+    def granted_text(self) -> str:
+        """What INIT settled, for the mount's log line: `FUSE 7.38, granted ASYNC_READ|..., no_open, 10 threads`."""
+        granted = "|".join(flag.name or "" for flag in InitFlag if flag in self.granted) or "nothing"
+        return f"FUSE 7.{self.minor}, granted {granted}{', no_open' if self.no_open else ''}, {self.threads} threads"
 
     def _child(self, nodeid: int, body: memoryview) -> str:
         parent = self.nodes.path(nodeid)
