@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from shardfs import __version__
 from shardfs.check import check
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError
-from shardfs.logs import LogFileError, log_to_terminal, redact, redact_userinfo
+from shardfs.logs import DEBUG_BURST, LogFileError, log_to_terminal, redact, redact_userinfo
 from shardfs.service import mountinfo, stats_socket
 from shardfs.service.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
 from shardfs.service.summary import identity, summary
@@ -131,9 +131,9 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
         )  # fmt: skip
         s.add_argument(
             "--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
-            help=f"{', '.join(LOG_LEVELS)}: the least severe records logged (default: WARNING; INFO for mount -f,"
-            " whose terminal then shows the mount and its end). DEBUG logs a line per FUSE request (op, path,"
-            " bytes, store_reads, us), at most 1000 a minute",
+            help=f"{', '.join(LOG_LEVELS)}: the least severe records logged; mount -f logs from INFO unless given,"
+            " so that its terminal shows the mount and its end; DEBUG logs a line per FUSE request (op, path, bytes,"
+            f" store_reads, us), at most {DEBUG_BURST} a minute (default: WARNING)",
         )  # fmt: skip
         s.add_argument(
             "--anonymous",
