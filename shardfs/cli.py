@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from shardfs import __version__
 from shardfs.check import check
-from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError
+from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
 from shardfs.logs import DEBUG_BURST, LogFileError, log_to_terminal, redact, redact_userinfo
 from shardfs.service import mountinfo, stats_socket
 from shardfs.service.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             info(source)
     except (SourceError, MountError, CorruptChunk, ServiceError, LogFileError, CacheDirRefused) as e:
-        say(str(e))
+        too_large = isinstance(e, CorruptChunk) and over_max_file_size(e, args.max_file_size)
+        say(too_large or str(e))
         return 2 if isinstance(e, (SourceError, UsageError, CacheDirRefused)) else 1
     except FileNotFoundError as e:
         say(f"{e.filename or e}: no such file in the virtual tree")

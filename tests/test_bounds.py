@@ -274,8 +274,8 @@ def test_a_file_past_max_file_size_is_eio_naming_the_limit(tmp_path, mount) -> N
 
 def test_a_chunk_over_max_file_size_is_named_so_not_corrupt(tmp_path, mount) -> None:
     """tensorstore's gzip chunks of 128 KiB, mounted with `--max-file-size 64K`: EIO with a log line naming the
-    limit and the option, counted by `shardfs stats` under its own figure, not as corrupt data; the default
-    cap serves the same chunk."""
+    limit and the option, counted by `shardfs stats` under its own figure, not as corrupt data (and `shardfs cat`
+    says the same); the default cap serves the same chunk."""
     root, twin = tmp_path / "vol", tmp_path / "twin"
     peers.write_tensorstore_volume(root, size=(64, 64, 64), chunk=(64, 64, 32), voxel_offset=(0, 0, 0),
                                    extra_unsharded_scale=False, unsharded_twin=twin)  # fmt: skip
@@ -290,6 +290,8 @@ def test_a_chunk_over_max_file_size_is_named_so_not_corrupt(tmp_path, mount) -> 
     stats = shardfs("stats", m.path).stdout
     eio = re.search(r"\(EIO (\d+)\); corrupt data: 0; over --max-file-size: (\d+)", stats)
     assert eio and eio[1] == eio[2] != "0", stats  # every EIO is one too large, none counted as corrupt
+    cat = shardfs("cat", root, f"{scale}/{name}", "--max-file-size", "64K", check=False)  # the CLI says the same
+    assert cat.returncode == 1 and "over --max-file-size 64.0 KiB" in cat.stderr and "corrupt" not in cat.stderr
     assert read(mount(root).path / scale / name) == (twin / scale / name).read_bytes()
 
 
