@@ -16,6 +16,7 @@ asked, so no answer costs more memory than its request.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import re
@@ -50,7 +51,7 @@ class _Waiting:
 
     def __init__(self) -> None:
         self._requests: dict[int, tuple[str, str, float]] = {}
-        self._ids = iter(range(1 << 62))
+        self._ids = itertools.count()
         self._lock = threading.Lock()
 
     def run(self, what: str, url: str, request: Callable[[], T]) -> T:
