@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from shardfs import __version__, metrics
+from shardfs import __version__
 from shardfs.check import check
-from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError
-from shardfs.logs import LogFileError, log_to_terminal, redact, redact_userinfo
+from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
+from shardfs.logs import DEBUG_BURST, LogFileError, log_to_terminal, redact, redact_userinfo
 from shardfs.service import mountinfo, stats_socket
 from shardfs.service.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
 from shardfs.service.summary import identity, summary
 from shardfs.source import Source, is_remote, open_source
 from shardfs.stores.disk_cache import DiskCache
-from shardfs.stores.remote import DEFAULT_TIMEOUT, Access
+from shardfs.stores.remote import DEFAULT_TIMEOUT, WAITING, Access
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
@@ -122,15 +122,18 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
         )  # fmt: skip
         s.add_argument(
             "--max-file-size", type=byte_size, default=DEFAULT_MAX_FILE, metavar="SIZE",
-            help="the largest file decoded (a chunk, a shard under a whole-shard codec); larger ones are EIO",
+            help="the largest file decoded (a chunk, a shard under a whole-shard codec); a larger one is EIO, logged"
+            " and counted as over --max-file-size (not as corrupt)",
         )  # fmt: skip
         s.add_argument(
             "--view", choices=["native", "n5", "zarr2"], default="native",
             help="native: the source's own format, unsharded; n5 or zarr2: its arrays in that format",
         )  # fmt: skip
         s.add_argument(
-            "--log-level", type=str.upper, choices=LOG_LEVELS, default="WARNING", metavar="LEVEL",
-            help=f"{', '.join(LOG_LEVELS)}: the least severe records logged",
+            "--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+            help=f"{', '.join(LOG_LEVELS)}: the least severe records logged; mount -f logs from INFO unless given,"
+            " so that its terminal shows the mount and its end; DEBUG logs a line per FUSE request (op, path, bytes,"
+            f" store_reads, us), at most {DEBUG_BURST} a minute (default: WARNING)",
         )  # fmt: skip
         s.add_argument(
             "--anonymous",
@@ -245,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(mount_argv(sys.argv[1:] if argv is None else argv, commands))
     except ValueError as e:
         p.error(redact(str(e)))
-    log_to_terminal(args.__dict__.get("log_level", "WARNING"))
+    log_to_terminal(args.__dict__.get("log_level") or ("INFO" if args.__dict__.get("foreground") else "WARNING"))
     try:
         if args.command == "unmount":
             unmount(args.mountpoint.absolute(), args.any_type)
@@ -274,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             info(source)
     except (SourceError, MountError, CorruptChunk, ServiceError, LogFileError, CacheDirRefused) as e:
-        say(str(e))
+        too_large = isinstance(e, CorruptChunk) and over_max_file_size(e, args.max_file_size)
+        say(too_large or str(e))
         return 2 if isinstance(e, (SourceError, UsageError, CacheDirRefused)) else 1
     except FileNotFoundError as e:
         say(f"{e.filename or e}: no such file in the virtual tree")
@@ -284,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        say(WAITING.said() or "stopping")
+        return 130  # as a shell reports a command ended by SIGINT
     except Exception as e:  # a source shaped in a way no check foresaw: one line, not a traceback
         logging.getLogger("shardfs").debug("unexpected error", exc_info=True)
         say(f"{args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})")
@@ -330,7 +337,6 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
     if args.allow_other:
         extra["allow_other"] = True
     options = fuse_options(name, extra, remote)
-    metrics.MOUNT.info({"source": str(name), "mountpoint": str(args.mountpoint.absolute()), "view": args.view})
     log_file = args.log_file.absolute() if args.log_file else None
     mount(
         source,
@@ -342,6 +348,8 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         args.metrics,
         args.allow_non_empty,
         disk.descriptors() if disk else [],
+        str(name),
+        args.view,
     )
     return 0
 

@@ -13,6 +13,7 @@ import numcodecs
 import zstandard
 
 from shardfs.cache import LARGE_VALUE, large_value_turn
+from shardfs.errors import OverLimit
 
 STEP = 1 << 20
 _request = threading.local()
@@ -21,7 +22,7 @@ _request = threading.local()
 def start_request(limit: int | None) -> None:
     """Count every byte this thread decodes from now on against limit (None: no limit), so that no one
     request, however its metadata and indexes are crafted, decodes without end."""
-    _request.left = limit
+    _request.left = _request.limit = limit
 
 
 def _spend(nbytes: int) -> None:
@@ -29,7 +30,7 @@ def _spend(nbytes: int) -> None:
     if left is not None:
         _request.left = left - nbytes
         if left < nbytes:
-            raise ValueError("this request has decoded more than its limit (4 times --max-file-size)")
+            raise OverLimit("this request has decoded more than its limit (4 times --max-file-size)", _request.limit)
 
 
 def _bounded(pieces: Iterator[bytes], limit: int, codec: str) -> bytearray:
@@ -40,7 +41,7 @@ def _bounded(pieces: Iterator[bytes], limit: int, codec: str) -> bytearray:
         for piece in pieces:
             _spend(len(piece))
             if len(out) + len(piece) > limit:
-                raise ValueError(f"{codec} data decodes to more than the {limit}-byte limit")
+                raise OverLimit(f"{codec} data decodes to more than the {limit}-byte limit", limit)
             if len(out) + len(piece) > LARGE_VALUE >= len(out):
                 large.enter_context(large_value_turn(len(out) + len(piece)))
             out += piece
@@ -115,7 +116,7 @@ def unblosc(data: bytes, limit: int) -> bytes:
         raise ValueError("blosc data is shorter than its header")
     declared = int.from_bytes(data[4:8], "little")
     if declared > limit:
-        raise ValueError(f"blosc data claims {declared} bytes, more than the {limit}-byte limit")
+        raise OverLimit(f"blosc data claims {declared} bytes, more than the {limit}-byte limit", limit, declared)
     _spend(declared)
     with large_value_turn(declared):
         try:

@@ -2,7 +2,9 @@
 grep, journald and log shippers can pick out every EIO of one shard without parsing prose.
 
 Any user who can read the mount can make it log (bad names, corrupt chunks), so warnings and errors are
-rate-limited per kind: a burst, then a count of what was dropped on the next line let through.
+rate-limited per kind: a burst, then a count of what was dropped on the next line let through. At DEBUG,
+the daemon logs a line per FUSE request (`event=request op= path= bytes= store_reads= us=`), limited the same
+way with a larger burst; INFO lines (mounted, unmounted) always pass.
 
 No secret reaches a log at any level. DEBUG and INFO records pass only from shardfs's own loggers: a
 library's debug log prints what it sends and receives (botocore logs STS's whole AssumeRoleResponse, the
@@ -29,11 +31,13 @@ from pathlib import Path
 from typing import TextIO
 
 OURS = "shardfs"  # the logger hierarchy whose DEBUG and INFO records are logged
-FIELDS = ("event", "path", "shard", "key", "suppressed")  # passed as `extra=` by the calls that know them
+# Passed as `extra=` by the calls that know them, written in this order.
+FIELDS = ("event", "op", "path", "bytes", "errno", "store_reads", "us", "shard", "key", "suppressed")
 _BARE = re.compile(r"[^\s\"=\\]+")
 
 
 BURST = 20  # lines of one (level, event) let through per window
+DEBUG_BURST = 1000  # DEBUG lines of one event (a request each) let through per window
 WINDOW = 60.0  # seconds
 
 
@@ -110,25 +114,30 @@ class _Window:
 
 
 class RateLimit(logging.Filter):
-    """At most `burst` warnings or errors of one (level, event) per `window` seconds; the next one let
-    through carries `suppressed=N`, the number dropped before it. DEBUG and INFO pass: the operator chose them."""
+    """At most `burst` warnings or errors of one (level, event) per `window` seconds, and `debug_burst` DEBUG
+    lines (one a FUSE request: a reader can send thousands a second); the next one let through carries
+    `suppressed=N`, the number dropped before it. INFO passes: the mount's few milestones."""
 
-    def __init__(self, burst: int = BURST, window: float = WINDOW, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, burst: int = BURST, window: float = WINDOW, clock: Callable[[], float] = time.monotonic,
+        debug_burst: int = DEBUG_BURST,
+    ) -> None:  # fmt: skip
         super().__init__()
-        self.burst, self.window, self.clock = burst, window, clock
+        self.burst, self.window, self.clock, self.debug_burst = burst, window, clock, debug_burst
         self._windows: dict[tuple[int, str], _Window] = {}
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
+        if logging.DEBUG < record.levelno < logging.WARNING:
             return True
+        burst = self.burst if record.levelno >= logging.WARNING else self.debug_burst
         now = self.clock()
         with self._lock:
             w = self._windows.setdefault((record.levelno, _event(record)), _Window(now))
             if now - w.start >= self.window:
                 w.start, w.count = now, 0
             w.count += 1
-            if w.count > self.burst:
+            if w.count > burst:
                 w.suppressed += 1
                 return False
             if w.suppressed:

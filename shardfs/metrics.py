@@ -54,6 +54,11 @@ class Tally:
                 self._every.append(counts)
         counts[key] = counts.get(key, 0) + amount
 
+    def mine(self, key: Hashable) -> float:
+        """This thread's count of key (a request's own share: requests are answered one a thread)."""
+        counts = getattr(self._mine, "counts", None)
+        return counts.get(key, 0) if counts is not None else 0
+
     def totals(self) -> dict[Hashable, float]:
         out: dict[Hashable, float] = defaultdict(float)
         with self._lock:
@@ -75,6 +80,10 @@ class FastCounter:
 
     def inc(self, amount: float = 1) -> None:
         _TALLY.add(self.name, amount)
+
+    def mine(self) -> float:
+        """What this thread has counted."""
+        return _TALLY.mine(self.name)
 
     def collect(self, totals: dict[Hashable, float]) -> Metric:
         return CounterMetricFamily(self.name, self.help, value=totals[self.name])
@@ -149,6 +158,9 @@ DISK_CACHE = Counter(
 )
 DECODE_ERRORS = Counter(
     "shardfs_decode_errors", "Stored data that contradicts its index or does not decode", registry=REGISTRY
+)
+OVER_MAX_FILE_SIZE = Counter(
+    "shardfs_over_max_file_size", "Reads refused because the file is larger than --max-file-size", registry=REGISTRY
 )
 
 

@@ -10,6 +10,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import struct
@@ -214,7 +215,7 @@ def test_memory_stays_within_the_budget_and_one_file(tmp_path, mount) -> None:
     for t in threads:
         t.join()
     assert not wrong
-    assert "32M" in m.log_text() or str(32 << 20) in m.log_text()
+    assert "over --max-file-size 32.0 MiB" in m.log_text()
     peak, _ = peak_and_now_kib(pid)
     bound = (16 + 32 + 10 * 2 + 24) << 10
     assert peak - idle < bound, f"daemon grew by {(peak - idle) >> 10} MiB from {idle >> 10} MiB"
@@ -256,7 +257,7 @@ def test_a_huge_chunk_size_and_a_small_bomb_stay_within_the_cap(tmp_path, mount)
     pid = daemon_of(m.path).pid
     _, idle = peak_and_now_kib(pid)
     assert_eio(m.path / "s0" / "0-2048_0-2048_0-2048")
-    assert str(32 << 20) in m.log_text()
+    assert "over --max-file-size 32.0 MiB" in m.log_text()
     peak, _ = peak_and_now_kib(pid)
     assert peak - idle < (64 + 32 + 32) << 10
 
@@ -266,9 +267,32 @@ def test_a_file_past_max_file_size_is_eio_naming_the_limit(tmp_path, mount) -> N
     root = kv_dataset(tmp_path / "kv", {1: _gzip(value), 2: _gzip(b"two")}, encoding="gzip")
     m = mount(root, "--max-file-size", "2M")
     assert_eio(m.path / "1")
-    assert str(2 << 20) in m.log_text() and "key 1" in m.log_text()
+    assert "over --max-file-size 2.0 MiB" in m.log_text() and "key 1" in m.log_text()
     assert read(m.path / "2") == b"two"
     assert read(mount(root).path / "1") == value  # the default cap is larger
+
+
+def test_a_chunk_over_max_file_size_is_named_so_not_corrupt(tmp_path, mount) -> None:
+    """tensorstore's gzip chunks of 128 KiB, mounted with `--max-file-size 64K`: EIO with a log line naming the
+    limit and the option, counted by `shardfs stats` under its own figure, not as corrupt data (and `shardfs cat`
+    says the same); the default cap serves the same chunk."""
+    root, twin = tmp_path / "vol", tmp_path / "twin"
+    peers.write_tensorstore_volume(root, size=(64, 64, 64), chunk=(64, 64, 32), voxel_offset=(0, 0, 0),
+                                   extra_unsharded_scale=False, unsharded_twin=twin)  # fmt: skip
+    scale = next(p.name for p in twin.iterdir() if p.is_dir())
+    name = sorted(p.name for p in (twin / scale).iterdir())[0]
+    m = mount(root, "--max-file-size", "64K")
+    assert read(m.path / scale / name) == errno.EIO
+    line = next(ln for ln in m.log_text().splitlines() if "level=error" in ln)
+    assert "event=too_large" in line and f"path=/{scale}/{name}" in line, line
+    assert "KiB, over --max-file-size 64.0 KiB; mount with a larger --max-file-size" in line
+    assert "corrupt" not in m.log_text()
+    stats = shardfs("stats", m.path).stdout
+    eio = re.search(r"\(EIO (\d+)\); corrupt data: 0; over --max-file-size: (\d+)", stats)
+    assert eio and eio[1] == eio[2] != "0", stats  # every EIO is one too large, none counted as corrupt
+    cat = shardfs("cat", root, f"{scale}/{name}", "--max-file-size", "64K", check=False)  # the CLI says the same
+    assert cat.returncode == 1 and "over --max-file-size 64.0 KiB" in cat.stderr and "corrupt" not in cat.stderr
+    assert read(mount(root).path / scale / name) == (twin / scale / name).read_bytes()
 
 
 def one_shard_spec(**overrides: object) -> dict:

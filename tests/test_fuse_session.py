@@ -399,3 +399,20 @@ def test_dev_fd_n_must_be_an_open_fuse_device(tmp_path) -> None:
         mount(Path(f"/dev/fd/{f.fileno()}"), MountOptions(fsname="x"))
     with pytest.raises(FuseMountError, match="not an open descriptor"):
         mount(Path("/dev/fd/999"), MountOptions(fsname="x"))
+
+
+def test_df_shows_the_bytes_the_source_stores(volume, mount) -> None:
+    """`df` on a mount: size and used are the source's stored bytes (every regular file under it, counted in
+    the background from the first STATFS), nothing available (read-only); the file count is the source's."""
+    source = volume[0]
+    files = [p for p in source.rglob("*") if p.is_file() and not p.is_symlink()]
+    stored = -(-sum(p.stat().st_size for p in files) // 512) * 512
+    m = mount(source)
+    deadline = time.monotonic() + 10
+    while os.statvfs(m.path).f_files < len(files):
+        assert time.monotonic() < deadline, os.statvfs(m.path)
+        time.sleep(0.05)
+    st = os.statvfs(m.path)
+    assert (st.f_blocks * st.f_frsize, st.f_bfree, st.f_bavail, st.f_files) == (stored, 0, 0, len(files))
+    df = subprocess.run(["df", "-B1", "--output=size,used,avail", m.path], capture_output=True, text=True, check=True)
+    assert df.stdout.split()[-3:] == [str(stored), str(stored), "0"], df.stdout

@@ -1,16 +1,24 @@
 """The log's rate limit, on its own with a clock the test moves: a burst per (level, event) and window,
-then silence, then a line that says how many were dropped."""
+then silence, then a line that says how many were dropped. A mount's log through the kernel: at DEBUG one
+line per request and nothing else, within the limit; the mount's INFO line on `mount -f`'s terminal."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import re
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from shardfs.logs import Logfmt, RateLimit, _value, log_to, ours_or_warning, redact
+from shardfs.logs import DEBUG_BURST, Logfmt, RateLimit, _value, log_to, ours_or_warning, redact
+from tests.conftest import SHARDFS
+from tests.test_daemon import wait_until
 
 
 def record(level: int, event: str) -> logging.LogRecord:
@@ -37,9 +45,10 @@ def test_burst_then_silence_then_the_count_of_what_was_dropped() -> None:
     assert limit.filter(second) and not hasattr(second, "suppressed")  # counted once
 
 
-def test_what_the_operator_asked_for_is_never_dropped() -> None:
-    limit = RateLimit(burst=1, window=10, clock=lambda: 0.0)
-    assert all(limit.filter(record(level, "read")) for level in (logging.DEBUG, logging.INFO) for _ in range(100))
+def test_info_is_never_dropped_and_debug_has_a_burst_of_its_own() -> None:
+    limit = RateLimit(burst=1, window=10, clock=lambda: 0.0, debug_burst=5)
+    assert all(limit.filter(record(logging.INFO, "mounted")) for _ in range(100))
+    assert [limit.filter(record(logging.DEBUG, "request")) for _ in range(100)] == [True] * 5 + [False] * 95
 
 
 # What botocore, urllib3 and the rest print at DEBUG, and what a user may paste: no value may survive.
@@ -96,3 +105,59 @@ def test_every_record_is_one_logfmt_line_whatever_it_carries(root_logger, tmp_pa
     for line, name in zip(lines, names, strict=True):
         assert line.startswith("time=") and line.isprintable(), line
         assert f"path={json.dumps(name)}" in line or f"path={name}" in line, line
+
+
+REQUEST = re.compile(
+    r"level=debug event=request op=(\w+) path=(\S+) (?:bytes=(\d+) )?(?:errno=(\w+) )?store_reads=(\d+) us=(\d+) "
+)
+
+
+def requests(log: str) -> list[tuple[str, ...]]:
+    """(op, path, bytes, errno, store_reads, us) of each request line."""
+    return [m.groups() for m in map(REQUEST.search, log.splitlines()) if m]
+
+
+def test_debug_logs_a_line_per_request_and_nothing_else(raw_volume: tuple[Path, Path, np.ndarray], mount) -> None:
+    """A read, a listing and a missing name at DEBUG: each request is one logfmt line with its op, path, bytes
+    or errno, store reads and microseconds; every other line is the mount's own (no library's records)."""
+    source, twin, _ = raw_volume
+    m = mount(source, "--log-level", "DEBUG")
+    name = sorted(p.name for p in (twin / "4_4_40").iterdir())[0]
+    size = len((m.path / "4_4_40" / name).read_bytes())
+    os.listdir(m.path / "4_4_40")
+    assert not (m.path / "nope").exists()
+    seen = requests(m.log_text())
+    read = next(r for r in seen if r[:2] == ("read", f"/4_4_40/{name}"))
+    assert read[2] == str(size) and int(read[4]) >= 1 and int(read[5]) > 0, read
+    assert next(r for r in seen if r[1] == "/nope")[:4] == ("getattr", "/nope", None, "ENOENT")
+    assert {"opendir", "readdir"} <= {r[0] for r in seen if r[1] == "/4_4_40"}
+    lines = m.log_text().splitlines()
+    assert all(line.startswith("time=") for line in lines), lines
+    events = {re.search(r" event=(\S+)", line)[1] for line in lines}
+    assert events == {"mounted", "request"}, events
+
+
+def test_a_flood_of_requests_logs_no_more_than_the_limit(raw_volume: tuple[Path, Path, np.ndarray], mount) -> None:
+    """More lookups of missing names than the DEBUG burst, within the window: that many lines, no more."""
+    m = mount(raw_volume[0], "--log-level", "DEBUG")
+    for i in range(DEBUG_BURST + 300):
+        os.path.lexists(m.path / f"missing-{i}")
+    assert len(requests(m.log_text())) == DEBUG_BURST
+
+
+def test_mount_f_shows_the_mount_line_on_the_terminal(raw_volume: tuple[Path, Path, np.ndarray], tmp_path) -> None:
+    """One INFO line: source, mountpoint, view and what the kernel granted, on `-f`'s stderr by default."""
+    point = tmp_path / "m"
+    point.mkdir()
+    command = [*SHARDFS, "mount", "-f", str(raw_volume[0]), str(point), "--view", "n5"]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: os.path.ismount(point))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        mounted = [line for line in proc.stderr.read().splitlines() if "event=mounted" in line]
+        assert len(mounted) == 1, mounted
+        assert f"mounted {raw_volume[0]} at {point}, view n5; FUSE 7." in mounted[0], mounted
+        assert "level=info" in mounted[0] and "granted ASYNC_READ|PARALLEL_DIROPS|MAX_PAGES" in mounted[0]
+    finally:
+        proc.kill()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,20 @@ def test_precomputed_over_s3_anonymous(s3, mount) -> None:
     assert sorted(os.listdir(m.path / "8_8_40")) == sorted(os.listdir(twin / "8_8_40"))  # unsharded: passes through
     cv = CloudVolume(f"file://{m.path}", mip=0, fill_missing=True, progress=False)
     assert np.array_equal(np.asarray(cv[cv.bounds]), written["volume"])
+
+
+def test_df_over_s3_shows_the_bytes_under_the_prefix(s3, mount) -> None:
+    """`df`'s size is the objects' bytes under the source's prefix (not the bucket's), from S3's listing."""
+    endpoint, written = s3
+    files = [p for p in (written["twin"].parent / "vol").rglob("*") if p.is_file()]
+    stored = -(-sum(p.stat().st_size for p in files) // 512) * 512
+    m = mount(f"precomputed://s3://{BUCKET}/vol", "--endpoint", endpoint, "--anonymous")
+    deadline = time.monotonic() + 10
+    while os.statvfs(m.path).f_files < len(files):
+        assert time.monotonic() < deadline, os.statvfs(m.path)
+        time.sleep(0.05)
+    st = os.statvfs(m.path)
+    assert (st.f_blocks * st.f_frsize, st.f_files) == (stored, len(files))
 
 
 @pytest.mark.parametrize("view", ["n5", "zarr2"])

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from shardfs import metrics
 from shardfs.codecs import start_request
-from shardfs.errors import CorruptChunk
+from shardfs.errors import CorruptChunk, over_max_file_size
 from shardfs.fuse import wire
 from shardfs.tree import Dir, Owner, Tree
 
@@ -53,8 +53,7 @@ def errors_to_errno(name: str) -> Callable[[F], F]:
                 count(e.errno)
                 raise
             except CorruptChunk as e:
-                metrics.DECODE_ERRORS.inc()
-                log.error("%s", e, extra={**e.log_fields("eio"), "path": "/" + path})
+                refused(e, self.tree.cache.max_value, path)
                 raise error(errno.EIO) from None
             except (FileNotFoundError, NotADirectoryError):
                 raise FuseError(errno.ENOENT) from None
@@ -67,9 +66,46 @@ def errors_to_errno(name: str) -> Callable[[F], F]:
             finally:
                 timer.observe(time.perf_counter() - start)
 
-        return wrapper  # type: ignore[return-value]
+        @functools.wraps(op)
+        def logged(self: TreeOps, path: str, *args: Any) -> Any:
+            if not log.isEnabledFor(logging.DEBUG):
+                return wrapper(self, path, *args)
+            reads, start = metrics.STORE_READS.mine(), time.perf_counter()
+            try:
+                answer = wrapper(self, path, *args)
+            except FuseError as e:
+                log_request(name, path, start, reads, code=e.errno)
+                raise
+            log_request(name, path, start, reads, answer)
+            return answer
+
+        return logged  # type: ignore[return-value]
 
     return decorate
+
+
+def log_request(op: str, path: str, start: float, reads: float, answer: object = None, code: int = 0) -> None:
+    """The DEBUG line of one request: what was asked, how many bytes it answered or which errno, how many
+    byte ranges it read from the source (this thread's count), and how long it took."""
+    fields: dict[str, object] = {"event": "request", "op": op, "path": "/" + path}
+    if isinstance(answer, bytes):
+        fields["bytes"] = len(answer)
+    if code or (answer is None and op == "getattr"):  # getattr's None: absent
+        fields["errno"] = errno.errorcode.get(code or errno.ENOENT, code)
+    fields["store_reads"] = int(metrics.STORE_READS.mine() - reads)
+    fields["us"] = round((time.perf_counter() - start) * 1e6)
+    log.debug("answered", extra=fields)
+
+
+def refused(e: CorruptChunk, max_file_size: int, path: str) -> None:
+    """Log and count a chunk that cannot be served: too large for --max-file-size (the operator can raise it),
+    else corrupt."""
+    if (too_large := over_max_file_size(e, max_file_size)) is not None:
+        metrics.OVER_MAX_FILE_SIZE.inc()
+        log.error("%s", too_large, extra={**e.log_fields("too_large"), "path": "/" + path})
+    else:
+        metrics.DECODE_ERRORS.inc()
+        log.error("%s", e, extra={**e.log_fields("eio"), "path": "/" + path})
 
 
 def count(code: int) -> None:
@@ -111,6 +147,34 @@ class DirCursor:
             yield name, mode, self._next
 
 
+class StoredBytes:
+    """What `df` shows: the bytes and files the source stores, counted once, in a thread of its own started at
+    the first STATFS (a mount waits for nothing, and one no one asks costs nothing). Until the count is done
+    STATFS answers what it has counted so far; it stops at MAX_FILES files (`df` then shows a lower bound).
+    A source that cannot be listed (HTTP) counts nothing: size 0."""
+
+    MAX_FILES = 1_000_000
+
+    def __init__(self, sizes: Callable[[], Iterator[int]]) -> None:
+        self._sizes = sizes
+        self._started = threading.Event()
+        self.nbytes = self.files = 0
+
+    def now(self) -> tuple[int, int]:
+        """(bytes, files) counted so far; the first call starts the count."""
+        if not self._started.is_set():
+            self._started.set()
+            threading.Thread(target=self._count, name="shardfs-df", daemon=True).start()
+        return self.nbytes, self.files
+
+    def _count(self) -> None:
+        try:
+            for size in itertools.islice(self._sizes(), self.MAX_FILES):
+                self.nbytes, self.files = self.nbytes + size, self.files + 1
+        except Exception as e:  # a listing refused or failed: df shows what was counted
+            log.warning("df: the source's size could not be counted: %s", e, extra={"event": "statfs"})
+
+
 class TreeOps:
     """Read-only operations over a Tree, by path ('' is the root). The session owns node ids and the
     wire; this owns what the answers say."""
@@ -123,6 +187,7 @@ class TreeOps:
         self._handles = itertools.count(1)
         self._lock = threading.Lock()
         self._modes = functools.lru_cache(maxsize=1024)(self._mode)
+        self.stored = StoredBytes(tree.store.sizes)
 
     @staticmethod
     def _mode(kind: int, owner: Owner) -> tuple[int, int, int, int]:
@@ -172,15 +237,18 @@ class TreeOps:
         if cursor is None:
             raise error(errno.EBADF)
         start_request(self.request_limit)
-        start = time.perf_counter()
+        start, reads, code = time.perf_counter(), metrics.STORE_READS.mine(), 0
         try:
             yield from cursor.entries(offset)
         except Exception as e:
             log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
             cursor.restart()
+            code = errno.EIO
             raise error(errno.EIO) from None
         finally:
             READDIR.observe(time.perf_counter() - start)
+            if log.isEnabledFor(logging.DEBUG):
+                log_request("readdir", path, start, reads, code=code)
 
     def releasedir(self, fh: int) -> None:
         with self._lock:

@@ -64,12 +64,17 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
 
 
 def serve(
-    tree: Tree, mtime_ns: int, mountpoint: Path, options: dict[str, str | bool], on_ready: Callable[[], None]
+    tree: Tree, mtime_ns: int, mountpoint: Path, options: dict[str, str | bool], on_ready: Callable[[str], None]
 ) -> None:
-    """Mount and serve until unmounted, SIGTERM or SIGINT; FuseMountError if the mount cannot be made."""
+    """Mount and serve until unmounted, SIGTERM or SIGINT; FuseMountError if the mount cannot be made.
+    on_ready is told what the kernel granted, once the mount answers."""
     settings = settings_of(options, mountpoint)
     fd = mount(mountpoint, settings.mount)
-    session = Session(fd, TreeOps(tree, mtime_ns), settings.threads, settings.timeouts, settings.kernel_cache, on_ready)
+
+    def ready() -> None:
+        on_ready(session.granted_text())
+
+    session = Session(fd, TreeOps(tree, mtime_ns), settings.threads, settings.timeouts, settings.kernel_cache, ready)
 
     def stop(signum: int, frame: object) -> None:
         if handed_fd(mountpoint) is None:  # a handed descriptor's mount is its parent's to end

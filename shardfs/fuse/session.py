@@ -31,6 +31,7 @@ MAX_PAGES = 256  # reads of up to 1 MiB in one request
 KERNEL_BACKGROUND = 12  # the kernel's default of asynchronous requests (readahead) in flight: never fewer
 WANTED = InitFlag.ASYNC_READ | InitFlag.PARALLEL_DIROPS | InitFlag.MAX_PAGES
 ZERO_ATTR = bytes(wire.ATTR.size)
+STATFS_UNIT = 512  # f_frsize: `df` shows the source's size to within half a KiB
 # Opcodes answered ENOSYS: the kernel remembers most (FLUSH, FSYNC, xattrs, ACCESS, LSEEK, POLL, BMAP)
 # and never asks again; locks are then kept by the kernel alone.
 NOT_IMPLEMENTED = frozenset(
@@ -101,7 +102,7 @@ class Nodes:
 
 class Session:
     """Serves ops on an open /dev/fuse fd until the filesystem is unmounted. on_ready runs once INIT
-    is answered: the mount then answers requests."""
+    is answered: the mount then answers requests (`granted_text` says on what terms)."""
 
     def __init__(
         self, fd: int, ops: TreeOps, threads: int = 10, timeouts: Timeouts | None = None,
@@ -251,13 +252,13 @@ class Session:
             MAX_WRITE, 1, MAX_PAGES, 0, 0,
         )  # fmt: skip
         self._reply(unique, reply if minor >= 23 else reply[: wire.COMPAT_22_INIT_OUT_SIZE])
-        log.info(
-            "FUSE protocol 7.%d, granted %s, %d threads, kernel sends OPEN: %s", minor,
-            "|".join(flag.name or "" for flag in InitFlag if flag in self.granted) or "nothing", self.threads,
-            "no (no_open)" if self.no_open else "yes", extra={"event": "fuse_init"},
-        )  # fmt: skip
         if self.on_ready is not None:
             self.on_ready()
+
+    def granted_text(self) -> str:
+        """What INIT settled, for the mount's log line: `FUSE 7.38, granted ASYNC_READ|..., no_open, 10 threads`."""
+        granted = "|".join(flag.name or "" for flag in InitFlag if flag in self.granted) or "nothing"
+        return f"FUSE 7.{self.minor}, granted {granted}{', no_open' if self.no_open else ''}, {self.threads} threads"
 
     def _child(self, nodeid: int, body: memoryview) -> str:
         parent = self.nodes.path(nodeid)
@@ -325,7 +326,10 @@ class Session:
         self._ok(unique, nodeid, body)
 
     def _statfs(self, unique: int, nodeid: int, body: memoryview) -> None:
-        self._reply(unique, wire.STATFS_OUT.pack(0, 0, 0, 0, 0, BLOCK_SIZE, 255, BLOCK_SIZE, 0))
+        """The source's stored bytes as size and used, nothing free (read-only), in 512-byte units."""
+        nbytes, files = self.ops.stored.now()
+        blocks = -(-nbytes // STATFS_UNIT)
+        self._reply(unique, wire.STATFS_OUT.pack(blocks, 0, 0, files, 0, BLOCK_SIZE, 255, STATFS_UNIT, 0))
 
     def _ioctl(self, unique: int, nodeid: int, body: memoryview) -> None:
         """Python's open() asks whether a file is a terminal (TCGETS) every time: no file here is one."""

@@ -31,6 +31,7 @@ from shardfs.logs import log_to, open_log, replay_early
 from shardfs.service import lifecycle, mountinfo, stats_socket
 from shardfs.service.rundir import own_dir
 from shardfs.source import Source
+from shardfs.stores.remote import WAITING
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
@@ -155,12 +156,16 @@ def serve(
     options: dict[str, str | bool],
     on_ready: Callable[[], None] | None = None,
     metrics_at: tuple[str, int] | None = None,
+    name: str = "",
+    view: str = "native",
 ) -> None:
-    """Serve the tree at mountpoint until unmounted, SIGTERM or SIGINT (which unmount)."""
+    """Serve the tree at mountpoint until unmounted, SIGTERM or SIGINT (which unmount). name and view: what is
+    served, as `shardfs stats` and the mount's log line say it."""
+    metrics.MOUNT.info({"source": name, "mountpoint": str(mountpoint), "view": view})
 
-    def ready() -> None:
+    def ready(granted: str) -> None:
         metrics.START_TIME.set_to_current_time()
-        log.info("mounted %s at %s", options.get("fsname"), mountpoint, extra={"event": "mounted"})
+        log.info("mounted %s at %s, view %s; %s", name, mountpoint, view, granted, extra={"event": "mounted"})
         lifecycle.tell_systemd(Notification.READY)
         if on_ready is not None:
             on_ready()
@@ -181,6 +186,8 @@ def serve(
         raise MountError(str(e)) from None
     finally:
         remove_stats_socket()
+    if (waiting := WAITING.said()) is not None:  # left to end with the process, which does not wait for them
+        log.warning("%s", waiting, extra={"event": "stopping"})
     lifecycle.tell_systemd(Notification.STOPPING)
     log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
 
@@ -195,19 +202,22 @@ def mount(
     metrics_at: tuple[str, int] | None = None,
     allow_non_empty: bool = False,
     keep: Sequence[int] = (),
+    name: str = "",
+    view: str = "native",
 ) -> None:
     """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise.
 
     source is an opened Source, or (for a remote one) how to open it: obstore's runtime does not survive a
     fork, so a remote source is opened by the daemon itself, which reports a refusal back as SourceError.
     local is the source's directory, if it has one, which the mountpoint must keep clear of. keep: other
-    descriptors the daemon needs (--cache-dir's directory), left open when it detaches."""
+    descriptors the daemon needs (--cache-dir's directory), left open when it detaches. name and view: the
+    source as messages show it, and the view served."""
     prepare_mountpoint(mountpoint, local, allow_non_empty)
     mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
     if foreground:
         lifecycle.block_signals()  # before a remote source is opened: obstore's threads start with it
         log_to(log_file)
-        serve(_opened(source).tree, mtime_ns, mountpoint, options, metrics_at=metrics_at)
+        serve(_opened(source).tree, mtime_ns, mountpoint, options, None, metrics_at, name, view)
         return
     chosen = log_file is not None
     log_file = log_file or default_log_file(mountpoint)
@@ -252,7 +262,7 @@ def mount(
             with contextlib.suppress(OSError):
                 os.write(ready_w, f"{REFUSED}{e}".encode())
             os._exit(2)
-        serve(tree, mtime_ns, mountpoint, options, ready, metrics_at)
+        serve(tree, mtime_ns, mountpoint, options, ready, metrics_at, name, view)
     except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
         known = isinstance(e, MountError)  # says why in its message; anything else is a bug: a traceback
         log.error("mount failed: %s", e, exc_info=not known, extra={"event": "mount_failed"})

@@ -6,6 +6,8 @@ from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from shardfs.errors import binary_size as size
+
 
 def _read(text: str) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
     """Each sample name summed over its labels, errors by errno, and the mount's identity labels."""
@@ -47,7 +49,8 @@ def summary(text: str, now: float) -> str:
         f"cache       {rate} hit rate ({hits:,.0f} of {hits + misses:,.0f} lookups); "
         f"{held}{beyond}\n"
         f"errors      {sum(errors.values()):,.0f}{f' ({by_errno})' if by_errno else ''}; "
-        f"corrupt data: {total['shardfs_decode_errors_total']:,.0f}\n"
+        f"corrupt data: {total['shardfs_decode_errors_total']:,.0f}; "
+        f"over --max-file-size: {total['shardfs_over_max_file_size_total']:,.0f}\n"
     )
 
 
@@ -56,13 +59,3 @@ def duration(seconds: float) -> str:
     hours, m = divmod(minutes, 60)
     days, h = divmod(hours, 24)
     return f"{days}d {h}h {m:02d}m" if days else f"{h}h {m:02d}m {s:02d}s" if h else f"{m}m {s:02d}s"
-
-
-def size(n: float) -> str:
-    if n < 1024:
-        return f"{n:,.0f} B"
-    units = iter(("KiB", "MiB", "GiB", "TiB"))
-    unit = next(units)
-    while (n := n / 1024) >= 1024 and unit != "TiB":
-        unit = next(units)
-    return f"{n:,.1f} {unit}"

@@ -22,7 +22,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
-from shardfs.errors import CorruptChunk, SourceError
+from shardfs.errors import CorruptChunk, OverLimit, SourceError
 from shardfs.stores.local import JoinedFile, Store, StoredFile
 
 log = logging.getLogger("shardfs")
@@ -285,7 +285,7 @@ class ShardedKV:
         """Read and decode a stored range (`raw` or `gzip`), the output bounded by limit (ValueError past
         it); a range longer than its decoded limit is refused unread."""
         if stop - start > limit + 1024:
-            raise ValueError(f"{stop - start} stored bytes exceed the {limit}-byte limit")
+            raise OverLimit(f"{stop - start} stored bytes exceed the {limit}-byte limit", limit, stop - start)
         if encoding == "gzip":  # a large value is read as it is decoded, so as not to be held twice
             small = stop - start <= self.store.piece_size
             return gunzip(file.read(start, stop) if small else file.pieces(start, stop), limit)

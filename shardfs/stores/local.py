@@ -154,6 +154,9 @@ class Store(Protocol):
     def descriptors(self) -> list[int]:
         """File descriptors the store needs kept open across a daemon's detaching."""
 
+    def sizes(self) -> Iterator[int]:
+        """The size of every file the source stores, streamed (for `df`); nothing where it cannot be listed."""
+
 
 class LocalStore:
     """Byte ranges from files under one root directory, read with `os.pread` on descriptors kept in an
@@ -314,6 +317,15 @@ class LocalStore:
     def forget(self) -> None:
         self._file.cache_clear()
         self._dirs.cache_clear()
+
+    def sizes(self) -> Iterator[int]:
+        """Regular files' sizes, walked from the root's descriptor with no link followed."""
+        for _, _, files, at in os.fwalk(".", dir_fd=self._root):
+            for name in files:
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    st = os.stat(name, dir_fd=at, follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        yield st.st_size
 
     def descriptors(self) -> list[int]:
         return [self._root]

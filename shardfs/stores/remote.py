@@ -16,6 +16,7 @@ asked, so no answer costs more memory than its request.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import re
@@ -43,6 +44,66 @@ log = logging.getLogger("shardfs")
 DEFAULT_TIMEOUT = 30.0
 OPENED = 65536  # objects whose size and version are remembered: a few MB, and a shard is opened once
 T = TypeVar("T")
+
+
+class _Waiting:
+    """Requests under way, so that stopping can say what it leaves behind (`shardfs mount -f` and Ctrl-C)."""
+
+    def __init__(self) -> None:
+        self._requests: dict[int, tuple[str, str, float]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    def run(self, what: str, url: str, request: Callable[[], T]) -> T:
+        """request(), known to be under way until it returns (in whichever thread runs it)."""
+        with self._lock:
+            token = next(self._ids)
+            self._requests[token] = (what, url, time.monotonic())
+        try:
+            return request()
+        finally:
+            with self._lock:
+                del self._requests[token]
+
+    def said(self) -> str | None:
+        """`stopping: 3 requests still waiting on the source (the oldest: get URL, for 12.0 s)`, or None."""
+        with self._lock:
+            requests = list(self._requests.values())
+        if not requests:
+            return None
+        what, url, started = min(requests, key=lambda r: r[2])
+        n = len(requests)
+        oldest = f"{'the oldest: ' if n > 1 else ''}{what} {url}, for {time.monotonic() - started:.1f} s"
+        return f"stopping: {n} request{'s' if n > 1 else ''} still waiting on the source ({oldest})"
+
+
+WAITING = _Waiting()
+
+
+def _interruptible(request: Callable[[], T]) -> T:
+    """request(), in a thread of its own when called from the main thread: obstore waits in Rust, where Python
+    runs no signal handler until it returns (a hung server: --timeout, retries included), so Ctrl-C would
+    wait as long. The main thread waits on an event instead, which a signal interrupts; the request is left
+    to end with the process."""
+    if threading.current_thread() is not threading.main_thread():
+        return request()
+    answer: list[Any] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            answer.append((True, request()))
+        except BaseException as e:  # handed to the waiting thread, as if raised there
+            answer.append((False, e))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="shardfs-request", daemon=True).start()
+    done.wait()
+    ok, value = answer[0]
+    if not ok:
+        raise value
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +206,7 @@ class RemoteStore:
         started = time.monotonic()
         outcome = "ok"
         try:
-            return request()
+            return _interruptible(lambda: WAITING.run(what, self.where(path), request))
         except FileNotFoundError:
             outcome = "not_found"
             raise FileNotFoundError(errno.ENOENT, "not in the source", self.where(path)) from None
@@ -165,6 +226,9 @@ class RemoteStore:
         except Exception as e:  # 5xx and timeouts once retries are spent, refused connections, bad answers
             outcome = "failed"
             raise OSError(errno.EIO, f"{what} failed: {_first_line(e)}", self.where(path)) from None
+        except KeyboardInterrupt:  # Ctrl-C while the main thread waited: the request goes on, unanswered
+            outcome = "interrupted"
+            raise
         finally:
             metrics.REMOTE_REQUESTS.labels(what, outcome).inc()
             metrics.REMOTE_SECONDS.labels(what).observe(time.monotonic() - started)
@@ -274,6 +338,14 @@ class RemoteStore:
 
     def descriptors(self) -> list[int]:
         return []
+
+    def sizes(self) -> Iterator[int]:
+        """Every object's size under the source's prefix, a listing page at a time; nothing over HTTP."""
+        if not self.can_list:
+            return
+        for page in obstore.list(self._store()):
+            for meta in page:
+                yield meta["size"]
 
 
 class BadAnswer(OSError):

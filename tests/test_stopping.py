@@ -1,0 +1,82 @@
+"""Ctrl-C in `shardfs mount -f` while a remote request hangs: the process stops at once, unmounted, and says
+what it leaves waiting. The server is tests/http_server.py's RangeServer on loopback, made to hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import SHARDFS
+from tests.http_server import RangeServer
+from tests.test_daemon import wait_until
+
+PROMPT = 2.0  # seconds from SIGINT to the process's exit (the hung request would take --timeout, 30 s)
+
+
+@pytest.fixture
+def server(raw_volume: tuple[Path, Path, np.ndarray]) -> Iterator[RangeServer]:
+    with RangeServer(raw_volume[0]).running() as s:
+        yield s
+
+
+def interrupt(proc: subprocess.Popen[str]) -> float:
+    """Send SIGINT; the seconds until the process exited (killed after 30 s, and the test fails)."""
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return time.monotonic() - start
+
+
+def test_ctrl_c_while_the_source_is_opened_stops_at_once(server, tmp_path) -> None:
+    """The server hangs from the first request: the mount waits on its HEAD when Ctrl-C comes."""
+    point = tmp_path / "m"
+    point.mkdir()
+    server.hang = True
+    proc = subprocess.Popen([*SHARDFS, "mount", "-f", server.url, str(point)], stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: server.in_flight > 0)
+        took = interrupt(proc)
+        err = proc.stderr.read()
+        assert took < PROMPT, f"{took:.1f} s; {err}"
+        assert proc.returncode == 130 and "Traceback" not in err, err
+        assert f"stopping: 1 request still waiting on the source (head {server.url}/" in err, err
+        assert not os.path.ismount(point)
+    finally:
+        proc.kill()
+
+
+def test_ctrl_c_with_a_reader_stuck_unmounts_at_once(server, raw_volume, tmp_path) -> None:
+    """Mounted, a reader's chunk waits on the hung server when Ctrl-C comes: the mount goes, the process
+    ends, and its last words name what it left waiting."""
+    _, twin, _ = raw_volume
+    point = tmp_path / "m"
+    point.mkdir()
+    proc = subprocess.Popen([*SHARDFS, "mount", "-f", server.url, str(point)], stderr=subprocess.PIPE, text=True)
+    reader = None
+    try:
+        wait_until(lambda: os.path.ismount(point))
+        server.hang = True
+        name = sorted(p.name for p in (twin / "4_4_40").iterdir())[0]
+        reader = subprocess.Popen(["cat", str(point / "4_4_40" / name)], stdout=subprocess.DEVNULL)
+        wait_until(lambda: server.in_flight > 0)
+        assert reader.poll() is None
+        took = interrupt(proc)
+        err = proc.stderr.read()
+        assert took < PROMPT, f"{took:.1f} s; {err}"
+        assert not os.path.ismount(point)
+        assert "event=stopping" in err and "stopping: 1 request still waiting on the source" in err, err
+    finally:
+        proc.kill()
+        if reader is not None:
+            reader.kill()
