@@ -234,6 +234,9 @@ def _mount_options(group: str) -> list[str]:
             out.append(f"--{key.replace('_', '-')}={value}")
         elif key in FLAGS and not eq:
             out.append(FLAGS[key])
+        elif key == "debug" and not eq:  # libfuse's: every request on stderr; here in the log, at DEBUG
+            out.append("--log-level=DEBUG")
+            kept.append(item)
         elif key not in IGNORED and not word.startswith("x-"):
             kept.append(item)
     return [*out, *(["-o", ",".join(kept)] if kept else [])]
