@@ -21,7 +21,15 @@ from shardfs.check import check
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError
 from shardfs.logs import LogFileError, log_to_terminal, redact, redact_userinfo
 from shardfs.service import mountinfo, stats_socket
-from shardfs.service.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
+from shardfs.service.daemon import (
+    MountError,
+    UsageError,
+    fuse_options,
+    mount,
+    parse_options,
+    shown_mountpoint,
+    unmount,
+)
 from shardfs.service.summary import identity, summary
 from shardfs.source import Source, is_remote, open_source
 from shardfs.stores.disk_cache import DiskCache
@@ -333,7 +341,8 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
     if args.allow_other:
         extra["allow_other"] = True
     options = fuse_options(name, extra, remote)
-    metrics.MOUNT.info({"source": str(name), "mountpoint": str(args.mountpoint.absolute()), "view": args.view})
+    where = shown_mountpoint(args.mountpoint.absolute()) or args.mountpoint.absolute()  # /dev/fd/N: its directory
+    metrics.MOUNT.info({"source": str(name), "mountpoint": str(where), "view": args.view})
     log_file = args.log_file.absolute() if args.log_file else None
     mount(
         source,

@@ -1,25 +1,35 @@
 """Mounting with shardfs's own session keeps what libfuse 3.14 promised, through the real CLI and the kernel:
 libfuse's options that a user relies on (`uid=`, `gid=`, `umask=`, `allow_root`, `auto_unmount`, `max_read`,
 `debug`) do what they did; the ones that change nothing here are accepted, as they were; the ones that cannot
-work are refused naming them.
+work are refused naming them. A `/dev/fd/N` mounted by a privileged parent (as CSI drivers do) is served
+through the CLI, its stats and log named after its directory. A user mounts through fusermount3, in a mount
+namespace of the test's own where that user may open /dev/fuse (nothing changes for the rest of the machine).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
+from cloudvolume import CloudVolume
 
-from shardfs.fuse.mount import unmount
-from shardfs.service.daemon import is_stale
+from shardfs.fuse.mount import MountOptions, unmount
+from shardfs.fuse.mount import mount as parent_mount
+from shardfs.service.daemon import default_log_file, is_stale
+from shardfs.service.rundir import runtime_dir
+from shardfs.service.stats_socket import ask, socket_path
 from tests import peers
-from tests.conftest import as_user, shardfs
+from tests.conftest import REPO, SHARDFS, as_user, shardfs
 from tests.test_cli import one_line_error
 from tests.test_daemon import daemon_of, wait_until
 
@@ -136,3 +146,110 @@ def test_options_that_cannot_work_are_refused_naming_them(shared, tmp_path, opti
     done = shardfs("mount", shared[0], point, "--log-file", tmp_path / "log", "-o", option, check=False)
     one_line_error(done, 1, str(point), *words)
     assert not os.path.ismount(point)
+
+
+@pytest.mark.parametrize("foreground", [False, True])
+def test_a_descriptor_mounted_by_a_parent_is_served_through_the_cli(raw_volume, tmp_path, foreground) -> None:
+    """What a CSI driver does: it mounts /dev/fuse itself and runs `shardfs mount SOURCE /dev/fd/N`. The
+    daemon serves it (no check of /dev/fd/N as a directory, nothing stat'ed before it serves: the mount
+    answers nothing until then), names its stats socket and default log after the directory the kernel
+    shows the mount at, so `shardfs stats DIR` finds it, and ends when the parent unmounts."""
+    source, _, expected = raw_volume
+    m = tmp_path / "m"
+    m.mkdir()
+    log = default_log_file(m)
+    log.unlink(missing_ok=True)
+    fd = parent_mount(m, MountOptions(fsname=str(source)))
+    command = [*SHARDFS, "mount", str(source), f"/dev/fd/{fd}", "--log-level", "info", *(["-f"] if foreground else [])]
+    try:
+        daemon = subprocess.Popen(command, pass_fds=[fd], stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(fd)
+    try:
+        if not foreground:
+            assert daemon.wait(timeout=60) == 0, daemon.stderr and daemon.stderr.read()
+        cv = CloudVolume(f"file://{m}", mip=0, fill_missing=True, progress=False)
+        assert np.array_equal(cv[:, :, :], expected)
+        stats = shardfs("stats", m)
+        assert f"{source} at {m}, view native" in stats.stdout
+        if not foreground:
+            assert f"mounted {source} at {m}" in log.read_text()
+        served_by = psutil.Process(ask(m)[0])  # its command line names /dev/fd/N, not m
+        unmount(m)  # the parent's job
+        served_by.wait(timeout=10)
+        assert not socket_path(runtime_dir(0), m).exists()
+    finally:
+        if os.path.ismount(m):
+            unmount(m, lazy=True)
+        if daemon.poll() is None:
+            daemon.kill()
+        log.unlink(missing_ok=True)
+
+
+def test_dev_fd_n_that_is_not_a_fuse_descriptor_is_refused_in_one_line(shared, tmp_path) -> None:
+    with open(tmp_path / "f", "w") as f:
+        handed = f"/dev/fd/{f.fileno()}"
+        command = [*SHARDFS, "mount", str(shared[0]), handed]
+        done = subprocess.run(command, pass_fds=[f.fileno()], capture_output=True, text=True, timeout=60)
+    one_line_error(done, 2, handed, "not a /dev/fuse descriptor")
+    one_line_error(shardfs("mount", shared[0], "/dev/fd/999", check=False), 2, "/dev/fd/999", "not an open descriptor")
+
+
+# Run as root inside a mount namespace of its own (PRIVATE_FUSE): the user mounts (through fusermount3), reads,
+# asks for stats and unmounts; then mounts with auto_unmount and is killed. allow_other with it: fusermount3
+# checks the dead mount as root, which the kernel refuses on a mount that lets only its user in (so
+# fusermount3 3.14 leaves that one, for libfuse's daemons as for shardfs).
+USER_MOUNTS = """
+import json, os, signal, subprocess, sys, time
+import psutil
+source, point, log, uid, gid = sys.argv[1:]
+cli = [sys.executable, "-m", "tests.as_user", uid, gid, "shardfs.cli"]
+user = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+run = lambda *command: subprocess.run(command, capture_output=True, text=True, timeout=60)
+mounted = lambda: [ln.split(" - ")[1] for ln in open("/proc/self/mountinfo") if f" {point} " in ln]
+out = {"mount": run(*cli, "mount", source, point, "--log-file", log).stderr, "line": mounted()}
+out["read"] = run(*user, "cat", f"{point}/2").stdout
+out["stats"] = run(*cli, "stats", point).stdout
+out["unmount"] = run(*cli, "unmount", point).returncode
+out["after_unmount"] = mounted()
+out["auto"] = run(*cli, "mount", source, point, "--log-file", log, "-o", "auto_unmount,allow_other").stderr
+out["auto_read"] = run(*user, "cat", f"{point}/3").stdout
+ours = lambda p: point in (p.info["cmdline"] or []) and "shardfs.cli" in p.info["cmdline"]  # not fusermount3
+next(p for p in psutil.process_iter(["cmdline"]) if ours(p)).send_signal(signal.SIGKILL)
+deadline = time.monotonic() + 10
+while mounted() and time.monotonic() < deadline:
+    time.sleep(0.05)
+out["after_kill"] = mounted()
+print(json.dumps(out))
+"""
+# /dev/fuse a node the user may open, and fuse.conf's user_allow_other, in this namespace alone.
+PRIVATE_FUSE = (
+    "mount -t tmpfs none /run && mkdir /run/fuse && mknod -m 666 /run/fuse/fuse c 10 229"
+    " && mount --bind /run/fuse/fuse /dev/fuse && echo user_allow_other > /run/fuse/fuse.conf"
+    ' && mount --bind /run/fuse/fuse.conf /etc/fuse.conf && exec "$@"'
+)
+
+
+def test_a_user_mounts_reads_and_unmounts_through_fusermount3(shared, user, public_tmp) -> None:
+    """Not root: fusermount3 (setuid) mounts and hands the descriptor back; the user reads, `shardfs stats`
+    finds the daemon, `shardfs unmount` unmounts; with `auto_unmount` a killed daemon's mount goes too.
+    Everything happens in a mount namespace of the test's own: the machine's /dev/fuse stays 0600."""
+    point, log = public_tmp / "m", public_tmp / "log"
+    device = os.stat("/dev/fuse")
+    point.mkdir()
+    os.chown(point, *user)
+    log.touch()
+    os.chown(log, *user)
+    private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", PRIVATE_FUSE, "-"]
+    script = [sys.executable, "-c", USER_MOUNTS, str(shared[0]), str(point), str(log), *map(str, user)]
+    done = subprocess.run([*private, *script], capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["mount"] == "" and len(out["line"]) == 1, out
+    assert out["line"][0].startswith(f"fuse.shardfs {shared[0]} ro,user_id={user[0]},group_id={user[1]}")
+    assert out["read"] == "two" and f"{shared[0]} at {point}" in out["stats"], out
+    assert out["unmount"] == 0 and out["after_unmount"] == [], out
+    assert out["auto"] == "" and out["auto_read"] == "three", out
+    assert out["after_kill"] == [], out
+    assert not os.path.ismount(point)  # the namespace's mounts never were the machine's
+    assert os.stat("/dev/fuse").st_mode == device.st_mode  # the machine's device node untouched
