@@ -186,6 +186,34 @@ def test_a_descriptor_mounted_by_a_parent_is_served_through_the_cli(raw_volume, 
         log.unlink(missing_ok=True)
 
 
+def test_a_descriptor_mounted_out_of_sight_is_served_without_stats(raw_volume, tmp_path) -> None:
+    """A daemon in a mount namespace where its parent's mount is not to be seen (a container's, or a kernel
+    whose fdinfo does not name the connection) cannot name a stats socket after the directory: it serves
+    all the same and says so in its log, and `shardfs stats` says no daemon serves it."""
+    source, twin, _ = raw_volume
+    m, log = tmp_path / "m", tmp_path / "log"
+    m.mkdir()
+    fd = parent_mount(m, MountOptions(fsname=str(source)))
+    hidden = ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'umount -l {m} && exec "$@"', "-"]
+    command = [*hidden, *SHARDFS, "mount", str(source), f"/dev/fd/{fd}", "-f", "--log-file", str(log)]
+    try:
+        daemon = subprocess.Popen(command, pass_fds=[fd], cwd=REPO)
+    finally:
+        os.close(fd)
+    try:
+        name = sorted(p.name for p in (twin / "4_4_40").iterdir())[3]
+        assert (m / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        assert "no shardfs daemon serves" in shardfs("stats", m, check=False).stderr
+        assert "is not visible here: `shardfs stats` cannot reach this daemon" in log.read_text()
+        unmount(m)
+        assert daemon.wait(timeout=10) == 0
+    finally:
+        if os.path.ismount(m):
+            unmount(m, lazy=True)
+        if daemon.poll() is None:
+            daemon.kill()
+
+
 def test_dev_fd_n_that_is_not_a_fuse_descriptor_is_refused_in_one_line(shared, tmp_path) -> None:
     with open(tmp_path / "f", "w") as f:
         handed = f"/dev/fd/{f.fileno()}"

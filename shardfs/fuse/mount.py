@@ -93,7 +93,8 @@ def handed_fd(mountpoint: Path) -> int | None:
 
 def connection_of(fd: int) -> int | None:
     """The FUSE connection a /dev/fuse descriptor serves: the minor device number of its mount, as
-    /proc/self/mountinfo shows it (`0:N`). None where the kernel does not say (fdinfo has it since 6.x)."""
+    /proc/self/mountinfo shows it (`0:N`). None where the kernel does not say: fdinfo names it since 2025
+    (6.18 does; the 6.1 and 6.8 of Debian 12 and Ubuntu 24.04 do not)."""
     try:
         text = Path(f"/proc/self/fdinfo/{fd}").read_text()
     except OSError:

@@ -149,7 +149,7 @@ def shown_mountpoint(mountpoint: Path) -> Path | None:
     """The directory the mount is at: mountpoint, or for `/dev/fd/N` (mounted by a parent, as CSI drivers
     do) the directory the kernel shows that descriptor's connection mounted at, so that the stats socket
     and the default log are named after it and `shardfs stats DIR` finds the daemon. None where the kernel
-    does not say (fdinfo names the connection since Linux 6.x) or the mount is not visible here."""
+    does not say (see mount.connection_of) or the mount is not visible here."""
     fd = handed_number(mountpoint)
     if fd is None:
         return mountpoint
