@@ -121,10 +121,13 @@ def test_max_read_caps_every_read_and_debug_logs_each_request(shared, mount) -> 
 
 def test_libfuse_options_that_change_nothing_here_are_accepted(shared, mount) -> None:
     """What libfuse 3.14 took and shardfs has no use for (threads that idle, a descriptor per thread, node
-    ids kept, page caching by mtime, mtab) mounts as before, rather than being refused as unknown."""
+    ids kept, page caching by mtime, mtab) mounts as before, rather than being refused as unknown; the log
+    names each, with why it changes nothing."""
     options = "clone_fd,max_idle_threads=4,noforget,remember=10,auto_cache,noauto_cache,ac_attr_timeout=5"
-    m = mount(shared[0], "-o", f"{options},no_rofd_flush,user=nobody,kernel_cache,rw")
+    m = mount(shared[0], "-o", f"{options},no_rofd_flush,user=nobody,kernel_cache,rw", "--log-level", "info")
     assert (m.path / "3").read_bytes() == b"three"
+    said = [line for line in m.log_text().splitlines() if "event=option_ignored" in line]
+    assert len(said) == 9 and any("-o clone_fd changes nothing: the threads take turns" in line for line in said)
     assert "ro" in mount_line(m.path)  # rw or not, shardfs is read-only
 
 

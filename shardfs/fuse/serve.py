@@ -1,12 +1,15 @@
 """A tree mounted and served by shardfs's own session, with the `-o` options the daemon always took.
 
-Options become mount(2) data, kernel timeouts or session settings; an option that means nothing here
-refuses the mount in one line, as libfuse did. SIGTERM and SIGINT unmount (lazily, as libfuse does).
+Options become mount(2) data, kernel timeouts or session settings, with the meanings libfuse 3.14 gave them.
+Its options that change nothing here are accepted (and named in the log at INFO, with why); one that cannot
+work, or that nobody knows, refuses the mount in one line, as libfuse did. SIGTERM and SIGINT unmount
+(lazily, as libfuse does).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import Callable
@@ -17,6 +20,8 @@ from shardfs.fuse.adapter import Shown, TreeOps
 from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, handed_number, mount, unmount
 from shardfs.fuse.session import Session, Timeouts
 from shardfs.tree import Tree
+
+log = logging.getLogger("shardfs")
 
 DEFAULT_THREADS = 10  # max_threads when not given, as libfuse had it
 MAX_THREADS = 100_000  # libfuse's most
@@ -54,6 +59,8 @@ class Settings:
 
 def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
     """What `-o` options (as daemon.fuse_options makes them) ask of the mount and the session."""
+    for name in IGNORED.keys() & options.keys():
+        log.info("-o %s changes nothing: %s", name, IGNORED[name], extra={"event": "option_ignored"})
     left = {k: v for k, v in options.items() if k not in IGNORED}
 
     def refuse(why: str) -> FuseMountError:
