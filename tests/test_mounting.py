@@ -163,7 +163,10 @@ def test_a_descriptor_mounted_by_a_parent_is_served_through_the_cli(raw_volume, 
     log = default_log_file(m)
     log.unlink(missing_ok=True)
     fd = parent_mount(m, MountOptions(fsname=str(source)))
-    command = [*SHARDFS, "mount", str(source), f"/dev/fd/{fd}", "--log-level", "info", *(["-f"] if foreground else [])]
+    if foreground:  # as fstab's mount.fuse3 runs it
+        command = [*SHARDFS, str(source), f"/dev/fd/{fd}", "-o", "foreground,log_level=info"]
+    else:
+        command = [*SHARDFS, "mount", str(source), f"/dev/fd/{fd}", "--log-level", "info"]
     try:
         daemon = subprocess.Popen(command, pass_fds=[fd], stderr=subprocess.PIPE, text=True)
     finally:
