@@ -21,7 +21,14 @@ from shardfs.check import check
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
 from shardfs.logs import DEBUG_BURST, LogFileError, log_to_terminal, redact, redact_userinfo
 from shardfs.service import mountinfo, stats_socket
-from shardfs.service.daemon import MountError, UsageError, fuse_options, mount, parse_options, unmount
+from shardfs.service.daemon import (
+    MountError,
+    UsageError,
+    fuse_options,
+    mount,
+    parse_options,
+    unmount,
+)
 from shardfs.service.summary import identity, summary
 from shardfs.source import Source, is_remote, open_source
 from shardfs.stores.disk_cache import DiskCache
@@ -237,6 +244,9 @@ def _mount_options(group: str) -> list[str]:
             out.append(f"--{key.replace('_', '-')}={value}")
         elif key in FLAGS and not eq:
             out.append(FLAGS[key])
+        elif key == "debug" and not eq:  # libfuse's: every request on stderr; here in the log, at DEBUG
+            out.append("--log-level=DEBUG")
+            kept.append(item)
         elif key not in IGNORED and not word.startswith("x-"):
             kept.append(item)
     return [*out, *(["-o", ",".join(kept)] if kept else [])]

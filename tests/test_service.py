@@ -395,25 +395,37 @@ def test_sighup_and_sigusr1_keep_a_remote_mount(kv, mount) -> None:
         assert (m.path / "4").read_bytes() == kv[1][4]
 
 
+SWEEP = """
+import json, os, socket, subprocess, sys, time
+from pathlib import Path
+from shardfs.service import stats_socket
+from shardfs.service.rundir import own_dir, runtime_dir
+source, tmp = sys.argv[1:]
+directory = own_dir(runtime_dir(0), 0o755)
+dead = stats_socket.socket_path(directory, Path(tmp) / "gone")
+young = dead.with_name("0" * 32 + ".sock")
+for path in (dead, young):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(path))  # bound, never listening, then closed: what a killed daemon leaves
+os.utime(dead, (time.time() - 120, time.time() - 120))
+point = Path(tmp) / "m"
+point.mkdir()
+shardfs = [sys.executable, "-m", "shardfs"]
+subprocess.run([*shardfs, "mount", source, point, "--log-file", Path(tmp) / "log"], check=True)
+subprocess.run([*shardfs, "unmount", point], check=True)
+print(json.dumps([dead.exists(), young.exists()]))
+"""
+
+
 def test_a_killed_daemons_stats_socket_is_swept_by_the_next_mount(kv, tmp_path) -> None:
     """kill -9 leaves a daemon's socket behind; the next mount removes every socket no one answers (once a
-    minute old, so that a daemon starting alongside is never swept)."""
-    dead = stats_socket.socket_path(runtime_dir(0), tmp_path / "gone")
-    with socket.socket(socket.AF_UNIX) as s:
-        s.bind(str(dead))  # bound, never listening, then closed: what a killed daemon leaves
-    young = dead.with_name("0" * 32 + ".sock")
-    with socket.socket(socket.AF_UNIX) as s:
-        s.bind(str(young))
-    try:
-        os.utime(dead, (time.time() - 120, time.time() - 120))
-        point = tmp_path / "m"
-        point.mkdir()
-        shardfs("mount", kv[0], point, "--log-file", tmp_path / "log")
-        shardfs("unmount", point)
-        assert not dead.exists() and young.exists()
-    finally:
-        for path in (dead, young):
-            path.unlink(missing_ok=True)
+    minute old, so that a daemon starting alongside is never swept). In a mount namespace of its own, with a
+    fresh /run: root's /run/shardfs holds the sockets of every other daemon on the machine."""
+    private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none /run && exec "$@"']
+    script = [sys.executable, "-c", SWEEP, str(kv[0]), str(tmp_path)]
+    done = subprocess.run([*private, "-", *script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [False, True]  # the dead one swept, the young one left
 
 
 def test_the_default_log_is_kept_only_when_something_was_said(kv, tmp_path) -> None:

@@ -11,6 +11,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardfs import metrics
@@ -175,12 +176,23 @@ class StoredBytes:
             log.warning("df: the source's size could not be counted: %s", e, extra={"event": "statfs"})
 
 
+@dataclass(frozen=True)
+class Shown:
+    """libfuse's `-o uid=N,gid=N,umask=M`: every node shown with that owner, group, or permission bits
+    `0777 & ~M` in place of its source's (None: the source's)."""
+
+    uid: int | None = None
+    gid: int | None = None
+    umask: int | None = None
+
+
 class TreeOps:
     """Read-only operations over a Tree, by path ('' is the root). The session owns node ids and the
     wire; this owns what the answers say."""
 
-    def __init__(self, tree: Tree, mtime_ns: int) -> None:
+    def __init__(self, tree: Tree, mtime_ns: int, shown: Shown = Shown()) -> None:
         self.tree = tree
+        self.shown = shown
         self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
         self._times = (*divmod(mtime_ns, 1_000_000_000),)
         self._dirs: dict[int, DirCursor] = {}
@@ -189,12 +201,16 @@ class TreeOps:
         self._modes = functools.lru_cache(maxsize=1024)(self._mode)
         self.stored = StoredBytes(tree.store.sizes)
 
-    @staticmethod
-    def _mode(kind: int, owner: Owner) -> tuple[int, int, int, int]:
+    def _mode(self, kind: int, owner: Owner) -> tuple[int, int, int, int]:
         """(st_mode, st_nlink, uid, gid) of a node owned by owner (few distinct ones: cached). Files get
-        read bits only; directories read and search."""
+        read bits only; directories read and search; unless `shown` says otherwise."""
         mode = owner.mode if kind == stat.S_IFDIR else owner.mode & 0o444
-        return kind | mode, 2 if kind == stat.S_IFDIR else 1, owner.uid, owner.gid
+        shown = self.shown
+        if shown.umask is not None:
+            mode = 0o777 & ~shown.umask
+        uid = owner.uid if shown.uid is None else shown.uid
+        gid = owner.gid if shown.gid is None else shown.gid
+        return kind | mode, 2 if kind == stat.S_IFDIR else 1, uid, gid
 
     @errors_to_errno("getattr")
     def attributes(self, path: str) -> tuple[int, ...] | None:

@@ -1,5 +1,7 @@
 """Mounting a FUSE filesystem without libfuse: as root, mount(2) with an open /dev/fuse; as anyone else,
-fusermount3 mounts and hands the device back over a socket (SCM_RIGHTS), as libfuse has it do.
+fusermount3 mounts and hands the device back over a socket (SCM_RIGHTS), as libfuse has it do. With
+`auto_unmount` fusermount3 is used by root too, as libfuse did: it stays, and unmounts once the daemon is
+gone (its end of the socket closed), however the daemon ended.
 
 The mount shows as type `fuse.shardfs` with the source name given, as it did under libfuse."""
 
@@ -52,6 +54,8 @@ class MountOptions:
     allow_other: bool = False
     default_permissions: bool = True
     vfs: tuple[str, ...] = ()  # names in VFS_FLAGS, in the order given
+    auto_unmount: bool = False
+    kernel: tuple[str, ...] = ()  # `name=value` options for the kernel as given: max_read=, SELinux contexts
 
 
 def mount(mountpoint: Path, options: MountOptions) -> int:
@@ -61,17 +65,22 @@ def mount(mountpoint: Path, options: MountOptions) -> int:
     handed = handed_fd(mountpoint)
     if handed is not None:
         return handed
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and not options.auto_unmount:
         return _mount_as_root(mountpoint, options)
     return _mount_with_fusermount(mountpoint, options)
 
 
+def handed_number(mountpoint: Path) -> int | None:
+    """N of a mountpoint `/dev/fd/N` (a descriptor handed over, not a directory); None for any other path."""
+    found = re.fullmatch(r"/dev/fd/(\d+)", str(mountpoint))
+    return None if found is None else int(found.group(1))
+
+
 def handed_fd(mountpoint: Path) -> int | None:
     """N of a mountpoint `/dev/fd/N`, checked to be an open /dev/fuse; None for any other path."""
-    found = re.fullmatch(r"/dev/fd/(\d+)", str(mountpoint))
-    if found is None:
+    fd = handed_number(mountpoint)
+    if fd is None:
         return None
-    fd = int(found.group(1))
     try:
         st = os.fstat(fd)
     except OSError as e:
@@ -80,6 +89,18 @@ def handed_fd(mountpoint: Path) -> int | None:
         raise FuseMountError(f"{mountpoint}: not a /dev/fuse descriptor")
     os.set_inheritable(fd, False)
     return fd
+
+
+def connection_of(fd: int) -> int | None:
+    """The FUSE connection a /dev/fuse descriptor serves: the minor device number of its mount, as
+    /proc/self/mountinfo shows it (`0:N`). None where the kernel does not say: fdinfo names it since 2025
+    (6.18 does; the 6.1 and 6.8 of Debian 12 and Ubuntu 24.04 do not)."""
+    try:
+        text = Path(f"/proc/self/fdinfo/{fd}").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^fuse_connection:\s*(\d+)$", text, re.MULTILINE)
+    return None if found is None else int(found.group(1))
 
 
 def unmount(mountpoint: Path, lazy: bool = False) -> None:
@@ -101,7 +122,7 @@ def _mount_as_root(mountpoint: Path, options: MountOptions) -> int:
     try:
         root_mode = stat.S_IFMT(os.stat(mountpoint).st_mode)
         data = [f"fd={fd}", f"rootmode={root_mode:o}", f"user_id={os.getuid()}", f"group_id={os.getgid()}"]
-        data += [name for name, on in _flags(options) if on]
+        data += [name for name, on in _flags(options) if on] + list(options.kernel)
         flags = MS_NOSUID | MS_NODEV | (MS_RDONLY if options.read_only else 0)
         for name in options.vfs:
             flag, on = VFS_FLAGS[name]
@@ -120,25 +141,40 @@ def _flags(options: MountOptions) -> list[tuple[str, bool]]:
     return [("allow_other", options.allow_other), ("default_permissions", options.default_permissions)]
 
 
+# fusermount3 processes left watching for auto_unmount, with our end of their socket: kept open for the
+# daemon's life, closed by the kernel when it ends however it ends, which is what fusermount3 waits for.
+_watchers: list[tuple[socket.socket, subprocess.Popen[bytes]]] = []
+
+
 def _mount_with_fusermount(mountpoint: Path, options: MountOptions) -> int:
-    """fusermount3 is setuid root: it checks the user may mount there, mounts, and sends the fd back."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    """fusermount3 is setuid root: it checks the user may mount there, mounts, and sends the fd back. It
+    exits then, or with auto_unmount stays until our end of the socket closes."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     text = [f"fsname={options.fsname}", f"subtype={options.subtype}", "nosuid", "nodev", *options.vfs]
     text += ["ro"] if options.read_only else []
-    text += [name for name, on in _flags(options) if on]
-    with ours, theirs:
-        done = subprocess.run(
+    text += [name for name, on in _flags(options) if on] + list(options.kernel)
+    text += ["auto_unmount"] if options.auto_unmount else []
+    with theirs:
+        tool = subprocess.Popen(
             ["fusermount3", "-o", ",".join(text), "--", str(mountpoint)],
             env={**os.environ, "_FUSE_COMMFD": str(theirs.fileno())},
             pass_fds=[theirs.fileno()],
-            capture_output=True,
-            text=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
-        if done.returncode != 0:
-            raise FuseMountError(done.stderr.strip() or f"{mountpoint}: fusermount3 failed")
-        theirs.close()
-        _, fds, _, _ = socket.recv_fds(ours, 1, 1)
-    if not fds:
-        raise FuseMountError(f"{mountpoint}: fusermount3 sent no /dev/fuse descriptor")
+    assert tool.stderr is not None
+    with tool.stderr:
+        _, fds, _, _ = socket.recv_fds(ours, 1, 1)  # nothing (end of file) if fusermount3 failed
+        if not fds:
+            ours.close()
+            why = tool.stderr.read().decode(errors="replace").strip()
+            tool.wait()
+            raise FuseMountError(why or f"{mountpoint}: fusermount3 sent no /dev/fuse descriptor")
     os.set_inheritable(fds[0], False)
+    if options.auto_unmount:
+        _watchers.append((ours, tool))
+    else:
+        ours.close()
+        tool.wait()
     return fds[0]

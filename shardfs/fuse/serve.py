@@ -1,25 +1,49 @@
 """A tree mounted and served by shardfs's own session, with the `-o` options the daemon always took.
 
-Options become mount(2) data, kernel timeouts or session settings; an option that means nothing here
-refuses the mount in one line, as libfuse did. SIGTERM and SIGINT unmount (lazily, as libfuse does).
+Options become mount(2) data, kernel timeouts or session settings, with the meanings libfuse 3.14 gave them.
+Its options that change nothing here are accepted (and named in the log at INFO, with why); one that cannot
+work, or that nobody knows, refuses the mount in one line, as libfuse did. SIGTERM and SIGINT unmount
+(lazily, as libfuse does).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardfs.fuse.adapter import TreeOps
-from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, handed_fd, mount, unmount
+from shardfs.fuse.adapter import Shown, TreeOps
+from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, handed_number, mount, unmount
 from shardfs.fuse.session import Session, Timeouts
 from shardfs.tree import Tree
 
+log = logging.getLogger("shardfs")
+
 DEFAULT_THREADS = 10  # max_threads when not given, as libfuse had it
-IGNORED = frozenset({"max_idle_threads"})  # libfuse's; every thread here waits on the device, none idles
+MAX_THREADS = 100_000  # libfuse's most
+# libfuse 3.14's options that change nothing here (each accepted, as it was), and why.
+IGNORED = {
+    "max_idle_threads": "every thread waits on the device; none idles",
+    "clone_fd": "the threads take turns on one descriptor",
+    "noforget": "no node id outlives the kernel's use of it unless the kernel asks for it again",
+    "remember": "as noforget",
+    "auto_cache": "the data does not change while mounted: pages are kept (kernel_cache)",
+    "noauto_cache": "as auto_cache",
+    "ac_attr_timeout": "as auto_cache",
+    "no_rofd_flush": "FLUSH is answered ENOSYS once and never sent again",
+    "user": "libfuse wrote it to /etc/mtab only",
+}
+# libfuse 3.14's options that cannot work here: the mount is refused with the reason.
+REFUSED = {
+    "blkdev": "shardfs serves no block device (fuseblk)",
+    "blksize": "it is for block-device mounts (blkdev), which shardfs does not make",
+    "modules": "libfuse's stacked modules (subdir, iconv) are not part of shardfs's own FUSE session",
+}
+CONTEXTS = ("context", "fscontext", "defcontext", "rootcontext")  # SELinux labels, handed to the kernel as given
 
 
 @dataclass(frozen=True)
@@ -28,11 +52,19 @@ class Settings:
     timeouts: Timeouts
     threads: int
     kernel_cache: bool
+    shown: Shown  # uid=, gid=, umask=
+    owner: int | None  # allow_root: the one user besides root whose requests are served
+    debug: bool
 
 
 def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
     """What `-o` options (as daemon.fuse_options makes them) ask of the mount and the session."""
+    for name in IGNORED.keys() & options.keys():
+        log.info("-o %s changes nothing: %s", name, IGNORED[name], extra={"event": "option_ignored"})
     left = {k: v for k, v in options.items() if k not in IGNORED}
+
+    def refuse(why: str) -> FuseMountError:
+        return FuseMountError(f"{mountpoint}: mount failed: {why}")
 
     def flag(name: str) -> bool:
         return bool(left.pop(name, False))
@@ -40,27 +72,51 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
     def number(name: str, default: float) -> float:
         value = left.pop(name, None)
         try:
-            return default if value is None else float(value)
+            return default if value is None else float(str(value))
         except ValueError:
-            raise FuseMountError(f"{mountpoint}: mount failed: invalid value {name}={value}") from None
+            raise refuse(f"invalid value {name}={value}") from None
 
+    def integer(name: str, top: int, base: int = 10) -> int | None:
+        """uid=, gid=, max_read= (decimal), umask= (octal, as libfuse read it): from 0 up to top, or refused."""
+        value = left.pop(name, None)
+        if value is None:
+            return None
+        try:
+            found = int(str(value), base)
+        except ValueError:
+            found = -1
+        if not 0 <= found <= top:
+            raise refuse(f"invalid value {name}={value}")
+        return found
+
+    if refused := [name for name in REFUSED if name in left]:
+        raise refuse("; ".join(f"-o {name}: {REFUSED[name]}" for name in refused))
+    allow_root = flag("allow_root")
+    left.pop("rw", None)  # shardfs is read-only whatever is asked
+    left.pop("ro", None)
+    max_read = integer("max_read", 2**32 - 1)  # the kernel's cap on one READ request, in bytes
+    kernel = tuple(f"{name}={left.pop(name)}" for name in CONTEXTS if name in left)
     mount_options = MountOptions(
         fsname=str(left.pop("fsname", "shardfs")),
         subtype=str(left.pop("subtype", "shardfs")),
-        read_only=flag("ro") or not flag("rw"),
-        allow_other=flag("allow_other"),
+        allow_other=flag("allow_other") or allow_root,  # the kernel lets everyone in; the session, two
         default_permissions=flag("default_permissions"),
         vfs=tuple(name for name in list(left) if name in VFS_FLAGS and left.pop(name)),
+        auto_unmount=flag("auto_unmount"),
+        kernel=kernel if max_read is None else (*kernel, f"max_read={max_read}"),
     )
     timeouts = Timeouts(number("entry_timeout", 1.0), number("attr_timeout", 1.0), number("negative_timeout", 0.0))
-    threads = int(number("max_threads", DEFAULT_THREADS))
+    threads = integer("max_threads", MAX_THREADS)
     kernel_cache = flag("kernel_cache")
+    shown = Shown(integer("uid", 2**32 - 2), integer("gid", 2**32 - 2), integer("umask", 0o777, 8))
+    debug = flag("debug")
     if left:
         names = ",".join(k if v is True else f"{k}={v}" for k, v in left.items())
-        raise FuseMountError(f"{mountpoint}: mount failed: unknown option(s): `-o {names}'")
-    if threads < 1:
-        raise FuseMountError(f"{mountpoint}: mount failed: invalid value max_threads={threads}")
-    return Settings(mount_options, timeouts, threads, kernel_cache)
+        raise refuse(f"unknown option(s): `-o {names}'")
+    if threads == 0:
+        raise refuse("invalid value max_threads=0")
+    owner = os.getuid() if allow_root else None
+    return Settings(mount_options, timeouts, threads or DEFAULT_THREADS, kernel_cache, shown, owner, debug)
 
 
 def serve(
@@ -74,10 +130,13 @@ def serve(
     def ready() -> None:
         on_ready(session.granted_text())
 
-    session = Session(fd, TreeOps(tree, mtime_ns), settings.threads, settings.timeouts, settings.kernel_cache, ready)
+    session = Session(
+        fd, TreeOps(tree, mtime_ns, settings.shown), settings.threads, settings.timeouts, settings.kernel_cache,
+        ready, owner=settings.owner, debug=settings.debug,
+    )  # fmt: skip
 
     def stop(signum: int, frame: object) -> None:
-        if handed_fd(mountpoint) is None:  # a handed descriptor's mount is its parent's to end
+        if handed_number(mountpoint) is None:  # a handed descriptor's mount is its parent's to end
             with contextlib.suppress(OSError, FuseMountError):
                 unmount(mountpoint, lazy=True)
         session.stop()

@@ -42,6 +42,12 @@ NOT_IMPLEMENTED = frozenset(
 )  # fmt: skip
 SLOW = frozenset({Op.LOOKUP, Op.GETATTR, Op.READ, Op.OPENDIR, Op.READDIR})  # they ask the tree: may wait
 UNANSWERED = frozenset({Op.FORGET, Op.BATCH_FORGET, Op.INTERRUPT, Op.NOTIFY_REPLY})  # the kernel waits on none
+# With `allow_root`, what any user's request may still do, as libfuse had it: the kernel's own housekeeping,
+# and what follows an OPEN or OPENDIR that was checked.
+ANY_USER = UNANSWERED | {
+    Op.INIT, Op.DESTROY, Op.READ, Op.WRITE, Op.FSYNC, Op.RELEASE, Op.READDIR, Op.READDIRPLUS, Op.FSYNCDIR,
+    Op.RELEASEDIR,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -102,13 +108,19 @@ class Nodes:
 
 class Session:
     """Serves ops on an open /dev/fuse fd until the filesystem is unmounted. on_ready runs once INIT
-    is answered: the mount then answers requests (`granted_text` says on what terms)."""
+    is answered: the mount then answers requests (`granted_text` says on what terms). owner (`allow_root`):
+    only that user's and root's requests are served, others answered EACCES, and every open is asked for
+    (no no_open) so that a page cached for root is not read by another user. debug: every request and
+    answer logged at DEBUG."""
 
     def __init__(
         self, fd: int, ops: TreeOps, threads: int = 10, timeouts: Timeouts | None = None,
-        kernel_cache: bool = True, on_ready: Callable[[], None] | None = None,
+        kernel_cache: bool = True, on_ready: Callable[[], None] | None = None, owner: int | None = None,
+        debug: bool = False,
     ) -> None:  # fmt: skip
         self.fd = fd
+        self.owner = owner
+        self.debug = debug
         self.ops = ops
         self.threads = threads
         self.nodes = Nodes()
@@ -192,11 +204,18 @@ class Session:
                     raise
 
     def _dispatch(self, request: memoryview) -> None:
-        _, opcode, unique, nodeid, *_ = wire.IN_HEADER.unpack_from(request)
+        _, opcode, unique, nodeid, uid, _, pid, *_ = wire.IN_HEADER.unpack_from(request)
         body = request[wire.IN_HEADER.size :]
         handler = self._handlers.get(opcode)
+        if self.debug:
+            log.debug(
+                "request %d: %s node %d, uid %d, pid %d, %d bytes", unique, _name(opcode), nodeid, uid, pid,
+                len(request), extra={"event": "fuse_request"},
+            )  # fmt: skip
         try:
-            if handler is not None:
+            if self.owner is not None and uid not in (0, self.owner) and opcode not in ANY_USER:
+                self._error(unique, errno.EACCES, counted=False)
+            elif handler is not None:
                 handler(unique, nodeid, body)
             elif opcode in wire.READ_ONLY_REFUSED:
                 self._error(unique, errno.EROFS)
@@ -216,6 +235,8 @@ class Session:
     # unmounted filesystem (ENODEV) goes nowhere, as it should.
     def _reply(self, unique: int, *parts: bytes) -> None:
         size = wire.OUT_HEADER.size + sum(map(len, parts))
+        if self.debug:
+            log.debug("answer %d: %d bytes", unique, size, extra={"event": "fuse_answer"})
         try:
             os.writev(self.fd, [wire.OUT_HEADER.pack(size, 0, unique), *parts])
         except OSError as e:
@@ -225,6 +246,8 @@ class Session:
     def _error(self, unique: int, code: int, counted: bool = True) -> None:
         if counted:
             count(code)
+        if self.debug:
+            log.debug("answer %d: %s", unique, errno.errorcode.get(code, code), extra={"event": "fuse_answer"})
         try:
             os.write(self.fd, wire.OUT_HEADER.pack(wire.OUT_HEADER.size, -code, unique))
         except OSError as e:
@@ -244,7 +267,7 @@ class Session:
             return
         offered = InitFlag(flags)
         self.granted = WANTED & offered
-        self.no_open = InitFlag.NO_OPEN_SUPPORT in offered
+        self.no_open = InitFlag.NO_OPEN_SUPPORT in offered and self.owner is None
         self.minor = minor
         background = min(max(self.threads, KERNEL_BACKGROUND), 0xFFFF)
         reply = wire.INIT_OUT.pack(

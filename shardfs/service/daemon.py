@@ -26,7 +26,7 @@ from shardfs import metrics
 from shardfs.cache import return_freed_memory
 from shardfs.errors import ServiceError, SourceError
 from shardfs.fuse import serve as session
-from shardfs.fuse.mount import FuseMountError
+from shardfs.fuse.mount import FuseMountError, connection_of, handed_fd, handed_number
 from shardfs.logs import log_to, open_log, replay_early
 from shardfs.service import lifecycle, mountinfo, stats_socket
 from shardfs.service.rundir import own_dir
@@ -100,7 +100,15 @@ def fusermount(lazy: bool, mountpoint: Path) -> subprocess.CompletedProcess[str]
 
 def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: bool) -> None:
     """Clear a dead mount; refuse a mountpoint that cannot work. One inside a local source (or holding it)
-    would deadlock: the daemon would read the source through its own mount."""
+    would deadlock: the daemon would read the source through its own mount. A `/dev/fd/N` is checked to be
+    a /dev/fuse descriptor and nothing else: its parent made the mount, which answers nothing (not even
+    statfs) until the daemon serves it."""
+    if handed_number(mountpoint) is not None:
+        try:
+            handed_fd(mountpoint)
+        except FuseMountError as e:
+            raise UsageError(str(e)) from None
+        return
     if is_stale(mountpoint):
         log.warning("clearing the stale mount at %s", mountpoint, extra={"event": "stale_mount"})
         cleared = fusermount(True, mountpoint)
@@ -138,6 +146,19 @@ def unmount(mountpoint: Path, any_type: bool = False) -> None:
         raise MountError(result.stderr.strip() or f"{mountpoint}: unmount failed")
 
 
+def shown_mountpoint(mountpoint: Path) -> Path | None:
+    """The directory the mount is at: mountpoint, or for `/dev/fd/N` (mounted by a parent, as CSI drivers
+    do) the directory the kernel shows that descriptor's connection mounted at, so that the stats socket
+    and the default log are named after it and `shardfs stats DIR` finds the daemon. None where the kernel
+    does not say (see mount.connection_of) or the mount is not visible here."""
+    fd = handed_number(mountpoint)
+    if fd is None:
+        return mountpoint
+    connection = connection_of(fd)
+    found = mountinfo.at_device(f"0:{connection}") if connection is not None else None
+    return None if found is None else Path(found)
+
+
 def default_log_file(mountpoint: Path) -> Path:
     """<temp dir>/shardfs-<uid>/<mountpoint>.log, in a directory only its owner can use, so that on a
     shared /tmp nobody else can plant a link where the daemon will write."""
@@ -161,11 +182,12 @@ def serve(
 ) -> None:
     """Serve the tree at mountpoint until unmounted, SIGTERM or SIGINT (which unmount). name and view: what is
     served, as `shardfs stats` and the mount's log line say it."""
-    metrics.MOUNT.info({"source": name, "mountpoint": str(mountpoint), "view": view})
+    where = shown_mountpoint(mountpoint)  # /dev/fd/N: the directory the kernel shows it at, if it can be seen
+    metrics.MOUNT.info({"source": name, "mountpoint": str(where or mountpoint), "view": view})
 
     def ready(granted: str) -> None:
         metrics.START_TIME.set_to_current_time()
-        log.info("mounted %s at %s, view %s; %s", name, mountpoint, view, granted, extra={"event": "mounted"})
+        log.info("mounted %s at %s, view %s; %s", name, where or mountpoint, view, granted, extra={"event": "mounted"})
         lifecycle.tell_systemd(Notification.READY)
         if on_ready is not None:
             on_ready()
@@ -176,7 +198,10 @@ def serve(
     try:
         if metrics_at is not None:
             lifecycle.serve_metrics(metrics_at, figures)
-        remove_stats_socket = stats_socket.serve(mountpoint, figures)
+        if where is None:
+            remove_stats_socket = _no_stats(mountpoint)
+        else:
+            remove_stats_socket = stats_socket.serve(where, figures, real=where != mountpoint)
     except ServiceError as e:
         raise MountError(str(e)) from None
     metrics.watch_cache(tree.cache)
@@ -220,7 +245,8 @@ def mount(
         serve(_opened(source).tree, mtime_ns, mountpoint, options, None, metrics_at, name, view)
         return
     chosen = log_file is not None
-    log_file = log_file or default_log_file(mountpoint)
+    handed = handed_number(mountpoint)
+    log_file = log_file or default_log_file(shown_mountpoint(mountpoint) or Path(f"{mountpoint}-{os.getpid()}"))
     log_fd = open_log(log_file)  # here, so that a log file that cannot be ours alone is refused in words
     ready_r, ready_w = os.pipe()
     if os.fork():
@@ -243,7 +269,7 @@ def mount(
         descriptors = source.tree.store.descriptors()
     # Nothing the caller left open keeps its pipes or files alive; the pipe, the log, the source's root and
     # keep stay.
-    keep = sorted({2, ready_w, log_fd, *descriptors, *keep})
+    keep = sorted({2, ready_w, log_fd, *descriptors, *keep, *([] if handed is None else [handed])})
     for low, high in itertools.pairwise([*keep, os.sysconf("SC_OPEN_MAX")]):
         os.closerange(low + 1, high)
     _detach_stdio(log_fd)
@@ -274,6 +300,15 @@ def mount(
         with contextlib.suppress(OSError):
             log_file.unlink()
     os._exit(0)
+
+
+def _no_stats(mountpoint: Path) -> Callable[[], None]:
+    """No stats socket: its name is the mountpoint's, which the kernel did not tell."""
+    log.warning(
+        "%s: the directory this descriptor is mounted at is not visible here: `shardfs stats` cannot reach"
+        " this daemon", mountpoint, extra={"event": "no_stats"},
+    )  # fmt: skip
+    return lambda: None
 
 
 def _opened(source: Source | Callable[[], Source]) -> Source:

@@ -20,6 +20,7 @@ class Mounted:
     fstype: str
     options: str  # the superblock's options: for FUSE, user_id=, group_id=, allow_other...
     source: str = ""  # for shardfs, its fsname: the dataset's path or URL (a URL's password shown as ***)
+    device: str = ""  # major:minor of its superblock; for FUSE, 0:<connection number>
 
     @property
     def daemon_uid(self) -> int | None:
@@ -38,6 +39,11 @@ def topmost(mountpoint: Path) -> Mounted | None:
     return found
 
 
+def at_device(device: str) -> str | None:
+    """Where the mount of device (`0:39`) is, as this process sees it; None if nowhere."""
+    return next((point for point, mounted in _mounts() if mounted.device == device), None)
+
+
 def shardfs_mounts() -> list[tuple[str, Mounted]]:
     """Every shardfs mount this process can see, by mountpoint, in mount order."""
     return [(point, mounted) for point, mounted in _mounts() if mounted.fstype == SHARDFS_TYPE]
@@ -47,7 +53,8 @@ def _mounts() -> Iterator[tuple[str, Mounted]]:
     for line in MOUNTINFO.read_text().splitlines():
         fields, _, fs = line.partition(" - ")
         fstype, source, options, *_ = fs.split()
-        yield _unescape(fields.split()[4]), Mounted(fstype, options, _unescape(source))
+        _, _, device, _, point, *_ = fields.split()
+        yield _unescape(point), Mounted(fstype, options, _unescape(source), device)
 
 
 def _unescape(field: str) -> str:

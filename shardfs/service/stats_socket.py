@@ -28,21 +28,24 @@ SETTLED = 60  # seconds after which a stats socket that answers nobody is a dead
 UCRED = struct.Struct("3i")  # pid, uid, gid, as SO_PEERCRED gives them
 
 
-def socket_path(directory: Path, mountpoint: Path) -> Path:
-    """Named by a hash of the mountpoint's real path: any path fits in a socket address (107 bytes)."""
-    digest = hashlib.sha256(os.fsencode(os.path.realpath(mountpoint))).hexdigest()[:32]
+def socket_path(directory: Path, mountpoint: Path, real: bool = False) -> Path:
+    """Named by a hash of the mountpoint's real path: any path fits in a socket address (107 bytes). real:
+    mountpoint is the kernel's own path already (from mountinfo), not to be resolved: resolving looks at
+    the mount, which for a descriptor mounted by a parent answers nothing until the daemon serves it."""
+    digest = hashlib.sha256(os.fsencode(mountpoint if real else os.path.realpath(mountpoint))).hexdigest()[:32]
     return directory / f"{digest}.sock"
 
 
-def serve(mountpoint: Path, figures: Callable[[], bytes]) -> Callable[[], None]:
-    """Answer every connection with figures(), then close it. Returns what removes the socket on exit."""
+def serve(mountpoint: Path, figures: Callable[[], bytes], real: bool = False) -> Callable[[], None]:
+    """Answer every connection with figures(), then close it. Returns what removes the socket on exit. real:
+    as for socket_path."""
     uid = os.getuid()
     try:
         directory = own_dir(runtime_dir(uid), 0o755 if uid == 0 else 0o700)
     except PermissionError as e:
         raise ServiceError(f"{e}; cannot serve shardfs stats") from None
     _sweep(directory)
-    path = socket_path(directory, mountpoint)
+    path = socket_path(directory, mountpoint, real)
     if _answers(path):
         raise ServiceError(f"{mountpoint}: another shardfs daemon already serves stats for it")
     with contextlib.suppress(FileNotFoundError):
