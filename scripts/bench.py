@@ -268,6 +268,23 @@ class Mounted:
             subprocess.run(["fusermount3", "-u", str(self.path)], check=True)
         if self.proc:
             self.proc.wait(timeout=30)
+        elif self.pid:
+            exited(self.pid)
+
+
+def exited(pid: int, timeout: float = 30) -> None:
+    """Returns once a process (not our child: a detached daemon) has exited. An unmounted daemon still
+    answers on its stats socket for a moment, and a mount at the same place meanwhile is refused."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":  # exited; its parent has yet to reap it
+            return
+        assert time.monotonic() < deadline, f"process {pid} still runs {timeout:.0f}s after its unmount"
+        time.sleep(0.01)
 
 
 def peak_rss(pid: int) -> int:

@@ -57,7 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import peak_rss, read_files, spinners, write_dataset, write_zarr  # noqa: E402  (scripts/ is on the path)
+from bench import exited, peak_rss, read_files, spinners, write_dataset, write_zarr  # noqa: E402  (scripts/ is on the path)
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 IN_FLIGHT = 16  # readers through the mount, reads in flight in-process
@@ -180,7 +180,9 @@ class Mount:
         return peak_rss(self.daemon_pid())
 
     def close(self) -> None:
+        pid = self.daemon_pid()
         subprocess.run(["fusermount3", "-u", str(self.path)], check=True)
+        exited(pid)  # so that the next mount here is not refused while this daemon still ends
 
 
 @contextmanager
