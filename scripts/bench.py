@@ -1,23 +1,30 @@
 #!/usr/bin/env python3
-"""shardfs against the limits of FUSE and against plain files, as ratios from one run.
+"""shardfs against the limits of FUSE, against plain files and against another code tree, as ratios from one run.
 
 Two datasets, a sharded precomputed volume written by tensorstore and a sharded zarr v3 array written
 by zarr-python 3, the latter also as `--view n5` (zero-copy); four ways to serve the same chunk files,
-each read the same way (random open+read+close), in an order that alternates between repeats:
+each read the same ways, in an order that alternates between repeats:
 - a C no-op: `noop_ll.c` beside this script, built here against libfuse3's low-level API, serving the
   same names and sizes as zeros with shardfs's mount options and FUSE `no_open`: the limit of FUSE;
-- a Python no-op: shardfs's own adapter, options and libfuse loop over an in-memory tree of the same
+- a Python no-op: shardfs's own adapter, options and FUSE session over an in-memory tree of the same
   names and sizes (also `no_open`): what shardfs would be if finding a chunk cost nothing;
 - shardfs, mounted on the sharded dataset;
 - the same chunks as plain files on disk (copied out of the mount with cp -r).
+With --old TREE (a checkout of another revision, e.g. `git worktree add /work/wt/old 6293c7a`, the last
+with libfuse's loop through mfusepy) its shardfs daemon and its Python no-op (its own scripts/bench.py
+--serve-noop) are served beside them in the same run, with TREE and --old-path (what else it imports,
+e.g. a `pip install --target` of mfusepy) on PYTHONPATH: an A/B of the two code trees.
 Every FUSE server runs in a session of its own, as the detached daemon does, and must log that the
 kernel sends no OPEN.
 
-Cold is a fresh mount for every pass, 1 reader and 4 alike (empty kernel and shardfs caches; the shard
-files themselves are in the page cache, as are the plain files). Warm is a second pass over the same
-files on the same mount. Each figure is the median of --repeats runs; the serving process's CPU time
-(user + system, all threads) is reported per file read. Peak RSS is the daemon's VmHWM after reading
-every chunk.
+Readers are processes doing open+read+close of random chunks, 1 and 4 at once, in two ways: os.open and
+os.read, and Python's open().read(), which also sends an IOCTL per file (its isatty check) that the
+kernel never caches, so a warm open() still reaches the server. Cold is a fresh mount for every pass
+(empty kernel and shardfs caches; the shard files themselves are in the page cache, as are the plain
+files). Warm is a second pass over the same files on the same mount. Each figure is the median of
+--repeats runs, and each ratio a ratio of those medians; the serving process's CPU time (user + system,
+all threads, in 10 ms ticks: scripts/cold_cpu.py counts nanoseconds) is reported per file read. Peak
+RSS is the daemon's VmHWM after reading every chunk.
 
 Idle-priority busy loops, one per CPU, run throughout (unless --no-spinners): on a virtual machine an
 idle vCPU halts and waking it costs more than a FUSE round trip, so without them the figures measure
@@ -26,15 +33,17 @@ autogroup is at nice 19).
 
 A last case transcodes: a little-endian uint16 zarr array as N5 blocks (decoded, byte-swapped, raw),
 in MB/s against decoding the same stored chunks in-process, in one thread, with the same library; through
-the mount with one reader and with four (libfuse's threads then decode in parallel: zstd drops the GIL).
+the mount with one reader and with four (the session's threads then decode in parallel: zstd drops the GIL).
 
-    .venv/bin/python scripts/bench.py [--chunks 20000] [--sample 4000] [--repeats 5] [--no-spinners]
+    .venv/bin/python scripts/bench.py [--chunks 20000] [--sample 4000] [--repeats 5] [--cases CASE ...]
+        [--old TREE --old-path PATH] [--no-spinners]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -50,8 +59,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
+ROOT = Path(__file__).resolve().parents[1]
 NOOP_C = Path(__file__).with_name("noop_ll.c")
 KINDS = ("c-noop", "noop", "shardfs", "plain")  # the table's columns; the order alternates between repeats
+OLD_KINDS = ("noop old", "shardfs old")  # the same two from the other code tree (--old), in the same run
 NO_OPEN = "kernel sends OPEN: no"  # what shardfs (so the Python no-op) and noop_ll.c log under FUSE no_open
 READER = """
 import os, sys, time
@@ -59,12 +70,15 @@ paths = open(sys.argv[1]).read().split("\\n")
 sys.stdin.readline()  # wait for go, so interpreter start-up is not timed
 start = time.time()
 for p in paths:
-    fd = os.open(p, os.O_RDONLY)
-    while os.read(fd, 1 << 20):
-        pass
-    os.close(fd)
+{read}
 print(start, time.time(), flush=True)
 """
+# How a reader opens and reads a file (the tables' rows). Python's open() sends, besides the OPEN, the
+# IOCTL of its isatty() check (answered ENOTTY), which the kernel never caches, and an fstat for its buffer.
+READS = {
+    "os.open": "    fd = os.open(p, os.O_RDONLY)\n    while os.read(fd, 1 << 20):\n        pass\n    os.close(fd)",
+    "open()": '    with open(p, "rb") as f:\n        f.read()',
+}
 
 
 def write_dataset(root: Path, chunks: int) -> None:
@@ -181,13 +195,32 @@ def spinners(enabled: bool = True) -> Iterator[None]:
         proc.wait()
 
 
+@dataclasses.dataclass(frozen=True)
+class Code:
+    """A code tree shardfs runs from, and what else it imports (mfusepy, for a tree from before shardfs's
+    own session). Its daemon and its Python no-op (its own scripts/bench.py's) run from the tree with it
+    first on PYTHONPATH, so that `-m shardfs` finds it before any installed shardfs."""
+
+    tree: Path
+    extra: tuple[str, ...] = ()
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "SHARDFS_FUSE"}  # the old tree's opt-in session: off
+        env["PYTHONPATH"] = os.pathsep.join([str(self.tree), *self.extra])
+        return env
+
+
+THIS = Code(ROOT)
+
+
 class Mounted:
-    """A mount of one of the four kinds (plain files need none) and the pid of the process serving it.
-    The C no-op needs its program (`build_c_noop`)."""
+    """A mount of one of the kinds (plain files need none) and the pid of the process serving it. The C
+    no-op needs its program (`build_c_noop`); the kinds named '... old' run from the code tree given."""
 
     def __init__(
-        self, kind: str, source: Path, listing: Path, where: Path, view: str = "native", program: Path | None = None
-    ) -> None:
+        self, kind: str, source: Path, listing: Path, where: Path, view: str = "native",
+        program: Path | None = None, code: Code = THIS,
+    ) -> None:  # fmt: skip
         self.kind, self.path, self.proc, self.pid = kind, where, None, None
         if kind == "plain":
             self.path = source
@@ -195,9 +228,9 @@ class Mounted:
         where.mkdir(parents=True, exist_ok=True)
         log = where.with_name(f"{where.name}.log")
         log.unlink(missing_ok=True)
-        if kind == "shardfs":
+        if kind.startswith("shardfs"):
             mount = [*SHARDFS, "mount", str(source), str(where), "--view", view, "--log-file", str(log)]
-            subprocess.run([*mount, "--log-level", "info"], check=True)
+            subprocess.run([*mount, "--log-level", "info"], check=True, env=code.env(), cwd=code.tree)
             found = subprocess.run(["pgrep", "-f", f"shardfs mount .* {where} --view"], capture_output=True, text=True)
             self.pid = int(found.stdout.split()[0])
         else:
@@ -207,9 +240,12 @@ class Mounted:
                 assert program is not None, "the C no-op needs its program"
                 command = [str(program), str(listing), str(where), "-f", "-o", c_noop_options()]
             else:
-                command = [sys.executable, __file__, "--serve-noop", str(listing), str(where)]
+                command = [sys.executable, str(code.tree / "scripts" / "bench.py"), "--serve-noop", str(listing)]
+                command.append(str(where))
             with log.open("w") as stderr:
-                self.proc = subprocess.Popen(command, start_new_session=True, stderr=stderr)
+                self.proc = subprocess.Popen(
+                    command, start_new_session=True, stderr=stderr, env=code.env(), cwd=code.tree
+                )
             self.pid = self.proc.pid
         # Logged once the kernel's INIT is answered, so the mount is live by then.
         deadline = time.monotonic() + 30
@@ -232,6 +268,23 @@ class Mounted:
             subprocess.run(["fusermount3", "-u", str(self.path)], check=True)
         if self.proc:
             self.proc.wait(timeout=30)
+        elif self.pid:
+            exited(self.pid)
+
+
+def exited(pid: int, timeout: float = 30) -> None:
+    """Returns once a process (not our child: a detached daemon) has exited. An unmounted daemon still
+    answers on its stats socket for a moment, and a mount at the same place meanwhile is refused."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":  # exited; its parent has yet to reap it
+            return
+        assert time.monotonic() < deadline, f"process {pid} still runs {timeout:.0f}s after its unmount"
+        time.sleep(0.01)
 
 
 def peak_rss(pid: int) -> int:
@@ -242,16 +295,18 @@ def peak_rss(pid: int) -> int:
     raise RuntimeError("no VmHWM")
 
 
-def read_files(root: Path, names: list[str], readers: int, scratch: Path) -> float:
-    """Files per second for `readers` processes sharing the names, timed from first start to last end."""
+def read_files(root: Path, names: list[str], readers: int, scratch: Path, how: str = "os.open") -> float:
+    """Files per second for `readers` processes sharing the names, timed from first start to last end;
+    how: a key of READS."""
     parts = [names[i::readers] for i in range(readers)]
     lists = []
     for i, part in enumerate(parts):
         lists.append(scratch / f"list{i}")
         lists[-1].write_text("\n".join(str(root / n) for n in part))
+    program = READER.format(read=READS[how])
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", READER, str(f)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", program, str(f)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
         for f in lists
     ]
@@ -269,8 +324,12 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=4000, help="random chunks read per pass")
     ap.add_argument("--repeats", type=int, default=5, help="passes of each kind; figures are medians")
     ap.add_argument("--no-spinners", action="store_true", help="let idle vCPUs halt (to see what they cost)")
+    ap.add_argument("--cases", nargs="+", choices=CASES, default=CASES, help="which cases to run (default: all)")
+    ap.add_argument("--old", type=Path, help="another code tree (a checkout) whose daemon and no-op run beside")
+    ap.add_argument("--old-path", default="", help="what else the other tree imports, as PYTHONPATH (mfusepy)")
     ap.add_argument("--serve-noop", nargs=2, type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.old = Code(args.old.resolve(), tuple(filter(None, args.old_path.split(os.pathsep)))) if args.old else None
     if args.serve_noop:
         serve_noop(*args.serve_noop)
         return
@@ -306,8 +365,13 @@ def write_zarr_uint16(root: Path) -> None:
     array[...] = np.random.default_rng(0).integers(0, 4096, array.shape, dtype=np.uint16)
 
 
+CASES = ("precomputed", "zarr", "zarr as N5, zero-copy", "zarr as N5, transcoded")
+
+
 def run(work: Path, args: argparse.Namespace) -> None:
     summary: dict[str, object] = {"spinners": not args.no_spinners}
+    if args.old:
+        summary["old"] = f"{args.old.tree} (+ {os.pathsep.join(args.old.extra) or 'nothing'})"
     program = build_c_noop(work)
     cases = (
         ("precomputed", lambda root: write_dataset(root, args.chunks), "native"),
@@ -315,14 +379,17 @@ def run(work: Path, args: argparse.Namespace) -> None:
         ("zarr as N5, zero-copy", write_zarr, "n5"),  # uint8 under zstd: the N5 header, then the stored bytes
     )
     for label, write, view in cases:
+        if label not in args.cases:
+            continue
         source = work / label.replace(" ", "_")
         t = time.monotonic()
         write(source)
         os.sync()
         print(f"\n== {label}: wrote {source} in {time.monotonic() - t:.1f}s")
         summary[label] = measure(work / f"{source.name}-run", source, args, program, view)
-    print("\n== transcoding: little-endian uint16 zarr (zstd) as N5 (big-endian, raw)")
-    summary["zarr as N5, transcoded"] = transcoding(work / "transcode", args)
+    if "zarr as N5, transcoded" in args.cases:
+        print("\n== transcoding: little-endian uint16 zarr (zstd) as N5 (big-endian, raw)")
+        summary["zarr as N5, transcoded"] = transcoding(work / "transcode", args)
     print(json.dumps(summary))
 
 
@@ -393,51 +460,72 @@ def measure(work: Path, source: Path, args: argparse.Namespace, program: Path, v
     print(f"daemon peak RSS over the full scan, default cache budget: {peak / 2**20:.0f} MiB")
 
     sample = random.Random(0).sample(chunks, min(args.sample, len(chunks)))
-    rates: dict[tuple[str, int, str], list[float]] = {}
-    cpu: dict[tuple[str, int, str], list[float]] = {}  # µs of the server's CPU per file
+    kinds = (*KINDS, *OLD_KINDS) if args.old else KINDS
+    rates: dict[Row, list[float]] = {}
+    cpu: dict[Row, list[float]] = {}  # µs of the server's CPU per file
     for rep in range(args.repeats):
         for readers in (1, 4):
-            for kind in KINDS if rep % 2 == 0 else KINDS[::-1]:  # alternate, so order biases cancel
-                source_of = plain if kind == "plain" else source
-                m = Mounted(kind, source_of, listing, work / f"mnt-{kind}", view, program)
-                try:
-                    for phase in ("cold", "warm"):  # a fresh mount for every cold pass
-                        before = m.cpu_seconds() if m.pid else 0.0
-                        rates.setdefault((kind, readers, phase), []).append(read_files(m.path, sample, readers, work))
-                        if m.pid:
-                            used = (m.cpu_seconds() - before) / len(sample) * 1e6
-                            cpu.setdefault((kind, readers, phase), []).append(used)
-                finally:
-                    m.close()
+            for how in READS:
+                for kind in kinds if rep % 2 == 0 else kinds[::-1]:  # alternate, so order biases cancel
+                    source_of = plain if kind == "plain" else source
+                    code = args.old if kind in OLD_KINDS else THIS
+                    where = work / f"mnt-{kind.replace(' ', '-')}"
+                    m = Mounted(kind, source_of, listing, where, view, program, code)
+                    try:
+                        for phase in ("cold", "warm"):  # a fresh mount for every cold pass
+                            before = m.cpu_seconds() if m.pid else 0.0
+                            rate = read_files(m.path, sample, readers, work, how)
+                            rates.setdefault((kind, readers, how, phase), []).append(rate)
+                            if m.pid:
+                                used = (m.cpu_seconds() - before) / len(sample) * 1e6
+                                cpu.setdefault((kind, readers, how, phase), []).append(used)
+                    finally:
+                        m.close()
         print(f"repeat {rep + 1}/{args.repeats} done", flush=True)
-    return report(len(sample), args.repeats, rates, cpu, peak)
+    return report(len(sample), args.repeats, kinds, rates, cpu, peak)
+
+
+Row = tuple[str, int, str, str]  # kind, readers, how they open (a key of READS), cold or warm
+RATIOS = {  # the tables' ratios: shardfs to each anchor, and this tree to the other (--old)
+    "sfs/C": ("shardfs", "c-noop"),
+    "sfs/py": ("shardfs", "noop"),
+    "sfs/plain": ("shardfs", "plain"),
+    "new/old": ("shardfs", "shardfs old"),
+    "old/C": ("shardfs old", "c-noop"),
+    "py new/old": ("noop", "noop old"),
+}
+NAMES = {"c-noop": "C no-op", "noop": "py no-op", "noop old": "py old", "shardfs old": "sfs old", "plain": "plain"}
 
 
 def report(
-    files: int, repeats: int, rates: dict[tuple[str, int, str], list[float]],
-    cpu: dict[tuple[str, int, str], list[float]], peak: int,
+    files: int, repeats: int, kinds: tuple[str, ...], rates: dict[Row, list[float]], cpu: dict[Row, list[float]],
+    peak: int,
 ) -> dict:  # fmt: skip
-    """The table of medians (files/s, shardfs's ratios to each anchor, the servers' CPU µs per file) and
-    the same as a dict for the JSON summary."""
+    """The table of medians (files/s and the ratios of RATIOS between them), then the servers' CPU µs per
+    file, and the same as a dict for the JSON summary."""
     med = {k: statistics.median(v) for k, v in rates.items()}
     cpu_med = {k: statistics.median(v) for k, v in cpu.items()}
-    served = [k for k in KINDS if k != "plain"]
-    print(f"\nrandom open+read+close of {files} chunks, files/s (median of {repeats}); server CPU µs per file")
-    head = f"{'readers':>7} {'pass':>5} {'C no-op':>8} {'py no-op':>8} {'shardfs':>8} {'plain':>8}"
-    print(f"{head} {'/py':>6} {'/C':>6} {'/plain':>6} {'cpu C':>6} {'cpu py':>6} {'cpu sfs':>7}")
-    summary: dict[str, dict] = {"files_per_s": {}, "shardfs_vs": {}, "cpu_us_per_file": {}}
-    for readers in (1, 4):
-        for phase in ("cold", "warm"):
-            key = f"{readers}r_{phase}"
-            c, py, ours, disk = (med[(k, readers, phase)] for k in KINDS)
-            ratios = {"py_noop": ours / py, "c_noop": ours / c, "plain": ours / disk}
-            used = {k: cpu_med[(k, readers, phase)] for k in served}
-            row = f"{readers:>7} {phase:>5} {c:>8.0f} {py:>8.0f} {ours:>8.0f} {disk:>8.0f}"
-            shares = " ".join(f"{r:>5.2f}x" for r in ratios.values())
-            print(f"{row} {shares} {used['c-noop']:>6.0f} {used['noop']:>6.0f} {used['shardfs']:>7.0f}")
-            summary["files_per_s"][key] = {k: round(med[(k, readers, phase)]) for k in KINDS}
-            summary["shardfs_vs"][key] = {k: round(r, 2) for k, r in ratios.items()}
-            summary["cpu_us_per_file"][key] = {k: round(v) for k, v in used.items()}
+    served = [k for k in kinds if k != "plain"]
+    ratios = {name: pair for name, pair in RATIOS.items() if set(pair) <= set(kinds)}
+    rows = [(readers, how, phase) for readers in (1, 4) for how in READS for phase in ("cold", "warm")]
+    print(f"\nrandom open+read+close of {files} chunks, files/s (median of {repeats}) and ratios of the medians")
+    print(f"{'readers':>7} {'opens':>7} {'pass':>5} " + " ".join(f"{NAMES.get(k, k):>8}" for k in kinds), end=" ")
+    print(" ".join(f"{name:>10}" for name in ratios))
+    summary: dict[str, dict] = {"files_per_s": {}, "ratios": {}, "cpu_us_per_file": {}}
+    for readers, how, phase in rows:
+        key = f"{readers}r_{how}_{phase}"
+        figures = {k: med[(k, readers, how, phase)] for k in kinds}
+        shares = {name: figures[a] / figures[b] for name, (a, b) in ratios.items()}
+        print(f"{readers:>7} {how:>7} {phase:>5} " + " ".join(f"{figures[k]:>8.0f}" for k in kinds), end=" ")
+        print(" ".join(f"{r:>9.2f}x" for r in shares.values()))
+        summary["files_per_s"][key] = {k: round(v) for k, v in figures.items()}
+        summary["ratios"][key] = {k: round(r, 2) for k, r in shares.items()}
+        summary["cpu_us_per_file"][key] = {k: round(cpu_med[(k, readers, how, phase)]) for k in served}
+    print("\nserving process's CPU µs per file (median; 10 ms ticks)")
+    print(f"{'readers':>7} {'opens':>7} {'pass':>5} " + " ".join(f"{NAMES.get(k, k):>8}" for k in served))
+    for readers, how, phase in rows:
+        used = summary["cpu_us_per_file"][f"{readers}r_{how}_{phase}"]
+        print(f"{readers:>7} {how:>7} {phase:>5} " + " ".join(f"{used[k]:>8}" for k in served))
     return {**summary, "peak_rss_mib": round(peak / 2**20)}
 
 

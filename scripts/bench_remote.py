@@ -1,14 +1,25 @@
 #!/usr/bin/env python3
-"""shardfs on a remote source (issue 12): a loopback HTTP server with injected latency per request.
+"""shardfs on a remote source (issues 12 and 21): a loopback HTTP server with injected latency per request.
 
-Two datasets written by real writers (scripts/bench.py's): a sharded precomputed volume (tensorstore,
-cloud-volume's sharding chooser, gzip in the shards) and a sharded zarr v3 array (zarr-python 3), served
-by tests/http_server.py's RangeServer in a process of its own, which counts every request, so that GETs
-are counted where they arrive. For each dataset, on one mount by URL:
+Three datasets written by real writers, served by tests/http_server.py's RangeServer in a process of its
+own, which counts every request, so that requests are counted where they arrive.
 
+Cold (issue 21), on a precomputed volume sharded as production volumes are: hashed keys
+(murmurhash3_x86_128), preshift_bits 0, minishard_bits 6, shard_bits 6 (4,096 minishards), --cold-chunks
+chunks of 16^3 uint8, gzip, written by tensorstore. Each of --cold-repeats rounds, the two in turns:
+- a fresh mount, 16 readers (processes doing Python's `open().read()`) of --cold-sample chunks never read,
+  files/s and requests per chunk counted at the server; against tensorstore in-process with a fresh
+  context, 16 reads in flight, the same chunks from the same server (target: shardfs >= 1.5x tensorstore);
+- a fresh mount, the scale directory listed (os.listdir, every name), in seconds (target: <= 10 s at
+  20 ms), then every name stat'ed by one thread.
+
+Warm (issue 12), on bench.py's two datasets: a sharded precomputed volume (tensorstore, cloud-volume's
+sharding chooser, gzip in the shards) and a sharded zarr v3 array (zarr-python 3). For each, on one mount
+by URL:
 - warm: a disjoint set of chunks is read first, so that every shard and minishard index is cached;
 - 16 readers, then 1 reader (processes doing open+read+close, as scripts/bench.py's): random chunks
-  never read before, files/s and GETs per chunk counted at the server;
+  never read before, files/s and GETs per chunk counted at the server (targets: 1.00 GET a chunk, 16
+  readers >= 8x one);
 - tensorstore in-process, 16 reads in flight, the same chunks as chunk-aligned regions after warming
   its own index cache the same way; cloud-volume (precomputed only) with 16 threads over one CloudVolume;
 - cold first chunk: a fresh mount (or a fresh CloudVolume / tensorstore open) and one chunk, in round
@@ -17,10 +28,12 @@ are counted where they arrive. For each dataset, on one mount by URL:
 
 The server's own capacity (requests/s with no latency and with the latency, under the concurrency the
 figures use) is measured first and printed beside the highest request rate any figure needed. As in
-scripts/bench.py, idle-priority busy loops keep the cores awake throughout (unless --no-spinners).
+scripts/bench.py, idle-priority busy loops keep the cores awake throughout (unless --no-spinners). The
+figures are medians; the ratios are of medians from this one run, printed together at the end.
 
     .venv/bin/python scripts/bench_remote.py [--chunks 16384] [--sample 2000] [--repeats 3] [--latency 0.02]
-                                             [--no-spinners]
+        [--cold-chunks 20000] [--cold-sample 2000] [--cold-repeats 3] [--only cold|precomputed|zarr]
+        [--no-spinners]
 """
 
 from __future__ import annotations
@@ -44,7 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import peak_rss, read_files, spinners, write_dataset, write_zarr  # noqa: E402  (scripts/ is on the path)
+from bench import exited, peak_rss, read_files, spinners, write_dataset, write_zarr  # noqa: E402  (scripts/ is on the path)
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 IN_FLIGHT = 16  # readers through the mount, reads in flight in-process
@@ -167,7 +180,9 @@ class Mount:
         return peak_rss(self.daemon_pid())
 
     def close(self) -> None:
+        pid = self.daemon_pid()
         subprocess.run(["fusermount3", "-u", str(self.path)], check=True)
+        exited(pid)  # so that the next mount here is not refused while this daemon still ends
 
 
 @contextmanager
@@ -271,6 +286,118 @@ def cloudvolume_read(cv: Any, names: list[str]) -> float:
     return len(names) / (time.perf_counter() - t)
 
 
+# -- cold: a fresh mount of a volume sharded as production volumes are --------------------------------------------
+
+
+def write_hashed(root: Path, chunks: int) -> str:
+    """A precomputed volume of about `chunks` chunks of 16^3 uint8 (a grid of side x side x 32), sharded
+    with hashed keys as production volumes are (4,096 minishards in 64 shards), gzip, written by
+    tensorstore in one write (so that every shard is written once). Returns the scale's key."""
+    import numpy as np
+    import tensorstore as ts
+
+    side = max(1, round((chunks / 32) ** 0.5))
+    size = [16 * side, 16 * side, 16 * 32]
+    sharding = {
+        "@type": "neuroglancer_uint64_sharded_v1", "hash": "murmurhash3_x86_128", "preshift_bits": 0,
+        "minishard_bits": 6, "shard_bits": 6, "minishard_index_encoding": "gzip", "data_encoding": "gzip",
+    }  # fmt: skip
+    store = ts.open(
+        {
+            "driver": "neuroglancer_precomputed",
+            "kvstore": f"file://{root}",
+            "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
+            "scale_metadata": {
+                "size": size, "chunk_size": [16, 16, 16], "resolution": [8, 8, 8], "encoding": "raw",
+                "sharding": sharding,
+            },
+            "create": True,
+        }
+    ).result()  # fmt: skip
+    store[...] = np.random.default_rng(0).integers(0, 32, store.shape, dtype=np.uint8)  # compressible
+    print(f"cold volume: {side * side * 32} chunks of 16^3, sharding {json.dumps(sharding)}")
+    return json.loads((root / "info").read_text())["scales"][0]["key"]
+
+
+SHARDFS_COLD, TENSORSTORE_COLD = "shardfs, 16 readers", "tensorstore, 16 in flight"
+
+
+def cold(work: Path, source: Path, url: str, scale: str, server: Server, args: argparse.Namespace) -> dict:
+    """Fresh mounts against fresh tensorstore contexts, in turns, on samples never read; then listings."""
+    names = [n for n in chunk_names(source, work) if n.startswith(f"{scale}/")]
+    options = ["-o", args.options] if args.options else []
+    rng = random.Random(1)
+    runs: dict[str, list[tuple[float, float]]] = {SHARDFS_COLD: [], TENSORSTORE_COLD: []}
+    print(f"{len(names)} chunks; {args.cold_repeats} rounds of {args.cold_sample} never read, each from nothing")
+    for i in range(args.cold_repeats):
+        sample = rng.sample(names, min(args.cold_sample, len(names)))
+        for who in list(runs) if i % 2 == 0 else list(runs)[::-1]:  # in turns, so order biases cancel
+            runs[who].append(cold_round(who, work, url, sample, server, options))
+    out: dict[str, Any] = {
+        who: {"files_per_s": round(statistics.median(r for r, _ in v)),
+              "requests_per_chunk": round(statistics.median(n for _, n in v), 2)}
+        for who, v in runs.items()
+    }  # fmt: skip
+    rate = {who: statistics.median(r for r, _ in v) for who, v in runs.items()}
+    out["shardfs_vs_tensorstore"] = round(rate[SHARDFS_COLD] / rate[TENSORSTORE_COLD], 2)
+    out["listing"] = listings(work, url, scale, len(names), server, options, args.cold_repeats)
+    return out
+
+
+def cold_round(
+    who: str, work: Path, url: str, sample: list[str], server: Server, options: list[str]
+) -> tuple[float, float]:
+    """(files/s, requests a chunk) reading sample from nothing: a fresh mount, or a fresh tensorstore."""
+    seen = ""
+    if who == SHARDFS_COLD:
+        with (
+            mounted(url, work / "mnt-cold", *options) as m,
+            server.counting() as c,
+            sampling(fusectl_waiting(m)) as waiting,
+        ):
+            rate = read_files(m.path, sample, IN_FLIGHT, work, "open()")
+        if waiting["max"] >= 0:  # fusectl is mounted
+            seen = f"; fusectl waiting: mean {waiting['mean']:.1f}, max {waiting['max']:.0f}"
+    else:
+        store = tensorstore_open("precomputed", url)  # a fresh context: nothing cached
+        with server.counting() as c:
+            rate = tensorstore_read(store, "precomputed", sample)
+    requests = (c["GET"] + c["HEAD"]) / len(sample)
+    print(
+        f"{who}: {rate:6.0f} files/s, {requests:.2f} requests/chunk ({c['HEAD'] / len(sample):.2f} HEAD); "
+        f"server: at most {c['most_at_once']} at once{seen}",
+        flush=True,
+    )
+    return rate, requests
+
+
+def listings(work: Path, url: str, scale: str, expected: int, server: Server, options: list[str], repeats: int) -> dict:
+    """Seconds to list the scale directory on a fresh mount (every name, as `ls` does), and then to stat
+    every name from one thread (as `ls -l` does), medians of repeats; requests counted at the server."""
+    listed, stated, requests = [], [], []
+    for _ in range(repeats):
+        with mounted(url, work / "mnt-list-cold", *options) as m:
+            with server.counting() as c:
+                names = os.listdir(m.path / scale)
+            assert len(names) == expected, f"listed {len(names)} names, expected {expected}"
+            t = time.perf_counter()
+            for name in names:
+                os.stat(m.path / scale / name)
+            stated.append(time.perf_counter() - t)
+        listed.append(c["seconds"])
+        requests.append(c["GET"] + c["HEAD"])
+        print(
+            f"listing {expected} names, fresh mount: {listed[-1]:.2f}s, {requests[-1]} requests (at most "
+            f"{c['most_at_once']} at once); then stat of every name: {stated[-1]:.2f}s",
+            flush=True,
+        )
+    return {
+        "seconds": round(statistics.median(listed), 2),
+        "requests": statistics.median(requests),
+        "stat_every_name_seconds": round(statistics.median(stated), 2),
+    }
+
+
 # -- the benchmark -------------------------------------------------------------------------------------------------
 
 
@@ -282,7 +409,10 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=0.02, help="seconds the server waits before each answer")
     ap.add_argument("--warm", type=int, default=1000, help="chunks read first, so that every index is cached")
     ap.add_argument("-o", dest="options", help="FUSE options for every shardfs mount, e.g. max_idle_threads=64")
-    ap.add_argument("--only", choices=("precomputed", "zarr"), help="one dataset only")
+    ap.add_argument("--cold-chunks", type=int, default=20000, help="chunks in the hashed volume of the cold phase")
+    ap.add_argument("--cold-sample", type=int, default=2000, help="chunks read per cold round")
+    ap.add_argument("--cold-repeats", type=int, default=3, help="cold rounds (and listings), each from nothing")
+    ap.add_argument("--only", choices=("cold", "precomputed", "zarr"), help="one phase only")
     ap.add_argument("--no-spinners", action="store_true", help="let idle vCPUs halt (to see what they cost)")
     ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -301,28 +431,64 @@ def run(work: Path, args: argparse.Namespace) -> None:
     data = work / "data"
     data.mkdir()
     t = time.monotonic()
-    write_dataset(data / "precomputed", args.chunks)
-    write_zarr(data / "zarr")
+    wanted = [args.only] if args.only else ["cold", "precomputed", "zarr"]
+    if "cold" in wanted:
+        scale = write_hashed(data / "cold", args.cold_chunks)
+    if "precomputed" in wanted:
+        write_dataset(data / "precomputed", args.chunks)
+    if "zarr" in wanted:
+        write_zarr(data / "zarr")
     os.sync()
-    print(f"wrote both datasets in {time.monotonic() - t:.1f}s")
+    print(f"wrote {', '.join(wanted)} in {time.monotonic() - t:.1f}s")
 
     server = Server(data, args.latency)
     try:
-        summary = {"server": server_capacity(data, server)}
-        for kind in ("precomputed", "zarr"):
-            if args.only in (None, kind):
-                print(f"\n== {kind}", flush=True)
+        summary = {"server": server_capacity(data, server, wanted[0])}
+        for kind in wanted:
+            print(f"\n== {kind}", flush=True)
+            if kind == "cold":
+                summary[kind] = cold(work, data / kind, f"{server.url}/{kind}", scale, server, args)
+            else:
                 summary[kind] = measure(work, data / kind, f"{server.url}/{kind}", kind, server, args)
     finally:
         server.close()
-    needed = max(r["most_requests_per_s"] for k, r in summary.items() if k != "server")
-    print(f"\nthe most requests/s any pass asked of the server: {needed:.0f}; its capacity: {summary['server']}")
-    print(json.dumps({"spinners": not args.no_spinners, **summary}))
+    rates = [r["most_requests_per_s"] for k, r in summary.items() if k not in ("server", "cold")]
+    if rates:
+        print(f"\nthe most requests/s any warm pass asked of the server: {max(rates):.0f}")
+    print(f"server capacity: {summary['server']}")
+    conclude(summary, args.latency)
+    print(json.dumps({"spinners": not args.no_spinners, "latency_s": args.latency, **summary}))
 
 
-def server_capacity(data: Path, server: Server) -> dict[str, float]:
+def conclude(summary: dict[str, Any], latency: float) -> None:
+    """The figures issue 21 sets targets for, side by side, from this run."""
+    print(f"\n== this run's figures ({latency * 1e3:.0f} ms a request)")
+    if "cold" in summary:
+        c, ours, theirs = (
+            summary["cold"],
+            *(summary["cold"][k] for k in ("shardfs, 16 readers", "tensorstore, 16 in flight")),
+        )
+        print(
+            f"cold, fresh mount: shardfs 16 readers {ours['files_per_s']} files/s ({ours['requests_per_chunk']} "
+            f"requests/chunk), tensorstore 16 in flight {theirs['files_per_s']} ({theirs['requests_per_chunk']}): "
+            f"{c['shardfs_vs_tensorstore']:.2f}x (target >= 1.5x)"
+        )
+        print(
+            f"listing the scale directory, fresh mount: {c['listing']['seconds']:.1f}s (target <= 10 s); then stat "
+            f"of every name {c['listing']['stat_every_name_seconds']:.1f}s"
+        )
+    for kind in ("precomputed", "zarr"):
+        if kind in summary:
+            w = summary[kind]
+            print(
+                f"warm {kind}: {w['gets_per_chunk_warm']:.2f} GETs a chunk (target 1.00), 16 readers vs 1 "
+                f"{w['speedup_16_vs_1']:.1f}x (target >= 8x), vs tensorstore {w['shardfs_vs_tensorstore']:.2f}x"
+            )
+
+
+def server_capacity(data: Path, server: Server, kind: str) -> dict[str, float]:
     """Requests/s the server process answers, with no latency and with the benchmark's."""
-    shard = next(p for p in (data / "precomputed").rglob("*.shard"))
+    shard = next(p for p in (data / kind).rglob("*.shard"))
     key = str(shard.relative_to(data))
     out = {}
     idle = Server(data, 0.0)
