@@ -444,3 +444,22 @@ def test_the_default_log_is_kept_only_when_something_was_said(kv, tmp_path) -> N
         assert log.exists() == kept, level
     assert "event=mounted" in log.read_text()
     log.unlink()
+
+
+def test_a_stopped_daemon_blocks_neither_stats_nor_list(kv, mount) -> None:
+    """A daemon that accepts but never answers (stopped, wedged) costs `stats` and `list` ASK_TIMEOUT, then a
+    line naming it: before, both waited for ever."""
+    m = mount(kv[0])
+    daemon = daemon_of(m.path)
+    daemon.suspend()
+    try:
+        started = time.monotonic()
+        done = shardfs("stats", m.path, check=False)
+        assert done.returncode == 1 and f"its daemon (pid {daemon.pid}) did not answer in" in done.stderr
+        listed = shardfs("list", check=False)
+        assert listed.returncode == 0 and any(
+            line.split()[:1] == [str(m.path)] and line.split()[2:] == ["-"] * 3 for line in listed.stdout.splitlines()
+        ), listed.stdout
+        assert time.monotonic() - started < 2 * stats_socket.ASK_TIMEOUT + 10
+    finally:
+        daemon.resume()

@@ -26,6 +26,7 @@ from shardfs.service.rundir import own_dir, runtime_dir, trusted_dir
 
 SETTLED = 60  # seconds after which a stats socket that answers nobody is a dead daemon's
 UCRED = struct.Struct("3i")  # pid, uid, gid, as SO_PEERCRED gives them
+ASK_TIMEOUT = 5.0  # seconds `shardfs stats` and `list` wait for a daemon's figures
 
 
 def socket_path(directory: Path, mountpoint: Path, real: bool = False) -> Path:
@@ -112,6 +113,7 @@ def ask(mountpoint: Path) -> tuple[int, str]:
     if os.path.lexists(directory) and not trusted_dir(directory, uid):
         raise ServiceError(f"{directory}: not a directory of uid {uid} closed to others; its stats are not trusted")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(ASK_TIMEOUT)  # a stopped or wedged daemon must not hang `stats` or `list`
         try:
             conn.connect(str(socket_path(directory, mountpoint)))
         except OSError:
@@ -119,4 +121,7 @@ def ask(mountpoint: Path) -> tuple[int, str]:
         pid, peer, _ = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
         if peer != uid:
             raise ServiceError(f"{mountpoint}: stats answered by uid {peer}, not by the mount's daemon (uid {uid})")
-        return pid, b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode()
+        try:
+            return pid, b"".join(iter(lambda: conn.recv(1 << 16), b"")).decode()
+        except TimeoutError:
+            raise ServiceError(f"{mountpoint}: its daemon (pid {pid}) did not answer in {ASK_TIMEOUT:g} s") from None
