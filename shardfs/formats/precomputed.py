@@ -195,6 +195,12 @@ class ChunkDir:
         """Chunk files live in the directory itself; its subdirectories are the source's alone."""
         return ((name, False) for name in self.names()) if not rel else iter(())
 
+    def key_of(self, rel: str) -> int | None:
+        return self.naming.key(rel)
+
+    def rel_of(self, key: int) -> str | None:
+        return self.naming.name(key)
+
     def child(self, name: str) -> File | None:
         key = self.naming.key(name)
         if key is None:
@@ -238,13 +244,25 @@ class MeshDir(ChunkDir):
     """Multi-resolution meshes: `<id>.index` is the stored manifest and `<id>` the fragment data
     stored raw just before it, as long as the manifest's fragment sizes add up to."""
 
-    def child(self, name: str) -> File | None:
-        base, dot, ext = name.partition(".")
+    def key_of(self, rel: str) -> int | None:
+        """Twice the segment id, and one more for its manifest."""
+        base, dot, ext = rel.partition(".")
         key = self.naming.key(base)
         if key is None or (dot and ext != "index"):
             return None
+        return 2 * key + bool(dot)
+
+    def rel_of(self, key: int) -> str | None:
+        name = self.naming.name(key >> 1)
+        return None if name is None else f"{name}.index" if key & 1 else name
+
+    def child(self, name: str) -> File | None:
+        number = self.key_of(name)
+        if number is None:
+            return None
+        key = number >> 1
         chunk = self._stored(key, name)
-        if dot:
+        if number & 1:
             return chunk_file(self.kv, chunk)
         length = fragment_bytes(self.kv.value(chunk))
         if length is None or length > chunk.start - self.kv.spec.shard_index_size:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
-from shardfs.formats.plan import Array, Plan, grid_position
+from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
 from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
 from shardfs.views.chunks import PrefixedFile, decoded, edge_shape, encode, nbytes, numcodecs_config
 
@@ -51,7 +51,7 @@ class Dataset:
     def __init__(self, array: Array, cache: ByteCache, directory: str) -> None:
         self.array, self.cache, self.directory = array, cache, directory
         self.ndim = len(array.shape)
-        self.grid = [-(-s // c) for s, c in zip(array.shape, array.chunks, strict=True)][::-1]  # N5 order
+        self.grid = tuple(-(-s // c) for s, c in zip(array.shape, array.chunks, strict=True))[::-1]  # N5 order
         self.zero_copy = compression(array)
         # N5 has no fill value: a reader takes a missing block for zeros. Where the source's fill value is
         # not zero, every block of the grid is shown, those never written made of the fill value.
@@ -74,6 +74,15 @@ class Dataset:
     def _grid_path(self, rel: str) -> list[int] | None:
         at = grid_position(rel.split("/") if rel else [])
         return None if at is None or len(at) > self.ndim else list(at)
+
+    def key_of(self, rel: str) -> int | None:
+        """A block's grid path numbered on the grid (N5 order); directories have no number."""
+        at = self._grid_path(rel) if rel else None
+        return None if at is None else grid_index(tuple(at), self.grid)
+
+    def rel_of(self, key: int) -> str | None:
+        at = grid_at(key, self.grid) if self.ndim else None
+        return None if at is None else "/".join(map(str, at))
 
     def child(self, rel: str) -> Node | None:
         at = self._grid_path(rel)
