@@ -107,6 +107,13 @@ class VolumeChunks:
             tables.append({self._bounds(d, p): (self.morton.encode(_along(d, p)), min(c, s - p * c)) for p in range(n)})
         return tables
 
+    @cached_property
+    def _names(self) -> list[list[str]] | None:
+        """Per dimension, "x0-x1" of each grid position (the tables' keys, in order): a name is made of three,
+        for every listed chunk and every read of a chunk the kernel holds by node id."""
+        tables = self._tables
+        return None if tables is None else [list(table) for table in tables]
+
     def _bounds(self, d: int, p: int) -> str:
         c, o, s = self._dims[d]
         return f"{o + p * c}-{o + min((p + 1) * c, s)}"
@@ -147,7 +154,13 @@ class VolumeChunks:
 
     def name(self, key: int) -> str | None:
         pos = self.morton.decode(key)
-        return None if pos is None else self.name_of(pos)
+        if pos is None:
+            return None
+        names = self._names
+        if names is None:
+            return self.name_of(pos)
+        x, y, z = names
+        return f"{x[pos[0]]}_{y[pos[1]]}_{z[pos[2]]}"
 
 
 def _along(d: int, p: int) -> list[int]:

@@ -87,6 +87,7 @@ class Nodes:
         self._counts: dict[int, int] = {}
         self._next = wire.ROOT_ID + 1
         self._lock = threading.Lock()
+        self._last = (0, "")  # the last numbered path looked up: a read mostly follows its file's lookup
 
     def __len__(self) -> int:
         """Paths in the table."""
@@ -95,6 +96,9 @@ class Nodes:
     def path(self, nodeid: int) -> str:
         """The path of a node the kernel holds; KeyError if it holds no such node."""
         if nodeid & PACKED:
+            last = self._last
+            if last[0] == nodeid:
+                return last[1]
             path = self._keys.path_of((nodeid ^ PACKED) >> self._shift, nodeid & ((1 << self._shift) - 1))
             if path is None:
                 raise KeyError(nodeid)
@@ -105,7 +109,9 @@ class Nodes:
         """The id of path, counted once more if it is in the table."""
         found = self._keys.key_of(path)
         if found is not None and not found[1] >> self._shift:
-            return PACKED | found[0] << self._shift | found[1]
+            nodeid = PACKED | found[0] << self._shift | found[1]
+            self._last = (nodeid, path)
+            return nodeid
         with self._lock:
             nodeid = self._ids.get(path)
             if nodeid is None:
