@@ -4,7 +4,7 @@ for the cross-format views, its groups and arrays described in one common shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +57,7 @@ def grid_position(parts: list[str]) -> tuple[int, ...] | None:
     return tuple(map(int, parts))
 
 
-def grid_index(pos: tuple[int, ...], grid: tuple[int, ...]) -> int | None:
+def grid_index(pos: Sequence[int], grid: Sequence[int]) -> int | None:
     """The number of a chunk position on a grid in C order (the key a chunk file's node id carries), or
     None for a position off the grid or of another rank."""
     if len(pos) != len(grid):
@@ -70,7 +70,7 @@ def grid_index(pos: tuple[int, ...], grid: tuple[int, ...]) -> int | None:
     return index
 
 
-def grid_at(index: int, grid: tuple[int, ...]) -> tuple[int, ...] | None:
+def grid_at(index: int, grid: Sequence[int]) -> tuple[int, ...] | None:
     """The chunk position `grid_index` numbered index, or None if it numbers none."""
     pos = []
     for g in reversed(grid):

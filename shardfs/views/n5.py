@@ -51,7 +51,7 @@ class Dataset:
     def __init__(self, array: Array, cache: ByteCache, directory: str) -> None:
         self.array, self.cache, self.directory = array, cache, directory
         self.ndim = len(array.shape)
-        self.grid = tuple(-(-s // c) for s, c in zip(array.shape, array.chunks, strict=True))[::-1]  # N5 order
+        self.grid = [-(-s // c) for s, c in zip(array.shape, array.chunks, strict=True)][::-1]  # N5 order
         self.zero_copy = compression(array)
         # N5 has no fill value: a reader takes a missing block for zeros. Where the source's fill value is
         # not zero, every block of the grid is shown, those never written made of the fill value.
@@ -78,7 +78,7 @@ class Dataset:
     def key_of(self, rel: str) -> int | None:
         """A block's grid path numbered on the grid (N5 order); directories have no number."""
         at = self._grid_path(rel) if rel else None
-        return None if at is None else grid_index(tuple(at), self.grid)
+        return None if at is None else grid_index(at, self.grid)
 
     def rel_of(self, key: int) -> str | None:
         at = grid_at(key, self.grid) if self.ndim else None
