@@ -305,9 +305,12 @@ METADATA = {"info", "zarr.json", "attributes.json", ".zarray", ".zattrs", ".zgro
     [("raw_volume", "native", "4_4_40"), ("raw_volume", "n5", ""), ("zarr_array", "native", ""),
      ("zarr_array", "zarr2", ""), ("meshes", "native", "mesh"), ("annotations", "native", "")],
 )  # fmt: skip
-def test_a_chunk_has_the_same_inode_number_after_a_restart(dataset, view, chunks, request, mount) -> None:
+def test_a_chunk_has_the_same_inode_number_after_a_restart_and_in_listings(
+    dataset, view, chunks, request, mount
+) -> None:
     """A chunk file's node id, which `stat` shows as its inode number, is its name: a new daemon, asked for
-    the chunks in another order, numbers each as the first did, and no two alike."""
+    the chunks in another order, numbers each as the first did, and no two alike; a listing shows the same
+    number (`find -inum`, `os.scandir`'s inode()) without a lookup."""
     found = request.getfixturevalue(dataset)
     source = found[0] if isinstance(found, tuple) else found
     first = mount(source, "--view", view).path
@@ -319,6 +322,13 @@ def test_a_chunk_has_the_same_inode_number_after_a_restart(dataset, view, chunks
     again = mount(source, "--view", view).path
     after = {p: (again / p).stat().st_ino for p in reversed(paths)}
     assert len(paths) >= 8 and after == before and len(set(before.values())) == len(paths)
+    listed = {
+        Path(directory, entry.name): entry.inode()
+        for directory in {p.parent for p in paths}
+        for entry in os.scandir(again / directory)
+        if entry.is_file() and entry.name not in METADATA
+    }
+    assert listed == after
 
 
 def test_interrupted_lookup_is_answered_and_the_session_goes_on(volume, server, tmp_path) -> None:

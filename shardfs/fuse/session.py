@@ -105,11 +105,21 @@ class Nodes:
             return path
         return self._paths[nodeid]
 
+    def _packed(self, path: str) -> int | None:
+        """The node id that is path's name, or None if path is not numbered or its key does not fit."""
+        found = self._keys.key_of(path)
+        return None if found is None or found[1] >> self._shift else PACKED | found[0] << self._shift | found[1]
+
+    def ino(self, path: str) -> int:
+        """The inode number a listing shows for path (`find -inum` and `-printf %i` take it): its node id
+        where that needs no lookup counted (a numbered path, or one the table holds), else unknown."""
+        packed = self._packed(path)
+        return self._ids.get(path, wire.UNKNOWN_INO) if packed is None else packed
+
     def looked_up(self, path: str) -> int:
         """The id of path, counted once more if it is in the table."""
-        found = self._keys.key_of(path)
-        if found is not None and not found[1] >> self._shift:
-            nodeid = PACKED | found[0] << self._shift | found[1]
+        nodeid = self._packed(path)
+        if nodeid is not None:
             self._last = (nodeid, path)
             return nodeid
         with self._lock:
@@ -349,8 +359,10 @@ class Session:
     def _readdir(self, unique: int, nodeid: int, body: memoryview) -> None:
         fh, offset, size, *_ = wire.READ_IN.unpack_from(body)
         parts, used = [], 0
-        for name, mode, next_offset in self.ops.readdir(self.nodes.path(nodeid), fh, offset):
-            entry = wire.dirent(wire.UNKNOWN_INO, next_offset, os.fsencode(name), mode >> 12)
+        directory = self.nodes.path(nodeid)
+        for name, mode, next_offset in self.ops.readdir(directory, fh, offset):
+            ino = self.nodes.ino(f"{directory}/{name}" if directory else name)
+            entry = wire.dirent(ino, next_offset, os.fsencode(name), mode >> 12)
             if used + len(entry) > size:
                 break  # not taken: the cursor offers it again at next_offset - 1
             parts.append(entry)
