@@ -66,6 +66,14 @@ class Provider(Protocol):
     def hides(self, rel: str) -> bool:
         """Whether a source path is hidden (the shards themselves)."""
 
+    def key_of(self, rel: str) -> int | None:
+        """A number ≥ 0 naming the path rel, as `child` parses it (a chunk's Morton code, or its index on the
+        grid), or None for what has none (directories, names not the provider's). One name, one number: only
+        canonical names have one, and `rel_of` gives the name back. Whether it exists is `child`'s to say."""
+
+    def rel_of(self, key: int) -> str | None:
+        """The path whose `key_of` is key; None if there is none."""
+
 
 @dataclass(slots=True)
 class BytesFile:
@@ -152,6 +160,9 @@ class Tree:
         self.cache = cache
         self.files = {path: BytesFile(data, store.owner(path)) for path, data in files.items()}
         self.providers = providers
+        # Directory numbers of the providers, the same on every mount of the same metadata.
+        self.numbered = sorted(providers)
+        self._numbers = {directory: number for number, directory in enumerate(self.numbered)}
         self._last: tuple[str | None, Node | None] = (None, None)
         # Overlay entries by parent directory, including the ancestors that the source may lack.
         self._overlay: dict[str, set[str]] = defaultdict(set)
@@ -207,13 +218,37 @@ class Tree:
 
     def _provider_of(self, path: str) -> tuple[Provider | None, str]:
         """The provider whose directory holds path, nearest first, and path relative to it."""
+        directory, rel = self._directory_of(path)
+        return (None, path) if directory is None else (self.providers[directory], rel)
+
+    def _directory_of(self, path: str) -> tuple[str | None, str]:
+        """The directory of the provider that holds path, nearest first, and path relative to it."""
         parent = path
         while parent:
             parent, _, _ = parent.rpartition("/")
-            provider = self.providers.get(parent)
-            if provider is not None:
-                return provider, path[len(parent) + 1 :] if parent else path
+            if parent in self.providers:
+                return parent, path[len(parent) + 1 :] if parent else path
         return None, path
+
+    def key_of(self, path: str) -> tuple[int, int] | None:
+        """(number of a provider's directory, key) naming path below it (a chunk): the two give the path back
+        (`path_of`), so nothing need be kept to find it again, and the same on every mount of the same
+        metadata. None for a path no provider numbers (directories, metadata, files passed through)."""
+        directory, rel = self._directory_of(path)
+        if directory is None:
+            return None
+        key = self.providers[directory].key_of(rel)
+        return None if key is None else (self._numbers[directory], key)
+
+    def path_of(self, number: int, key: int) -> str | None:
+        """The path `key_of` gave (number, key) for; None if it gave none."""
+        if not 0 <= number < len(self.numbered):
+            return None
+        directory = self.numbered[number]
+        rel = self.providers[directory].rel_of(key)
+        if rel is None:
+            return None
+        return f"{directory}/{rel}" if directory else rel
 
     def _source(self, path: str) -> Node:
         kind = self.store.kind(path)  # sockets, devices and links are not part of a dataset

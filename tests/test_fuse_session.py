@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import resource
 import signal
@@ -31,7 +32,9 @@ from shardfs.fuse.session import Session
 from shardfs.fuse.wire import InitFlag
 from shardfs.source import open_source
 from tests import peers
+from tests.conftest import shardfs
 from tests.http_server import RangeServer
+from tests.test_daemon import daemon_of
 
 LATENCY = 0.05  # seconds a slow server takes per request
 
@@ -147,21 +150,33 @@ def wait_for(condition, seconds: float = 10) -> bool:
     return True
 
 
-def test_forget_storms_leave_no_nodes_behind(many, tmp_path) -> None:
-    """Every lookup is counted and every FORGET (batched or not) counted down: after the kernel lets go
-    of 2,048 names, three times over, the session holds only the root, and the names still read."""
-    source, twin = many
+@pytest.fixture(scope="module")
+def segments(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes]]:
+    """A sharded key-value directory (as skeletons are) of 2,048 segment ids, written by tensorstore: half
+    small, half past 2**63, too large to share a node id with their directory's number."""
+    root = tmp_path_factory.mktemp("segments")
+    keys = [*range(1, 1025), *range(2**64 - 1024, 2**64)]
+    spec = peers.sharding_spec(preshift_bits=0, minishard_bits=4, shard_bits=1)
+    return root, peers.write_tensorstore_kv(root, {k: k.to_bytes(8, "little") for k in keys}, sharding=spec)
+
+
+def test_forget_storms_leave_no_nodes_behind(segments, tmp_path) -> None:
+    """Names whose key does not fit a node id are kept in a table, each lookup counted, and every FORGET
+    (batched or not) counts down: after the kernel lets go of them, three times over, the table holds only
+    the root, and the names still read. Names whose key fits are kept nowhere, at any time."""
+    source, items = segments
     m = tmp_path / "m"
-    names = sorted(p.name for p in (twin / "4_4_40").iterdir())
+    large = [k for k in items if k >> 63]
     with served(source, m) as session:
         for _ in range(3):
-            for name in names:
-                (m / "4_4_40" / name).stat()
-                (m / "4_4_40" / name).stat()  # the kernel's entry: no second LOOKUP, nothing to forget twice
-            assert len(session.nodes) >= len(names)
+            for key in items:
+                (m / str(key)).stat()
+                (m / str(key)).stat()  # the kernel's entry: no second LOOKUP, nothing to forget twice
+            assert len(session.nodes) == 1 + len(large)
             drop_kernel_names()
-            assert wait_for(lambda: len(session.nodes) <= 2), len(session.nodes)
-        assert (m / "4_4_40" / names[7]).read_bytes() == (twin / "4_4_40" / names[7]).read_bytes()
+            assert wait_for(lambda: len(session.nodes) == 1), len(session.nodes)
+        for key in (1, large[7]):
+            assert (m / str(key)).read_bytes() == items[key]
 
 
 @pytest.fixture
@@ -176,7 +191,7 @@ def many_descriptors() -> Iterator[None]:
 
 def test_ten_thousand_files_held_open(many, tmp_path, many_descriptors) -> None:
     """No OPEN reaches the session (no_open), so holding files open costs it nothing: 10,240 descriptors
-    on 2,048 files, each read while all are held, then closed; the session holds a node a file."""
+    on 2,048 files, each read while all are held, then closed; the session holds nothing per file."""
     source, twin = many
     m = tmp_path / "m"
     names = sorted(p.name for p in (twin / "4_4_40").iterdir())
@@ -189,7 +204,7 @@ def test_ten_thousand_files_held_open(many, tmp_path, many_descriptors) -> None:
         finally:
             for fd in held:
                 os.close(fd)
-        assert len(session.nodes) == len(names) + 2
+        assert len(session.nodes) == 2  # the root and the scale: a chunk's node id is its name
 
 
 def test_listing_of_thousands_resumes_where_each_page_ended(many, tmp_path) -> None:
@@ -200,6 +215,120 @@ def test_listing_of_thousands_resumes_where_each_page_ended(many, tmp_path) -> N
         assert sorted(listed) == sorted(os.listdir(twin / "4_4_40"))
         assert len(listed) == len(set(listed))
         assert wait_for(lambda: session.ops.open_dirs() == 0)  # every RELEASEDIR (sent after close) honoured
+
+
+GRID = (64, 64, 32)  # 131,072 chunk files in one directory
+
+
+@pytest.fixture(scope="module")
+def chunk_grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """A volume scale `s0` of 131,072 one-voxel chunks, and their names."""
+    root = tmp_path_factory.mktemp("grid") / "src"
+    return root, peers.write_tensorstore_chunk_grid(root, GRID)
+
+
+def test_a_listing_of_131072_names_resumes_where_each_page_ended(chunk_grid, tmp_path) -> None:
+    """131,072 names take thousands of READDIR pages; each resumes at its offset, so the tree lists the
+    directory once, and every name comes once."""
+    source, names = chunk_grid
+    with served(source, tmp_path / "m") as session:
+        made = itertools.count()
+        listdir = session.ops.tree.listdir
+
+        def counted(path: str) -> Iterator[tuple[str, bool]]:
+            for entry in listdir(path):
+                next(made)
+                yield entry
+
+        session.ops.tree.listdir = counted  # type: ignore[method-assign]
+        listed = os.listdir(tmp_path / "m" / "s0")
+        assert sorted(listed) == sorted(names)
+        assert next(made) == len(names)
+        assert wait_for(lambda: session.ops.open_dirs() == 0)
+
+
+def memory_kib(pid: int) -> tuple[int, int]:
+    """(VmHWM, VmRSS) of a process: its peak and present resident memory."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(status["VmHWM"].split()[0]), int(status["VmRSS"].split()[0])
+
+
+def test_ls_l_of_131072_chunks_grows_the_daemon_by_directories_not_files(chunk_grid, mount) -> None:
+    """`ls -l` of 131,072 chunks: the kernel keeps an entry of each (for a day), but a chunk's node id is
+    its name, so the daemon keeps nothing per file: it stays within --cache-size + 100 MiB, and grows by
+    less than the budget and 20 MiB, 160 bytes a file (a table of the paths the kernel holds grew it by
+    36 MiB here; keeping nothing, by about 12). Every chunk has its own inode number, and its own voxel."""
+    source, names = chunk_grid
+    m = mount(source, "--cache-size", "1M")
+    pid = daemon_of(m.path).pid
+    _, idle = memory_kib(pid)
+    inos = {entry.name: entry.stat().st_ino for entry in os.scandir(m.path / "s0")}
+    peak, now = memory_kib(pid)
+    assert now < (1 + 100) << 10, f"{now >> 10} MiB"
+    assert peak - idle < (1 + 20) << 10, f"grew by {(peak - idle) >> 10} MiB from {idle >> 10} MiB"
+    assert len(inos) == len(set(inos.values())) == len(names)
+    for x, y, z in [(0, 0, 0), (5, 63, 17), (63, 63, 31)]:
+        key = peers.compressed_morton_code((x, y, z), GRID)
+        assert (m.path / "s0" / f"{x}-{x + 1}_{y}-{y + 1}_{z}-{z + 1}").read_bytes() == bytes([key & 0xFF])
+
+
+@pytest.fixture(scope="module")
+def zarr_array(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A zarr v3 array sharded by tensorstore: 6 x 5 shards of 2 x 2 inner chunks, all written."""
+    root = tmp_path_factory.mktemp("zarr") / "a.zarr"
+    array = peers.create_tensorstore_zarr3(root, [24, 20], "uint16", [4, 4], [2, 2])
+    array.write(np.arange(480, dtype=np.uint16).reshape(24, 20)).result()
+    return root
+
+
+@pytest.fixture(scope="module")
+def meshes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Sharded multi-resolution meshes written the igneous way (cloud-volume): `<id>` and `<id>.index`."""
+    root = tmp_path_factory.mktemp("meshes")
+    peers.write_cloudvolume_multires_meshes(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def annotations(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Sharded annotations (tensorstore): by id, by segment and by grid cell, three numbered directories."""
+    root = tmp_path_factory.mktemp("annotations")
+    peers.write_tensorstore_annotations(root)
+    return root
+
+
+METADATA = {"info", "zarr.json", "attributes.json", ".zarray", ".zattrs", ".zgroup"}
+
+
+@pytest.mark.parametrize(
+    "dataset, view, chunks",
+    [("raw_volume", "native", "4_4_40"), ("raw_volume", "n5", ""), ("zarr_array", "native", ""),
+     ("zarr_array", "zarr2", ""), ("meshes", "native", "mesh"), ("annotations", "native", "")],
+)  # fmt: skip
+def test_a_chunk_has_the_same_inode_number_after_a_restart_and_in_listings(
+    dataset, view, chunks, request, mount
+) -> None:
+    """A chunk file's node id, which `stat` shows as its inode number, is its name: a new daemon, asked for
+    the chunks in another order, numbers each as the first did, and no two alike; a listing shows the same
+    number (`find -inum`, `os.scandir`'s inode()) without a lookup."""
+    found = request.getfixturevalue(dataset)
+    source = found[0] if isinstance(found, tuple) else found
+    first = mount(source, "--view", view).path
+    paths = sorted(
+        Path(d, f).relative_to(first) for d, _, files in os.walk(first / chunks) for f in files if f not in METADATA
+    )
+    before = {p: (first / p).stat().st_ino for p in paths}
+    shardfs("unmount", first)
+    again = mount(source, "--view", view).path
+    after = {p: (again / p).stat().st_ino for p in reversed(paths)}
+    assert len(paths) >= 8 and after == before and len(set(before.values())) == len(paths)
+    listed = {
+        Path(directory, entry.name): entry.inode()
+        for directory in {p.parent for p in paths}
+        for entry in os.scandir(again / directory)
+        if entry.is_file() and entry.name not in METADATA
+    }
+    assert listed == after
 
 
 def test_interrupted_lookup_is_answered_and_the_session_goes_on(volume, server, tmp_path) -> None:

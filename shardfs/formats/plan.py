@@ -4,7 +4,7 @@ for the cross-format views, its groups and arrays described in one common shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,28 @@ def grid_position(parts: list[str]) -> tuple[int, ...] | None:
     if not all(p.isascii() and p.isdigit() and str(int(p)) == p for p in parts):
         return None
     return tuple(map(int, parts))
+
+
+def grid_index(pos: Sequence[int], grid: Sequence[int]) -> int | None:
+    """The number of a chunk position on a grid in C order (the key a chunk file's node id carries), or
+    None for a position off the grid or of another rank."""
+    if len(pos) != len(grid):
+        return None
+    index = 0
+    for p, g in zip(pos, grid, strict=True):
+        if not 0 <= p < g:
+            return None
+        index = index * g + p
+    return index
+
+
+def grid_at(index: int, grid: Sequence[int]) -> tuple[int, ...] | None:
+    """The chunk position `grid_index` numbered index, or None if it numbers none."""
+    pos = []
+    for g in reversed(grid):
+        index, p = divmod(index, g) if g else (index, -1)
+        pos.append(p)
+    return None if index or min(pos, default=0) < 0 else tuple(reversed(pos))
 
 
 def load_json(store: Store, path: str) -> Any:

@@ -107,6 +107,13 @@ class VolumeChunks:
             tables.append({self._bounds(d, p): (self.morton.encode(_along(d, p)), min(c, s - p * c)) for p in range(n)})
         return tables
 
+    @cached_property
+    def _names(self) -> list[list[str]] | None:
+        """Per dimension, "x0-x1" of each grid position (the tables' keys, in order): a name is made of three,
+        for every listed chunk and every read of a chunk the kernel holds by node id."""
+        tables = self._tables
+        return None if tables is None else [list(table) for table in tables]
+
     def _bounds(self, d: int, p: int) -> str:
         c, o, s = self._dims[d]
         return f"{o + p * c}-{o + min((p + 1) * c, s)}"
@@ -147,7 +154,13 @@ class VolumeChunks:
 
     def name(self, key: int) -> str | None:
         pos = self.morton.decode(key)
-        return None if pos is None else self.name_of(pos)
+        if pos is None:
+            return None
+        names = self._names
+        if names is None:
+            return self.name_of(pos)
+        x, y, z = names
+        return f"{x[pos[0]]}_{y[pos[1]]}_{z[pos[2]]}"
 
 
 def _along(d: int, p: int) -> list[int]:
@@ -195,6 +208,12 @@ class ChunkDir:
         """Chunk files live in the directory itself; its subdirectories are the source's alone."""
         return ((name, False) for name in self.names()) if not rel else iter(())
 
+    def key_of(self, rel: str) -> int | None:
+        return self.naming.key(rel)
+
+    def rel_of(self, key: int) -> str | None:
+        return self.naming.name(key)
+
     def child(self, name: str) -> File | None:
         key = self.naming.key(name)
         if key is None:
@@ -238,13 +257,25 @@ class MeshDir(ChunkDir):
     """Multi-resolution meshes: `<id>.index` is the stored manifest and `<id>` the fragment data
     stored raw just before it, as long as the manifest's fragment sizes add up to."""
 
-    def child(self, name: str) -> File | None:
-        base, dot, ext = name.partition(".")
+    def key_of(self, rel: str) -> int | None:
+        """Twice the segment id, and one more for its manifest."""
+        base, dot, ext = rel.partition(".")
         key = self.naming.key(base)
         if key is None or (dot and ext != "index"):
             return None
+        return 2 * key + bool(dot)
+
+    def rel_of(self, key: int) -> str | None:
+        name = self.naming.name(key >> 1)
+        return None if name is None else f"{name}.index" if key & 1 else name
+
+    def child(self, name: str) -> File | None:
+        number = self.key_of(name)
+        if number is None:
+            return None
+        key = number >> 1
         chunk = self._stored(key, name)
-        if dot:
+        if number & 1:
             return chunk_file(self.kv, chunk)
         length = fragment_bytes(self.kv.value(chunk))
         if length is None or length > chunk.start - self.kv.spec.shard_index_size:

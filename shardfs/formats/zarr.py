@@ -24,7 +24,7 @@ import numpy as np
 from shardfs.cache import ByteCache, large_value_turn
 from shardfs.codecs import UNDO
 from shardfs.errors import CorruptChunk, SourceError
-from shardfs.formats.plan import LARGEST, Array, Compressor, Plan, grid_position, load_json
+from shardfs.formats.plan import LARGEST, Array, Compressor, Plan, grid_at, grid_index, grid_position, load_json
 from shardfs.shards.zarr import IndexLayout
 from shardfs.stores.local import Store, StoredFile
 from shardfs.tree import BytesFile, Dir, File, Node, RangeFile
@@ -291,6 +291,15 @@ class ZarrArray:
 
     def hides(self, rel: str) -> bool:
         return self.keys.owns(rel)
+
+    def key_of(self, rel: str) -> int | None:
+        """A chunk key's position numbered on the grid; directories (c/1) have no number."""
+        parsed = self.keys.parse(rel)
+        return grid_index(parsed[0], self.grid) if parsed is not None and parsed[1] else None
+
+    def rel_of(self, key: int) -> str | None:
+        pos = grid_at(key, self.grid)
+        return None if pos is None else self.keys.key(pos)
 
     def child(self, rel: str) -> Node | None:
         parsed = self.keys.parse(rel)

@@ -5,8 +5,9 @@ waits, and requests that wait on the tree are answered in parallel. INIT grants 
 read-only tree be served fast: lookups in one directory in parallel (PARALLEL_DIROPS), reads of up to
 1 MiB (MAX_PAGES), readahead in parallel (ASYNC_READ), and no OPEN at all where the kernel can do without
 (OPEN answered ENOSYS: it then keeps a file's pages across opens, so a warm read never leaves the kernel).
-Node ids name paths while the kernel holds them: a lookup counts one more, FORGET counts them down, and
-a node is dropped at zero. Unmounting makes every read fail with ENODEV: each thread then ends.
+Node ids name paths while the kernel holds them: a chunk file's id is its name packed into 64 bits; the rest
+are counted in a table (a lookup counts one more, FORGET counts them down, and a node is dropped at zero).
+Unmounting makes every read fail with ENODEV: each thread then ends.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from shardfs.fuse import wire
 from shardfs.fuse.adapter import BLOCK_SIZE, OPENED, FuseError, TreeOps, attr, count
@@ -50,6 +52,7 @@ ANY_USER = UNANSWERED | {
     Op.INIT, Op.DESTROY, Op.READ, Op.WRITE, Op.FSYNC, Op.RELEASE, Op.READDIR, Op.READDIRPLUS, Op.FSYNCDIR,
     Op.RELEASEDIR,
 }  # fmt: skip
+PACKED = 1 << 63  # set in the node id of a numbered path (see Nodes); never in a table's
 
 
 @dataclass(frozen=True)
@@ -66,26 +69,68 @@ def _split(seconds: float) -> tuple[int, int]:
     return whole, int((seconds - whole) * 1e9)
 
 
-class Nodes:
-    """Node ids of paths the kernel holds, with its lookup count of each. Ids are never reused, so a
-    stale id from the kernel is an error, not another file."""
+class Keys(Protocol):
+    """Paths that are numbers: a provider's directory numbered, and a key below it (`Tree.key_of`)."""
 
-    def __init__(self) -> None:
+    numbered: list[str]  # the provider directories, by number
+
+    def key_of(self, path: str) -> tuple[int, int] | None: ...
+
+    def path_of(self, number: int, key: int) -> str | None: ...
+
+
+class Nodes:
+    """Node ids of the paths the kernel holds. A path a provider numbers (a chunk file) has for id its name:
+    PACKED, then its directory's number, then its key. Nothing is kept for it, FORGET of it has nothing to
+    do, and the same path has the same id (and so `st_ino`) on every mount of the same metadata: memory
+    grows with directories, not with the files the kernel has seen. Every other path (directories, metadata,
+    files passed through, a key too large to pack) gets an id from a table, with the kernel's lookup count
+    of it, and is dropped at zero. Table ids are never reused, so a stale id from the kernel is an error,
+    not another file."""
+
+    def __init__(self, keys: Keys) -> None:
+        self._keys = keys
+        self._shift = 63 - max(len(keys.numbered) - 1, 0).bit_length()  # bits of the key, below the number's
         self._paths: dict[int, str] = {wire.ROOT_ID: ""}
         self._ids: dict[str, int] = {"": wire.ROOT_ID}
         self._counts: dict[int, int] = {}
         self._next = wire.ROOT_ID + 1
         self._lock = threading.Lock()
+        self._last = (0, "")  # the last numbered path looked up: a read mostly follows its file's lookup
 
     def __len__(self) -> int:
+        """Paths in the table."""
         return len(self._paths)
 
     def path(self, nodeid: int) -> str:
         """The path of a node the kernel holds; KeyError if it holds no such node."""
+        if nodeid & PACKED:
+            last = self._last
+            if last[0] == nodeid:
+                return last[1]
+            path = self._keys.path_of((nodeid ^ PACKED) >> self._shift, nodeid & ((1 << self._shift) - 1))
+            if path is None:
+                raise KeyError(nodeid)
+            return path
         return self._paths[nodeid]
 
+    def _packed(self, path: str) -> int | None:
+        """The node id that is path's name, or None if path is not numbered or its key does not fit."""
+        found = self._keys.key_of(path)
+        return None if found is None or found[1] >> self._shift else PACKED | found[0] << self._shift | found[1]
+
+    def ino(self, path: str) -> int:
+        """The inode number a listing shows for path (`find -inum` and `-printf %i` take it): its node id
+        where that needs no lookup counted (a numbered path, or one the table holds), else unknown."""
+        packed = self._packed(path)
+        return self._ids.get(path, wire.UNKNOWN_INO) if packed is None else packed
+
     def looked_up(self, path: str) -> int:
-        """The id of path, counted once more."""
+        """The id of path, counted once more if it is in the table."""
+        nodeid = self._packed(path)
+        if nodeid is not None:
+            self._last = (nodeid, path)
+            return nodeid
         with self._lock:
             nodeid = self._ids.get(path)
             if nodeid is None:
@@ -98,7 +143,9 @@ class Nodes:
             return nodeid
 
     def forget(self, nodeid: int, times: int) -> None:
-        """The kernel let go of nodeid times lookups; at none left it is dropped."""
+        """The kernel let go of nodeid times lookups; at none left a table id is dropped."""
+        if nodeid & PACKED:
+            return
         with self._lock:
             left = self._counts.get(nodeid, 0) - times
             if left > 0:
@@ -125,7 +172,7 @@ class Session:
         self.debug = debug
         self.ops = ops
         self.threads = threads
-        self.nodes = Nodes()
+        self.nodes = Nodes(ops.tree)
         self.kernel_cache = kernel_cache
         self.on_ready = on_ready
         self.no_open = False  # until INIT says whether the kernel takes ENOSYS for OPEN as "none needed"
@@ -342,8 +389,10 @@ class Session:
     def _readdir(self, unique: int, nodeid: int, body: memoryview) -> None:
         fh, offset, size, *_ = wire.READ_IN.unpack_from(body)
         parts, used = [], 0
-        for name, mode, next_offset in self.ops.readdir(self.nodes.path(nodeid), fh, offset):
-            entry = wire.dirent(wire.UNKNOWN_INO, next_offset, os.fsencode(name), mode >> 12)
+        directory = self.nodes.path(nodeid)
+        for name, mode, next_offset in self.ops.readdir(directory, fh, offset):
+            ino = self.nodes.ino(f"{directory}/{name}" if directory else name)
+            entry = wire.dirent(ino, next_offset, os.fsencode(name), mode >> 12)
             if used + len(entry) > size:
                 break  # not taken: the cursor offers it again at next_offset - 1
             parts.append(entry)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
-from shardfs.formats.plan import Array, Plan, grid_position
+from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
 from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
 from shardfs.views.chunks import PrefixedFile, decoded, edge_shape, encode, nbytes, numcodecs_config
 
@@ -74,6 +74,15 @@ class Dataset:
     def _grid_path(self, rel: str) -> list[int] | None:
         at = grid_position(rel.split("/") if rel else [])
         return None if at is None or len(at) > self.ndim else list(at)
+
+    def key_of(self, rel: str) -> int | None:
+        """A block's grid path numbered on the grid (N5 order); directories have no number."""
+        at = self._grid_path(rel) if rel else None
+        return None if at is None else grid_index(at, self.grid)
+
+    def rel_of(self, key: int) -> str | None:
+        at = grid_at(key, self.grid) if self.ndim else None
+        return None if at is None else "/".join(map(str, at))
 
     def child(self, rel: str) -> Node | None:
         at = self._grid_path(rel)

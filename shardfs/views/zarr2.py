@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
-from shardfs.formats.plan import Array, Plan, grid_position
+from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
 from shardfs.tree import File, LazyFile, Node
 from shardfs.views.chunks import decoded, edge_shape, nbytes, numcodecs_config
 
@@ -44,6 +44,7 @@ class Zarr2Array:
             "filters": None,
             "dimension_separator": ".",
         }
+        self.grid = tuple(-(-s // c) for s, c in zip(self.meta["shape"], self.meta["chunks"], strict=True))
 
     def describe(self) -> dict[str, Any]:
         how = "zero-copy" if self.zero_copy else "transcoded (decoded, raw)"
@@ -54,11 +55,23 @@ class Zarr2Array:
     def hides(self, rel: str) -> bool:
         return False
 
-    def child(self, rel: str) -> Node | None:
+    def _position(self, rel: str) -> tuple[int, ...] | None:
+        """The grid position a chunk key names (`i.j.k`, or `0` for a 0-d array), or None if rel is not one."""
         at = grid_position(rel.split(".") if self.ndim else [rel if rel == "0" else ""])
-        if at is None or len(at) != max(self.ndim, 1):
+        return None if at is None or len(at) != max(self.ndim, 1) else at[: self.ndim]
+
+    def key_of(self, rel: str) -> int | None:
+        pos = self._position(rel)
+        return None if pos is None else grid_index(pos, self.grid)
+
+    def rel_of(self, key: int) -> str | None:
+        pos = grid_at(key, self.grid)
+        return None if pos is None else ".".join(map(str, pos)) if self.ndim else "0"
+
+    def child(self, rel: str) -> Node | None:
+        pos = self._position(rel)
+        if pos is None:
             return None
-        pos = at[: self.ndim]
         inside = (p * c < s for p, c, s in zip(pos, self.meta["chunks"], self.meta["shape"], strict=True))
         if any(pos[: self.lead]) or not all(inside):
             raise FileNotFoundError(rel)
