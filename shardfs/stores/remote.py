@@ -6,11 +6,13 @@ Every answer becomes what a local disk would say: a missing object is ENOENT, a 
 the retries could not get past EIO (never ENOENT: a server error must not look like an absent chunk).
 
 Every byte range is tied to the version its object was opened at, so an index never meets bytes of another
-version: each GET sends the strongest precondition that version allows (If-Match for an ETag,
-If-Unmodified-Since for a Last-Modified date), and its answer is compared with the version too (size, ETag,
-Last-Modified), since a server may ignore preconditions. A server that sends neither header leaves only the
-size to compare: its ranges are never kept on disk. A body is read no further than one byte past the range
-asked, so no answer costs more memory than its request.
+version. An object is opened by a HEAD, or by the first GET of a range where one is needed anyway (a shard's
+index): that answer names the version (Content-Range's total size, ETag, Last-Modified) of the very bytes it
+carries, so a shard costs no HEAD. Each later GET sends the strongest precondition that version allows
+(If-Match for an ETag, If-Unmodified-Since for a Last-Modified date), and its answer is compared with the
+version too (size, ETag, Last-Modified), since a server may ignore preconditions. A server that sends
+neither header leaves only the size to compare: its ranges are never kept on disk. A body is read no
+further than one byte past the range asked, so no answer costs more memory than its request.
 """
 
 from __future__ import annotations
@@ -183,8 +185,9 @@ class RemoteStore:
                 meta = self._call("head", path, lambda: obstore.head(self._store(), path))
                 found = self._remember(path, self._file(path, meta))
             except FileNotFoundError as e:
-                self._remember(path, e)
-                raise
+                found = self._remember(path, e)
+        if isinstance(found, FileNotFoundError):
+            raise found
         return found
 
     def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
@@ -200,9 +203,9 @@ class RemoteStore:
         except FileNotFoundError as e:
             self._remember(path, e)
             raise
-        if (opened := self._remember(path, file)).version != file.version:  # another thread opened another version
-            raise StoreChanged(self.where(path), f"{_described_version(file.version)} answered, "
-                               f"not {_described_version(opened.version)} as opened")  # fmt: skip
+        if (opened := self._remember(path, file)) != file:  # another thread found another version, or none
+            was = _described_version(opened.version) if isinstance(opened, StoredFile) else "absent"
+            raise StoreChanged(self.where(path), f"{_described_version(file.version)} answered, {was} as opened")
         self._count(file, start, start + len(data), data)
         return file, data
 
@@ -217,13 +220,14 @@ class RemoteStore:
             raise found
         return found
 
-    def _remember(self, path: str, found: StoredFile | FileNotFoundError) -> StoredFile:
-        """Remember what path was found to be; the first version remembered stays (and is returned)."""
+    def _remember(self, path: str, found: T) -> T | StoredFile | FileNotFoundError:
+        """Remember what path was found to be (a version, or absent); what was remembered first stays, and
+        is returned."""
         with self._lock:
             kept = self._opened.setdefault(path, found)
-        if isinstance(kept, StoredFile) and kept is found and kept.version[0] == "size":
+        if kept is found and isinstance(kept, StoredFile) and kept.version[0] == "size":
             self._say_unversioned(kept.path)
-        return kept  # type: ignore[return-value]
+        return kept
 
     def _file(self, path: str, meta: Any) -> StoredFile:
         return StoredFile(path, meta["size"], _version(meta), self._owner, self)
