@@ -16,6 +16,7 @@ import mmh3
 import pytest
 from cloudvolume.datasource.precomputed.sharding import ShardingSpecification, synthesize_shard_files
 
+from shardfs.shards.neuroglancer import LISTING_BUDGET
 from tests import peers
 from tests.http_server import RangeServer
 from tests.test_remote_http import chunk_names
@@ -121,3 +122,23 @@ def test_a_listing_keeps_many_index_reads_in_flight(tmp_path, mount, writer) -> 
     # a GET a shard (its index), then one a minishard, or one a shard for all of its side by side
     assert gets == len(shards) + (minishards if writer == "tensorstore" else len(shards)), cold
     assert "HEAD" not in cold, cold
+
+
+def test_a_listing_in_flight_stays_within_its_budget(tmp_path, mount) -> None:
+    """A minishard bomb: 4,096 minishard entries that each claim the same 1 MiB, which lists no name. The
+    listing reads them many at a time, yet no more than its budget allows (64 MiB: the 64 KiB shard index,
+    then 63 of them), and says once that it stopped."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    spec = peers.sharding_spec(preshift_bits=0, hash="identity", minishard_bits=12, shard_bits=0,
+                               minishard_index_encoding="raw", data_encoding="raw")  # fmt: skip
+    (root / "info").write_text(json.dumps({"sharding": spec}))
+    claimed = 1 << 20
+    (root / "0.shard").write_bytes(struct.pack("<QQ", 0, claimed) * 4096 + bytes(claimed))
+    with RangeServer(root, latency=0.05).running() as server:
+        m = mount(server.url)
+        before = server.gets("0.shard")
+        assert os.listdir(m.path) == ["info"]
+        assert server.gets("0.shard") - before == 1 + (LISTING_BUDGET - (16 << 12)) // claimed
+        assert server.most_in_flight > 8, server.most_in_flight
+    assert m.log_text().count("event=listing_budget") == 1
