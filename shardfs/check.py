@@ -111,7 +111,7 @@ def check_precomputed(kv: ShardedKV, shard: int) -> tuple[int, Problems]:
     chunks, problems = 0, Problems()
     try:
         file = kv.open(shard)
-        for minishard, index in kv.minishards(file):
+        for minishard, index in kv.minishards(shard):
             if isinstance(index, CorruptChunk):
                 problems.add(reason(index))
                 continue

@@ -7,15 +7,16 @@ alone.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import re
 import struct
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, partial
+from typing import NamedTuple, TypeVar
 
 import mmh3
 import numpy as np
@@ -26,6 +27,7 @@ from shardfs.errors import CorruptChunk, OverLimit, SourceError
 from shardfs.stores.local import JoinedFile, Store, StoredFile
 
 log = logging.getLogger("shardfs")
+T = TypeVar("T")
 
 UINT64_MAX = (1 << 64) - 1
 LISTING_BLOCK = 1 << 20  # bytes of shard index read at a time while listing
@@ -33,6 +35,8 @@ LISTING_BUDGET = 64 << 20  # index bytes a listing may read without listing a na
 LISTING_READ = 4 << 10  # the least a minishard index read costs it, and what a name listed gives back
 PROBED_SHARDS = 4096  # the most shard names asked for, one by one, to list a directory that cannot be listed
 PROBES_AT_ONCE = 16
+SHARD_INDEX_READ = 64 << 10  # a shard index up to this size (minishard_bits <= 12) comes whole with its shard's opening
+MINISHARD_BATCH = 1 << 20  # minishard indexes lying next to each other are read in one request, up to this many bytes
 ENCODINGS = ("raw", "gzip")
 # What a shard's files are called: `<n>.shard`, or the earlier layout's `<n>.index` (the shard index) and
 # `<n>.data` (the rest), whose concatenation is the `.shard`. A shard is listed by the first one present.
@@ -191,6 +195,32 @@ class Chunk:
         return self.file.path
 
 
+@dataclass(frozen=True)
+class OpenShard:
+    """One version of a shard, opened by the request that reads its shard index: the whole index when it is
+    at most SHARD_INDEX_READ bytes (rows of (start, stop), relative to the end of the shard index), else
+    none (its entries are read one at a time). batch: the absolute [start, stop) of all its minishard
+    indexes, where they lie next to each other within MINISHARD_BATCH bytes, so that one read gets them all."""
+
+    shard: int
+    file: StoredFile
+    index: np.ndarray | None
+    batch: tuple[int, int] | None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.index is None else self.index.nbytes
+
+
+class Read(NamedTuple):
+    """One step of reading a shard's indexes for a listing: cost, the index bytes it reads (spent from the
+    listing's budget before it is taken); call, the read, if it is one to run (None: the caller reads)."""
+
+    cost: int
+    call: Callable[[], object] | None
+    shard: str
+
+
 class ShardedKV:
     """A sharded key-value directory read through a store, with its minishard indexes in the shared cache,
     each under the version of the shard it was read from."""
@@ -215,9 +245,48 @@ class ShardedKV:
     def open(self, shard: int, key: object = "?") -> StoredFile:
         """The shard's bytes: `<n>.shard`, else the pair `<n>.index` + `<n>.data` read as one file, which is
         what a `.shard` is. FileNotFoundError if neither is there; CorruptChunk (naming the file) for a pair
-        with one half missing, or whose `.index` is not exactly the shard index."""
-        with contextlib.suppress(FileNotFoundError):
-            return self.store.open(self.shard_path(shard))
+        with one half missing, or whose `.index` is not exactly the shard index, or a file shorter than its
+        shard index."""
+        return self.opened(shard, 0, key)[0].file
+
+    def opened(self, shard: int, minishard: int = 0, key: object = "?") -> tuple[OpenShard, tuple[int, int]]:
+        """The shard, opened once (kept in the cache) by the read of its shard index, or of minishard's entry
+        where the index is too large to read whole; and minishard's entry. A remote store learns the shard's
+        version from that read's answer: no request goes first to ask it."""
+        first: list[tuple[int, int]] = []
+
+        def make() -> OpenShard:
+            index_size = self.spec.shard_index_size
+            whole = index_size <= SHARD_INDEX_READ
+            start, stop = (0, index_size) if whole else (16 * minishard, 16 * minishard + 16)
+            file, raw = self._open_reading(shard, key, start, stop)
+            if len(raw) != stop - start:  # shorter than its shard index: CorruptChunk below, for every key
+                return OpenShard(shard, file, None, None)
+            rows = np.frombuffer(raw, "<u8").reshape(-1, 2)
+            if not whole:
+                first.append(tuple(rows[0].tolist()))
+                return OpenShard(shard, file, None, None)
+            return OpenShard(shard, file, rows, _adjacent(rows, index_size, file.size))
+
+        opened = self.cache.get_or_make(("shard", self.directory, shard), make)
+        self._index_size(opened.file, key)
+        if opened.index is not None:
+            return opened, tuple(opened.index[minishard].tolist())
+        if first:
+            return opened, first[0]
+        return opened, struct.unpack("<QQ", opened.file.read(16 * minishard, 16 * minishard + 16))
+
+    def _open_reading(self, shard: int, key: object, start: int, stop: int) -> tuple[StoredFile, bytes]:
+        """The shard's file and its bytes [start, stop) (fewer where it ends sooner)."""
+        try:
+            return self.store.open_reading(self.shard_path(shard), start, stop)
+        except FileNotFoundError:
+            pass
+        file = self._pair(shard, key)
+        return file, file.read(start, min(stop, file.size))
+
+    def _pair(self, shard: int, key: object) -> JoinedFile:
+        """The earlier layout's `<n>.index` + `<n>.data`, read as one file."""
         index, data = (self._opened(self.shard_path(shard, suffix)) for suffix in ("index", "data"))
         if index is None and data is None:
             raise FileNotFoundError(errno.ENOENT, "no shard file", self.store.where(self.shard_path(shard)))
@@ -239,30 +308,26 @@ class ShardedKV:
         """Where key's bytes are, or None if it is absent. CorruptChunk if the index contradicts the file."""
         shard, minishard = self.spec.shard_and_minishard(key)
         try:
-            file = self.open(shard, key)
+            opened, entry = self.opened(shard, minishard, key)
         except FileNotFoundError:
             return None  # a missing shard holds no keys
-        found = self.minishard(file, minishard, key).find(key)
+        found = self.minishard(opened, minishard, entry, key).find(key)
         if found is None:
             return None
         start, stop = found
+        file = opened.file
         if not start <= stop <= file.size:
             raise CorruptChunk(file.path, key, f"data range [{start}, {stop}) lies outside the file")
         return Chunk(file, key, start, stop)
 
-    def minishard(
-        self, file: StoredFile, minishard: int, key: object = "?", entry: tuple[int, int] | None = None
-    ) -> MinishardIndex:
-        """entry: its shard index entry, if already read (a listing has the block): no request for it."""
-        make = lambda: self._read_minishard(file, minishard, key, entry)  # noqa: E731
-        return self.cache.get_or_make(("minishard", file.path, file.version, minishard), make)
+    def minishard(self, opened: OpenShard, minishard: int, entry: tuple[int, int], key: object = "?") -> MinishardIndex:
+        """One minishard's index, whose shard index entry is entry, cached under its shard's version."""
+        make = lambda: self._read_minishard(opened, minishard, key, entry)  # noqa: E731
+        return self.cache.get_or_make(("minishard", opened.file.path, opened.file.version, minishard), make)
 
-    def _read_minishard(
-        self, file: StoredFile, minishard: int, key: object, entry: tuple[int, int] | None
-    ) -> MinishardIndex:
+    def _read_minishard(self, opened: OpenShard, minishard: int, key: object, entry: tuple[int, int]) -> MinishardIndex:
+        file = opened.file
         index_size = self._index_size(file, key)
-        if entry is None:
-            entry = struct.unpack("<QQ", file.read(16 * minishard, 16 * minishard + 16))
         start, stop = entry[0] + index_size, entry[1] + index_size
         if not start <= stop <= file.size:
             why = f"minishard {minishard} index range [{start}, {stop}) lies outside the file"
@@ -270,10 +335,20 @@ class ShardedKV:
         if start == stop:
             return EMPTY
         try:
-            raw = self._read_encoded(file, start, stop, self.spec.minishard_index_encoding, MINISHARD_INDEX_LIMIT)
-            return MinishardIndex.decode(raw, index_size)
+            return MinishardIndex.decode(self._minishard_bytes(opened, start, stop), index_size)
         except ValueError as e:
             raise CorruptChunk(file.path, key, f"minishard {minishard} index: {e}") from e
+
+    def _minishard_bytes(self, opened: OpenShard, start: int, stop: int) -> bytes:
+        """A minishard index's decoded bytes: cut from its shard's batch where it has one (all its minishard
+        indexes, read by the first of them wanted, and kept in the cache), else read alone."""
+        encoding, file = self.spec.minishard_index_encoding, opened.file
+        if opened.batch is None or not opened.batch[0] <= start <= stop <= opened.batch[1]:
+            return self._read_encoded(file, start, stop, encoding, MINISHARD_INDEX_LIMIT)
+        first, last = opened.batch
+        batch = self.cache.get_or_make(("minishards", file.path, file.version), lambda: file.read(first, last))
+        raw = batch[start - first : stop - first]
+        return gunzip(raw, MINISHARD_INDEX_LIMIT) if encoding == "gzip" else raw
 
     def _index_size(self, file: StoredFile, key: object) -> int:
         size = self.spec.shard_index_size
@@ -319,14 +394,19 @@ class ShardedKV:
 
     def _probed(self) -> Iterator[tuple[int, str]]:
         """Where the store cannot list (HTTP), the shards the spec names, each asked for (HEAD, a few at a
-        time). Up to PROBED_SHARDS of them: past that a listing shows nothing, and says so once."""
+        time)."""
+        with ThreadPoolExecutor(PROBES_AT_ONCE) as pool:
+            yield from (found for found in pool.map(self._probe, self._to_probe()) if found is not None)
+
+    def _to_probe(self) -> range:
+        """Every shard the spec names, up to PROBED_SHARDS of them: past that a listing shows nothing, and
+        says so."""
         count = 1 << self.spec.shard_bits
         if count > PROBED_SHARDS:
             log.warning("%s: %d shards to probe, more than %d: not listed", self.store.where(self.directory),
                         count, PROBED_SHARDS)  # fmt: skip
-            return
-        with ThreadPoolExecutor(PROBES_AT_ONCE) as pool:
-            yield from (found for found in pool.map(self._probe, range(count)) if found is not None)
+            return range(0)
+        return range(count)
 
     def _probe(self, shard: int) -> tuple[int, str] | None:
         """A shard by its `.shard`, else by its `.index` (a lone `.data` is found only when a key is read)."""
@@ -344,43 +424,68 @@ class ShardedKV:
             _skipped(path, e)
             return False
 
-    def minishards(
-        self, file: StoredFile, budget: ListingBudget | None = None
-    ) -> Iterator[tuple[int, MinishardIndex | CorruptChunk]]:
-        """Each non-empty minishard of one shard file with its index, or the CorruptChunk that keeps it from
-        being read: listing skips those, `shardfs check` reports them. The shard index is read in blocks,
-        only where the file holds data (a sparse file's holes are empty minishards), so the work is
-        bounded by the bytes stored, not by `minishard_bits`; a listing's budget, if given, is spent before
-        each block and each minishard index is read (BudgetSpent when it runs out). A file shorter than its
-        shard index raises CorruptChunk."""
+    def minishards(self, shard: int) -> Iterator[tuple[int, MinishardIndex | CorruptChunk]]:
+        """Each non-empty minishard of one shard with its index, or the CorruptChunk that keeps it from being
+        read (`shardfs check` reports those), one at a time. CorruptChunk for a shard index that cannot be
+        read; OSError for a read that fails."""
+        for read in self._reads(self.opened(shard)[0]):
+            if read.call is not None:
+                _, minishard, index = read.call()
+                if not isinstance(index, CorruptChunk | MinishardIndex):
+                    raise index
+                yield minishard, index
+
+    def _reads(self, opened: OpenShard) -> Iterator[Read]:
+        """The reads that get a shard's minishard indexes, in order. The shard index came whole with its
+        opening, or is read here in blocks, only where the file holds data (a sparse file's holes are empty
+        minishards), so the work is bounded by the bytes stored, not by `minishard_bits`. Each block is a cost
+        taken before it is read, each minishard index one taken before its call runs, and at least
+        LISTING_READ (a request's worth). CorruptChunk if the file is shorter than its shard index."""
+        file = opened.file
         index_size = self._index_size(file, "?")
+        if opened.index is not None:
+            yield Read(index_size, None, file.path)
+            yield from self._row_reads(opened, 0, opened.index)
+            return
         block = 0
         while (block := file.next_data(block) // 16 * 16) < index_size:
             stop = min(block + LISTING_BLOCK, index_size)
-            if budget is not None:
-                budget.spend(stop - block, file.path)
-            entries = np.frombuffer(file.read(block, stop), "<u8").reshape(-1, 2)
-            for i in np.flatnonzero(entries[:, 1] != entries[:, 0]).tolist():
-                start, end = entries[i].tolist()
-                if budget is not None and start <= end <= file.size - index_size:  # else corrupt, and not read
-                    # what is read (or refused after the limit), and at least one request's worth
-                    budget.spend(max(min(end - start, MINISHARD_INDEX_LIMIT + 1024), LISTING_READ), file.path)
-                try:
-                    index: MinishardIndex | CorruptChunk = self.minishard(file, block // 16 + i, entry=(start, end))
-                except CorruptChunk as e:
-                    index = e
-                yield block // 16 + i, index
+            yield Read(stop - block, None, file.path)
+            yield from self._row_reads(opened, block // 16, np.frombuffer(file.read(block, stop), "<u8").reshape(-1, 2))
             block = stop
 
-    def stored_keys(self) -> Iterator[int]:
-        """Every stored key, shard by shard, holding one minishard index at a time, within one listing's
-        budget of index bytes. Keys that do not hash to where they were found are left out, so that every
-        listed name can be looked up. Corrupt or unreadable shards are logged and skipped, and so is what
-        is past the budget: a listing shows what can be read."""
-        budget = ListingBudget()
+    def _row_reads(self, opened: OpenShard, first: int, rows: np.ndarray) -> Iterator[Read]:
+        stored = opened.file.size - self.spec.shard_index_size
+        for i in np.flatnonzero(rows[:, 1] != rows[:, 0]).tolist():
+            start, end = rows[i].tolist()
+            # what is read (or refused after the limit), and at least one request's worth; nothing if corrupt
+            cost = max(min(end - start, MINISHARD_INDEX_LIMIT + 1024), LISTING_READ) if start <= end <= stored else 0
+            yield Read(cost, partial(self._listed_minishard, opened, first + i, (start, end)), opened.file.path)
+
+    def _listed_minishard(
+        self, opened: OpenShard, minishard: int, entry: tuple[int, int]
+    ) -> tuple[OpenShard, int, MinishardIndex | Exception]:
+        """A minishard's index, or what kept it from being read, for a listing to skip."""
         try:
-            for shard, path in self.shards():
-                yield from self._keys_in(shard, path, budget)
+            return opened, minishard, self.minishard(opened, minishard, entry)
+        except (CorruptChunk, OSError) as e:
+            return opened, minishard, e
+
+    def stored_keys(self) -> Iterator[int]:
+        """Every stored key, shard by shard, in one order however often listed. Up to the store's
+        `reads_at_once` shards are opened, and minishard indexes read, at once, ahead of the names
+        yielded, within one listing's budget of index bytes. Keys that do not hash to where they were found
+        are left out, so that every listed name can be looked up. Corrupt or unreadable shards are logged
+        and skipped, and so is what is past the budget: a listing shows what can be read."""
+        budget = ListingBudget()
+        at_once = self.store.reads_at_once
+        pool = ThreadPoolExecutor(at_once, thread_name_prefix="shardfs-listing") if at_once > 1 else None
+        try:
+            opening = (Read(0, partial(self._listed_shard, shard), self.directory) for shard in self._listed())
+            shards = _in_order(pool, at_once, opening, budget)
+            failed: set[str] = set()
+            for opened, minishard, index in _in_order(pool, at_once, self._listing_reads(shards), budget):
+                yield from self._keys_in(opened, minishard, index, budget, failed)
         except BudgetSpent as e:
             if not self._budget_said:
                 self._budget_said = True
@@ -389,26 +494,97 @@ class ShardedKV:
                             "still found by name)", self.store.where(self.directory), LISTING_BUDGET,
                             self.spec.shard_index_size, self.store.where(e.shard),
                             extra={"event": "listing_budget", "shard": e.shard})  # fmt: skip
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)  # what is being read finishes; the rest is not
 
-    def _keys_in(self, shard: int, path: str, budget: ListingBudget) -> Iterator[int]:
+    def _listed(self) -> Iterator[int]:
+        """The shards a listing opens: those the directory lists, or where it cannot be listed (HTTP) every
+        one the spec names, up to PROBED_SHARDS of them (an absent one lists nothing)."""
+        if self.store.can_list:
+            return (shard for shard, _ in self.shards())
+        return iter(self._to_probe())
+
+    def _listed_shard(self, shard: int) -> OpenShard | None:
+        """A shard opened for a listing; None if it is absent, or logged and None if it cannot be read."""
         try:
-            file = self.open(shard)
-            for minishard, index in self.minishards(file, budget):
-                if isinstance(index, CorruptChunk):
-                    log.error("listing skips part of a shard: %s", index, extra=index.log_fields("listing_skip"))
-                    continue
-                listed = 0
-                for key in index.entries:
-                    if self.spec.shard_and_minishard(key) == (shard, minishard):
-                        listed += 1
-                        yield key
-                budget.refund(LISTING_READ * listed)
+            return self.opened(shard)[0]
+        except FileNotFoundError:
+            return None
         except CorruptChunk as e:
             log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
-        except FileNotFoundError:
-            pass  # removed since it was listed
         except OSError as e:  # unreadable (EACCES, EIO from the disk or the server, changed under the mount)
-            _skipped(path, e)
+            _skipped(self.shard_path(shard), e)
+        return None
+
+    def _listing_reads(self, shards: Iterator[OpenShard | None]) -> Iterator[Read]:
+        for opened in shards:
+            if opened is None:
+                continue
+            try:
+                yield from self._reads(opened)
+            except CorruptChunk as e:
+                log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
+            except FileNotFoundError:
+                pass  # removed since it was listed
+            except OSError as e:
+                _skipped(opened.file.path, e)
+
+    def _keys_in(
+        self, opened: OpenShard, minishard: int, index: MinishardIndex | Exception, budget: ListingBudget, failed: set
+    ) -> Iterator[int]:
+        """The keys of one minishard that hash to it; each gives back LISTING_READ of the budget. After a read
+        of a shard fails, the rest of it is skipped, said once."""
+        path = opened.file.path
+        if path in failed:
+            return
+        if isinstance(index, CorruptChunk):
+            log.error("listing skips part of a shard: %s", index, extra=index.log_fields("listing_skip"))
+            return
+        if isinstance(index, Exception):
+            failed.add(path)
+            if not isinstance(index, FileNotFoundError):  # else removed since it was listed
+                _skipped(path, index)  # type: ignore[arg-type]
+            return
+        listed = 0
+        for key in index.entries:
+            if self.spec.shard_and_minishard(key) == (opened.shard, minishard):
+                listed += 1
+                yield key
+        budget.refund(LISTING_READ * listed)
+
+
+def _in_order(pool: Executor | None, at_once: int, reads: Iterator[Read], budget: ListingBudget) -> Iterator[T]:
+    """The calls of reads run in pool, up to at_once at a time, their results yielded in the order of reads
+    (in this thread, one by one, without a pool). Each read's cost is taken from budget before its call is
+    submitted, once the results before it have been yielded if it does not fit (their names give back): a
+    listing stops where one reading one index at a time would (BudgetSpent)."""
+    pending: deque[Future[T]] = deque()
+    for read in reads:
+        while pending and (len(pending) >= at_once or read.cost > budget.left):
+            yield pending.popleft().result()
+        budget.spend(read.cost, read.shard)
+        if read.call is None:
+            continue
+        if pool is None:
+            yield read.call()  # type: ignore[misc]
+        else:
+            pending.append(pool.submit(read.call))  # type: ignore[arg-type]
+    while pending:
+        yield pending.popleft().result()
+
+
+def _adjacent(rows: np.ndarray, index_size: int, size: int) -> tuple[int, int] | None:
+    """Where in the file a shard index's non-empty rows are, [start, stop), if they follow one another with no
+    gap (in any order), inside the file and within MINISHARD_BATCH bytes; else None."""
+    used = rows[rows[:, 1] != rows[:, 0]]
+    if len(used) < 2 or (used[:, 0] > used[:, 1]).any():
+        return None
+    used = used[np.argsort(used[:, 0], kind="stable")]
+    if (used[1:, 0] != used[:-1, 1]).any():
+        return None
+    start, stop = int(used[0, 0]) + index_size, int(used[-1, 1]) + index_size
+    return (start, stop) if stop - start <= MINISHARD_BATCH and stop <= size else None
 
 
 def _skipped(path: str, e: OSError) -> None:

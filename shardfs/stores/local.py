@@ -127,9 +127,14 @@ class Store(Protocol):
 
     can_list: bool  # False where directories cannot be listed (HTTP): they list as empty
     piece_size: int  # bytes read at a time when a value is decoded as it is read
+    reads_at_once: int  # reads a listing keeps in flight: 1 where a read waits on nothing but itself
 
     def open(self, path: str) -> StoredFile:
         """The current version of a regular file; FileNotFoundError if there is none."""
+
+    def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
+        """open() and the bytes [start, stop) of that version (fewer where it ends sooner), at the cost of the
+        read alone where the store can: a remote one learns the version from the read's answer."""
 
     def read(self, file: StoredFile, start: int, stop: int) -> bytes: ...
 
@@ -165,6 +170,7 @@ class LocalStore:
 
     can_list = True
     piece_size = 1 << 20
+    reads_at_once = 1  # a pread is over before a thread could be handed it
 
     def __init__(self, root: str | Path, max_open: int = 256) -> None:
         self.root = Path(root).absolute()
@@ -252,6 +258,10 @@ class LocalStore:
     def open(self, path: str) -> StoredFile:
         _, version, owner = self._file(path)
         return StoredFile(path, version[2], version, owner, self)
+
+    def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
+        file = self.open(path)
+        return file, file.read(start, min(stop, file.size))
 
     def read(self, file: StoredFile, start: int, stop: int) -> bytes:
         f, version, _ = self._file(file.path)

@@ -6,11 +6,13 @@ Every answer becomes what a local disk would say: a missing object is ENOENT, a 
 the retries could not get past EIO (never ENOENT: a server error must not look like an absent chunk).
 
 Every byte range is tied to the version its object was opened at, so an index never meets bytes of another
-version: each GET sends the strongest precondition that version allows (If-Match for an ETag,
-If-Unmodified-Since for a Last-Modified date), and its answer is compared with the version too (size, ETag,
-Last-Modified), since a server may ignore preconditions. A server that sends neither header leaves only the
-size to compare: its ranges are never kept on disk. A body is read no further than one byte past the range
-asked, so no answer costs more memory than its request.
+version. An object is opened by a HEAD, or by the first GET of a range where one is needed anyway (a shard's
+index): that answer names the version (Content-Range's total size, ETag, Last-Modified) of the very bytes it
+carries, so a shard costs no HEAD. Each later GET sends the strongest precondition that version allows
+(If-Match for an ETag, If-Unmodified-Since for a Last-Modified date), and its answer is compared with the
+version too (size, ETag, Last-Modified), since a server may ignore preconditions. A server that sends
+neither header leaves only the size to compare: its ranges are never kept on disk. A body is read no
+further than one byte past the range asked, so no answer costs more memory than its request.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from shardfs.stores.location import Remote
 log = logging.getLogger("shardfs")
 
 DEFAULT_TIMEOUT = 30.0
+READS_AT_ONCE = 64  # requests a listing keeps in flight: its round trips overlap, within a bound
 OPENED = 65536  # objects whose size and version are remembered: a few MB, and a shard is opened once
 T = TypeVar("T")
 
@@ -183,6 +186,7 @@ class RemoteStore:
         self.remote, self.access, self.disk = remote, access, disk
         self.can_list = remote.scheme in ("gs", "s3")
         self.piece_size = 8 << 20  # one GET for nearly every chunk, yet a bounded part of a large one
+        self.reads_at_once = READS_AT_ONCE
         self._owner = Owner(os.getuid(), os.getgid(), 0o555)
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
@@ -239,37 +243,78 @@ class RemoteStore:
         """The object's size and version, from one HEAD, remembered (absence too): the data is immutable
         while mounted, and a shard's size is needed by every read of it. A name no object can have is absent,
         with no request sent."""
-        if not is_key(path):
-            raise FileNotFoundError(errno.ENOENT, "not a name an object can have", self.where(path))
-        with self._lock:  # cachetools' LRU reorders itself on get: not safe to share unlocked
-            found = self._opened.get(path)
+        found = self._known(path)
         if found is None:
             try:
                 meta = self._call("head", path, lambda: obstore.head(self._store(), path))
-                found = StoredFile(path, meta["size"], _version(meta), self._owner, self)
+                found = self._remember(path, self._file(path, meta))
             except FileNotFoundError as e:
-                found = e
-            with self._lock:
-                self._opened[path] = found
-            if isinstance(found, StoredFile) and found.version[0] == "size":
-                self._say_unversioned(path)
+                found = self._remember(path, e)
         if isinstance(found, FileNotFoundError):
             raise found
         return found
 
+    def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
+        """The object's version and its bytes [start, stop) (fewer where it ends sooner), in one GET where
+        the version is not known yet: the answer names it (Content-Range's total size, ETag, Last-Modified),
+        so no HEAD goes first, and the bytes are surely of that version. A version already known is read as
+        any range is, under its precondition."""
+        found = self._known(path)
+        if found is not None:
+            return found, found.read(start, min(stop, found.size))
+        try:
+            file, data = self._call("get", path, lambda: self._get_first(path, start, stop))
+        except FileNotFoundError as e:
+            self._remember(path, e)
+            raise
+        if (opened := self._remember(path, file)) != file:  # another thread found another version, or none
+            was = _described_version(opened.version) if isinstance(opened, StoredFile) else "absent"
+            raise StoreChanged(self.where(path), f"{_described_version(file.version)} answered, {was} as opened")
+        self._count(file, start, start + len(data), data)
+        return file, data
+
+    def _known(self, path: str) -> StoredFile | None:
+        """The version remembered for path; FileNotFoundError if it is remembered absent, or no object can
+        have that name."""
+        if not is_key(path):
+            raise FileNotFoundError(errno.ENOENT, "not a name an object can have", self.where(path))
+        with self._lock:  # cachetools' LRU reorders itself on get: not safe to share unlocked
+            found = self._opened.get(path)
+        if isinstance(found, FileNotFoundError):
+            raise found
+        return found
+
+    def _remember(self, path: str, found: T) -> T | StoredFile | FileNotFoundError:
+        """Remember what path was found to be (a version, or absent); what was remembered first stays, and
+        is returned."""
+        with self._lock:
+            kept = self._opened.setdefault(path, found)
+        if kept is found and isinstance(kept, StoredFile) and kept.version[0] == "size":
+            self._say_unversioned(kept.path)
+        return kept
+
+    def _file(self, path: str, meta: Any) -> StoredFile:
+        return StoredFile(path, meta["size"], _version(meta), self._owner, self)
+
     def read(self, file: StoredFile, start: int, stop: int) -> bytes:
         """Bytes [start, stop) of file's version, from --cache-dir if kept there (never for a version that
         is only a size: another object of that size would be answered)."""
-        url = self.where(file.path)
-        disk = self.disk if file.version[0] != "size" else None
-        if disk is not None and (kept := disk.get(url, file.version, start, stop)) is not None:
+        disk = self._disk(file)
+        if disk is not None and (kept := disk.get(self.where(file.path), file.version, start, stop)) is not None:
             return kept
         data = self._call("get", file.path, lambda: self._get(file, start, stop))
+        self._count(file, start, stop, data)
+        return data
+
+    def _disk(self, file: StoredFile) -> DiskCache | None:
+        return self.disk if file.version[0] != "size" else None
+
+    def _count(self, file: StoredFile, start: int, stop: int, data: bytes) -> None:
+        """A range read from the source: counted, and kept in --cache-dir if its version allows."""
         metrics.STORE_READS.inc()
         metrics.STORE_BYTES.inc(len(data))
-        if disk is not None:
-            disk.put(url, file.version, start, stop, data)
-        return data
+        if (disk := self._disk(file)) is not None:
+            disk.put(self.where(file.path), file.version, start, stop, data)
 
     def _get(self, file: StoredFile, start: int, stop: int) -> bytes:
         """One GET of a range under the version's precondition, its answer checked against that version."""
@@ -284,6 +329,13 @@ class RemoteStore:
         if (differs := _differs(file, got.meta)) is not None:
             raise StoreChanged(url, differs)
         return _body(url, got, start, stop)
+
+    def _get_first(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
+        """One GET of a range with no precondition: the version is what its answer says. obstore checks
+        that a ranged answer is partial content for the range asked, clipped to the total it names."""
+        got = obstore.get(self._store(), path, options={"range": (start, stop)})
+        file = self._file(path, got.meta)
+        return file, _body(self.where(path), got, start, min(stop, file.size))
 
     def _say_unversioned(self, path: str) -> None:
         """Once per source: what a server that names no version costs."""
@@ -389,6 +441,10 @@ def _precondition(version: tuple) -> dict[str, Any]:
     if version[0] == "modified":
         return {"if_unmodified_since": datetime.fromisoformat(version[2])}
     return {}
+
+
+def _described_version(version: tuple) -> str:
+    return {"etag": "ETag", "modified": "Last-Modified", "size": "size"}[version[0]] + f" {version[-1]}"
 
 
 def _described(version: tuple) -> str:
