@@ -5,11 +5,11 @@ import time
 
 import pytest
 
-from shardfs.cache import ByteCache
+from shardfs.cache import ENTRY_OVERHEAD, ByteCache
 
 
 def test_bounded_in_bytes_and_least_recently_used_goes_first() -> None:
-    cache = ByteCache(budget=3000)
+    cache = ByteCache(budget=4 * (500 + ENTRY_OVERHEAD) + 100)  # four values fit, a fifth does not
     for key in "abcd":
         cache.get_or_make(key, lambda: bytes(500))
     cache.get_or_make("a", lambda: pytest.fail("a was evicted though recently used"))
