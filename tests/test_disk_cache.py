@@ -51,7 +51,7 @@ def read_as(user: tuple[int, int], m: Mount, names: list[str]) -> bytes:
     drop = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--"]
     paths = [str(m.path / "4_4_40" / n) for n in names]
     done = subprocess.run([*drop, "cat", *paths], capture_output=True, timeout=READ_SECONDS)
-    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:] + "\ndaemon log:\n" + m.log_text()[-4000:]
     return done.stdout
 
 
