@@ -1,7 +1,8 @@
 """Cold reads of a remote source cost few round trips: a shard is opened by the GET of its shard index (the
-answer names its size and version: no HEAD first), a shard's minishard indexes written next to each other
-come in one GET, and a listing keeps many index requests in flight. Counted on the loopback server, whose
-datasets are written by tensorstore and cloud-volume."""
+answer names its size and version: no HEAD first; a zarr shard's index at its end by a suffix range), a
+shard's minishard indexes written next to each other come in one GET, and a listing keeps many index
+requests in flight. Counted on the loopback server, whose datasets are written by tensorstore, cloud-volume
+and zarr-python."""
 
 from __future__ import annotations
 
