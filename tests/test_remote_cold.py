@@ -1,25 +1,31 @@
 """Cold reads of a remote source cost few round trips: a shard is opened by the GET of its shard index (the
-answer names its size and version: no HEAD first), a shard's minishard indexes written next to each other
-come in one GET, and a listing keeps many index requests in flight. Counted on the loopback server, whose
-datasets are written by tensorstore and cloud-volume."""
+answer names its size and version: no HEAD first; a zarr shard's index at its end by a suffix range), a
+shard's minishard indexes written next to each other come in one GET, and a listing keeps many index
+requests in flight. Counted on the loopback server, whose datasets are written by tensorstore, cloud-volume
+and zarr-python."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
+import math
 import os
 import struct
 from collections import Counter
 from pathlib import Path
 
 import mmh3
+import numpy as np
 import pytest
+import zarr
 from cloudvolume.datasource.precomputed.sharding import ShardingSpecification, synthesize_shard_files
+from zarr.codecs import ShardingCodec
 
 from shardfs.shards.neuroglancer import LISTING_BUDGET
 from tests import peers
 from tests.http_server import RangeServer
-from tests.test_remote_http import chunk_names
+from tests.test_remote_http import chunk_names, read_errno
 
 BUCKET = "bkt"
 SCALE = "4_4_40"
@@ -142,3 +148,143 @@ def test_a_listing_in_flight_stays_within_its_budget(tmp_path, mount) -> None:
         assert server.gets("0.shard") - before == 1 + (LISTING_BUDGET - (16 << 12)) // claimed
         assert server.most_in_flight > 8, server.most_in_flight
     assert m.log_text().count("event=listing_budget") == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Zarr v3: a shard's index at its end comes in one suffix GET
+
+
+SHAPE, SHARD, INNER = (24, 20, 16), (12, 10, 8), (4, 5, 4)
+ZARR_INDEX = 16 * 3 * 2 * 2 + 4  # (offset, nbytes) per inner chunk of a shard, and its crc32c
+
+
+def write_sharded_zarr(root: Path, writer: str, index_location: str = "end", keys: str = "default") -> np.ndarray:
+    """A 3-d sharded zarr v3 array of raw uint16 inner chunks, written whole by tensorstore or zarr-python
+    (keys: its chunk_key_encoding there); its contents as zarr-python reads them from the source."""
+    data = np.arange(math.prod(SHAPE), dtype=np.uint16).reshape(SHAPE)
+    if writer == "tensorstore":
+        peers.create_tensorstore_zarr3(root, list(SHAPE), "uint16", list(SHARD), list(INNER),
+                                       index_location=index_location).write(data).result()  # fmt: skip
+    else:
+        serializer = ShardingCodec(chunk_shape=INNER, index_location=index_location)
+        array = zarr.create_array(root, shape=SHAPE, chunks=SHARD, dtype="uint16", serializer=serializer,
+                                  compressors=None, chunk_key_encoding={"name": keys})  # fmt: skip
+        array[...] = data
+    return zarr.open_array(root, mode="r")[...]
+
+
+def inner_chunk(written: np.ndarray, pos: tuple[int, ...]) -> bytes:
+    return written[tuple(slice(p * c, p * c + c) for p, c in zip(pos, INNER, strict=True))].tobytes()
+
+
+def shard_ranges(server: RangeServer) -> list[str | None]:
+    """The Range headers of the GETs so far; only shards are read after mounting."""
+    with server.lock:
+        return list(server.ranges)
+
+
+@pytest.mark.parametrize("writer", ["tensorstore", "zarr-python"])
+def test_a_cold_zarr_chunk_costs_two_gets_and_no_head(tmp_path, mount, writer) -> None:
+    """A fresh mount of a 3-d sharded zarr v3 array reads its first chunk, c/0/0/0, with 2 GETs and no HEAD,
+    as tensorstore does: the suffix GET (`bytes=-196`) of shard c/0/0/0's index, whose Content-Range and ETag
+    pin the shard's size and version, and the GET of the chunk. The lookups of c, c/0 and c/0/0 on the way
+    are answered from that same index. Before, a HEAD went first to learn the shard's size."""
+    written = write_sharded_zarr(tmp_path / "a", writer)
+    with RangeServer(tmp_path / "a", suffix_ranges=True).running() as server:
+        m = mount(f"zarr3://{server.url}")
+        before, ranges = counted(server), len(shard_ranges(server))
+        assert (m.path / "c/0/0/0").read_bytes() == inner_chunk(written, (0, 0, 0))
+        cold = counted(server) - before
+        assert shard_ranges(server)[ranges] == f"bytes=-{ZARR_INDEX}"
+    assert cold == Counter({"GET": 2}), cold
+
+
+def test_an_index_at_the_start_costs_one_get_from_zero(tmp_path, mount) -> None:
+    """index_location "start": the shard is opened by the GET of its first 196 bytes, no HEAD."""
+    written = write_sharded_zarr(tmp_path / "a", "zarr-python", index_location="start")
+    with RangeServer(tmp_path / "a", suffix_ranges=True).running() as server:
+        m = mount(f"zarr3://{server.url}")
+        before, ranges = counted(server), len(shard_ranges(server))
+        assert (m.path / "c/1/1/1").read_bytes() == inner_chunk(written, (1, 1, 1))
+        cold = counted(server) - before
+        assert shard_ranges(server)[ranges] == f"bytes=0-{ZARR_INDEX - 1}"
+    assert cold == Counter({"GET": 2}), cold
+
+
+def test_a_server_without_suffix_ranges_is_asked_once(tmp_path, mount) -> None:
+    """A server that answers a suffix range with the whole object (obstore refuses such an answer unread):
+    the first shard costs that GET, then a HEAD and the GET of its index; later shards a HEAD and a GET, as
+    before; the bytes are right, and the log says once why."""
+    written = write_sharded_zarr(tmp_path / "a", "zarr-python")
+    with RangeServer(tmp_path / "a").running() as server:
+        m = mount(f"zarr3://{server.url}")
+        before = counted(server)
+        for pos in [(0, 0, 0), (0, 0, 2)]:  # shards c/0/0/0 and c/0/0/1
+            assert (m.path / "c" / "/".join(map(str, pos))).read_bytes() == inner_chunk(written, pos)
+        cold = counted(server) - before
+    assert cold == Counter({"GET": 1 + 2 * 2, "HEAD": 2}), cold
+    assert m.log_text().count("event=no_suffix_ranges") == 1
+
+
+def test_a_zarr_shard_shorter_than_its_index_is_eio_naming_it(tmp_path, mount) -> None:
+    """A shard of 10 bytes: the suffix GET answers all of it, which is no index: EIO, the log naming the
+    shard, and no HEAD was needed to find out. (Keys `0.0.0`: a lookup reads the chunk's own shard.)"""
+    write_sharded_zarr(tmp_path / "a", "zarr-python", keys="v2")
+    (tmp_path / "a/0.0.0").write_bytes(b"0123456789")
+    with RangeServer(tmp_path / "a", suffix_ranges=True).running() as server:
+        m = mount(f"zarr3://{server.url}")
+        before = counted(server)
+        assert read_errno(m.path / "0.0.1") == errno.EIO
+        cold = counted(server) - before
+    assert cold == Counter({"GET": 1}), cold
+    assert "shard=0.0.0 " in m.log_text() and "shorter than its 196-byte index" in m.log_text()
+
+
+def test_a_suffix_answer_longer_than_asked_is_cut_off(tmp_path, mount) -> None:
+    """A server that sends 1 MiB more than the index asked by a suffix range: the answer is read no further
+    than a byte past the index, and the read is EIO whose log line says so."""
+    write_sharded_zarr(tmp_path / "a", "zarr-python", keys="v2")
+    with RangeServer(tmp_path / "a", suffix_ranges=True).running() as server:
+        m = mount(f"zarr3://{server.url}")
+        server.extra = 1 << 20
+        before = counted(server)
+        assert read_errno(m.path / "0.0.0") == errno.EIO
+        cold = counted(server) - before
+    assert cold == Counter({"GET": 1}), cold
+    assert "longer than asked" in m.log_text()
+
+
+@pytest.mark.parametrize(("etag", "named"), [(True, "If-Match"), (False, "If-Unmodified-Since")])
+def test_a_zarr_shard_replaced_after_its_index_is_eio(tmp_path, mount, etag, named) -> None:
+    """The version the suffix GET's answer named (its ETag, else its Last-Modified date) is the one every later
+    GET asks for: a shard replaced between the read of its index and that of a chunk is EIO, never the new
+    object's bytes at the old index's offsets."""
+    written = write_sharded_zarr(tmp_path / "a", "zarr-python")
+    shard = tmp_path / "a/c/0/0/0"
+    with RangeServer(tmp_path / "a", suffix_ranges=True).running() as server:
+        server.etag = etag
+        m = mount(f"zarr3://{server.url}")
+        before = counted(server)
+        assert (m.path / "c/0/0/0").read_bytes() == inner_chunk(written, (0, 0, 0))  # the shard's version pinned
+        fresh = shard.with_name("new")
+        fresh.write_bytes(bytes(b ^ 0xFF for b in shard.read_bytes()[:-ZARR_INDEX]) + shard.read_bytes()[-ZARR_INDEX:])
+        when = int(shard.stat().st_mtime) + 10
+        os.utime(fresh, (when, when))
+        os.replace(fresh, shard)
+        assert read_errno(m.path / "c/0/0/1") == errno.EIO
+        assert "HEAD" not in counted(server) - before
+    assert "changed under the mount" in m.log_text() and named in m.log_text()
+
+
+def test_a_zarr_shard_without_validators_is_not_kept_on_disk(tmp_path, mount) -> None:
+    """A server that names no version (no ETag, no Last-Modified): what the suffix GET and the chunk's GET
+    answered is never kept in --cache-dir, where another object of the same size would be taken for it."""
+    written = write_sharded_zarr(tmp_path / "a", "zarr-python")
+    cache = tmp_path / "cache"
+    with RangeServer(tmp_path / "a", suffix_ranges=True).running() as server:
+        server.etag = server.last_modified = False
+        m = mount(f"zarr3://{server.url}", "--cache-dir", cache)
+        before = counted(server)
+        assert (m.path / "c/0/0/0").read_bytes() == inner_chunk(written, (0, 0, 0))
+        assert counted(server) - before == Counter({"GET": 2})
+    assert not [p for p in cache.rglob("*") if p.is_file()]

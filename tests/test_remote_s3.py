@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -154,3 +156,20 @@ def test_unsigned_without_credentials_and_with_anonymous(s3, monkeypatch) -> Non
     assert "unsigned" not in r.stderr and "info" in r.stdout.split()
     r = shardfs("ls", f"s3://{BUCKET}/nothing/here", "--endpoint", endpoint, check=False)
     assert r.returncode == 2 and f"s3://{BUCKET}/nothing/here" in r.stderr
+
+
+def requests_made(mountpoint: Path) -> Counter[str]:
+    """The requests the daemon has sent, by kind (head, get, list), from its own figures."""
+    figures = shardfs("stats", mountpoint, "--prometheus").stdout
+    found = re.findall(r'^shardfs_remote_request_seconds_count\{request="(\w+)"\} (\S+)$', figures, re.MULTILINE)
+    return Counter({kind: int(float(n)) for kind, n in found})
+
+
+def test_a_cold_zarr_chunk_over_s3_costs_two_gets_and_no_head(s3, keys, mount) -> None:
+    """On S3 (moto), as on the loopback web server: a fresh mount reads a sharded array's first inner chunk
+    with a suffix GET of its shard's index and a GET of the chunk, no HEAD; the bytes are zarr-python's."""
+    endpoint, written = s3
+    m = mount(f"s3://{BUCKET}/brain.zarr", "--endpoint", endpoint)
+    before = requests_made(m.path)
+    assert (m.path / "raw" / "c" / "0" / "0").read_bytes() == written["zarr"]["raw"][:5, :6].tobytes()
+    assert requests_made(m.path) - before == Counter({"get": 2})

@@ -324,7 +324,7 @@ class ZarrArray:
     def locate(self, pos: tuple[int, ...]) -> File | None:
         """The inner chunk at global grid position pos, or None if it is absent."""
         try:
-            blob = Blob.whole(self.store.open(self._shard_path(self._shard_of(pos))))
+            blob = Blob.whole(self._open(self._shard_path(self._shard_of(pos))))
         except FileNotFoundError:
             return None  # a missing shard holds no chunks
         for depth, (level, steps) in enumerate(zip(self.levels, self._steps, strict=True)):
@@ -366,11 +366,33 @@ class ZarrArray:
         data = self.cache.get_or_make(("zarr-blob", blob.key), make)
         return Blob(blob.file, 0, len(data), data, blob.key)
 
-    def _index(self, blob: Blob, level: Level, depth: int) -> bytes:
+    def _open(self, path: str) -> StoredFile:
+        """The shard at path, opened once (kept in the cache) by the read of its index where that index is
+        stored as it is (no bytes→bytes codec over the shard): at its end by a suffix read, at its start by
+        one from 0. A remote store learns the shard's size and version from that read's answer, so no
+        request goes first to ask them; the index is then in the cache. FileNotFoundError if it is absent;
+        CorruptChunk (naming it) if its index cannot be read, or it is shorter than its index."""
+
+        def make() -> StoredFile:
+            level = self.levels[0]
+            if level.post:  # the whole shard is decoded first: its size is needed before any read
+                return self.store.open(path)
+            size = level.layout.size
+            at_start = level.layout.at_start
+            file, raw = self.store.open_reading(path, 0, size) if at_start else self.store.open_tail(path, size)
+            self._index(Blob.whole(file), level, 0, raw if len(raw) == size else None)
+            return file
+
+        return self.cache.get_or_make(("zarr-shard", path), make)
+
+    def _index(self, blob: Blob, level: Level, depth: int, raw: bytes | None = None) -> bytes:
+        """The verified index of blob, read from it unless raw holds it already (as the read that opened
+        the shard did)."""
+
         def make() -> bytes:
             try:
                 start, stop = level.layout.where(blob.stop - blob.start)
-                return level.layout.decode(self._read(blob, start, stop))
+                return level.layout.decode(self._read(blob, start, stop) if raw is None else raw)
             except ValueError as e:
                 raise CorruptChunk(blob.shard, f"level {depth} index", str(e)) from e
 
@@ -451,7 +473,7 @@ class ZarrArray:
         """The inner chunks stored in one shard file, for listing: computed once per version of the shard
         and cached. A missing shard lists as empty; a corrupt or unreadable one too, and is logged."""
         try:
-            file = self.store.open(path)
+            file = self._open(path)
             return self.cache.get_or_make(("zarr-present", path, file.version), lambda: Present.of(self.stored(file)))
         except FileNotFoundError:
             pass

@@ -136,6 +136,10 @@ class Store(Protocol):
         """open() and the bytes [start, stop) of that version (fewer where it ends sooner), at the cost of the
         read alone where the store can: a remote one learns the version from the read's answer."""
 
+    def open_tail(self, path: str, n: int) -> tuple[StoredFile, bytes]:
+        """open() and the last n bytes of that version (all of it where it is shorter), at the cost of the
+        read alone where the store can: what a zarr shard's index at its end needs before its size is known."""
+
     def read(self, file: StoredFile, start: int, stop: int) -> bytes: ...
 
     def next_data(self, file: StoredFile, offset: int) -> int: ...
@@ -262,6 +266,10 @@ class LocalStore:
     def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
         file = self.open(path)
         return file, file.read(start, min(stop, file.size))
+
+    def open_tail(self, path: str, n: int) -> tuple[StoredFile, bytes]:
+        file = self.open(path)
+        return file, file.read(max(file.size - n, 0), file.size)
 
     def read(self, file: StoredFile, start: int, stop: int) -> bytes:
         f, version, _ = self._file(file.path)

@@ -7,8 +7,9 @@ the retries could not get past EIO (never ENOENT: a server error must not look l
 
 Every byte range is tied to the version its object was opened at, so an index never meets bytes of another
 version. An object is opened by a HEAD, or by the first GET of a range where one is needed anyway (a shard's
-index): that answer names the version (Content-Range's total size, ETag, Last-Modified) of the very bytes it
-carries, so a shard costs no HEAD. Each later GET sends the strongest precondition that version allows
+index; at a zarr shard's end, a suffix range `bytes=-N`, its size being unknown): that answer names the
+version (Content-Range's total size, ETag, Last-Modified) of the very bytes it carries, so a shard costs no
+HEAD. Each later GET sends the strongest precondition that version allows
 (If-Match for an ETag, If-Unmodified-Since for a Last-Modified date), and its answer is compared with the
 version too (size, ETag, Last-Modified), since a server may ignore preconditions. A server that sends
 neither header leaves only the size to compare: its ranges are never kept on disk. A body is read no
@@ -31,7 +32,7 @@ from typing import Any, TypeVar
 
 import obstore
 from cachetools import LRUCache
-from obstore.exceptions import PermissionDeniedError, PreconditionError, UnauthenticatedError
+from obstore.exceptions import NotSupportedError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import GCSStore, HTTPStore, S3Store
 
 from shardfs import metrics
@@ -192,6 +193,7 @@ class RemoteStore:
         self._client: tuple[int, Any] | None = None
         self._opened: LRUCache[str, StoredFile | FileNotFoundError] = LRUCache(OPENED)
         self._said_unversioned = False
+        self._suffixes = True  # until the server refuses a suffix range
 
     def _store(self) -> Any:
         """The client of this process: obstore's runtime threads do not survive the daemon's fork, so a
@@ -219,6 +221,9 @@ class RemoteStore:
             raise
         except BadAnswer:
             outcome = "bad_answer"
+            raise
+        except NoSuffixRanges:
+            outcome = "no_suffix_ranges"
             raise
         except (PermissionDeniedError, UnauthenticatedError) as e:
             outcome = "denied"
@@ -262,8 +267,26 @@ class RemoteStore:
         found = self._known(path)
         if found is not None:
             return found, found.read(start, min(stop, found.size))
+        return self._open_by(path, lambda: self._get_first(path, start, stop))
+
+    def open_tail(self, path: str, n: int) -> tuple[StoredFile, bytes]:
+        """The object's version and its last n bytes (all of it where it is shorter), in one GET of a suffix
+        range (`bytes=-n`) where the version is not known yet, as open_reading. A server that refuses suffix
+        ranges (some answer the whole object) is not asked again: there a HEAD goes first."""
+        found = self._known(path)
+        if found is None and self._suffixes:
+            try:
+                return self._open_by(path, lambda: self._get_tail(path, n))
+            except NoSuffixRanges:
+                self._refuse_suffixes()
+        file = found or self.open(path)
+        return file, file.read(max(file.size - n, 0), file.size)
+
+    def _open_by(self, path: str, get: Callable[[], tuple[StoredFile, bytes, int]]) -> tuple[StoredFile, bytes]:
+        """The version and bytes that get()'s one GET answered (with where they start), remembered and
+        counted."""
         try:
-            file, data = self._call("get", path, lambda: self._get_first(path, start, stop))
+            file, data, start = self._call("get", path, get)
         except FileNotFoundError as e:
             self._remember(path, e)
             raise
@@ -330,12 +353,34 @@ class RemoteStore:
             raise StoreChanged(url, differs)
         return _body(url, got, start, stop)
 
-    def _get_first(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
+    def _get_first(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes, int]:
         """One GET of a range with no precondition: the version is what its answer says. obstore checks
         that a ranged answer is partial content for the range asked, clipped to the total it names."""
         got = obstore.get(self._store(), path, options={"range": (start, stop)})
         file = self._file(path, got.meta)
-        return file, _body(self.where(path), got, start, min(stop, file.size))
+        return file, _body(self.where(path), got, start, min(stop, file.size)), start
+
+    def _get_tail(self, path: str, n: int) -> tuple[StoredFile, bytes, int]:
+        """One GET of the last n bytes with no precondition, as _get_first (obstore checks that the answer is
+        the tail of the total it names); NoSuffixRanges if the server answered anything but partial content
+        (obstore refuses it unread)."""
+        try:
+            got = obstore.get(self._store(), path, options={"range": {"suffix": n}})
+        except NotSupportedError:
+            raise NoSuffixRanges from None
+        file = self._file(path, got.meta)
+        start = max(file.size - n, 0)
+        return file, _body(self.where(path), got, start, file.size), start
+
+    def _refuse_suffixes(self) -> None:
+        """Once per source: a server without suffix ranges costs a HEAD before each shard index at the end."""
+        with self._lock:
+            said, self._suffixes = not self._suffixes, False
+        if not said:
+            log.warning(
+                "%s: the server does not answer suffix ranges (bytes=-N): each shard whose index is at its end "
+                "costs a HEAD first", self.remote.url, extra={"event": "no_suffix_ranges"},
+            )  # fmt: skip
 
     def _say_unversioned(self, path: str) -> None:
         """Once per source: what a server that names no version costs."""
@@ -398,6 +443,10 @@ class RemoteStore:
         for page in obstore.list(self._store()):
             for meta in page:
                 yield meta["size"]
+
+
+class NoSuffixRanges(Exception):
+    """The server answered a suffix range (`bytes=-N`) with something other than partial content."""
 
 
 class BadAnswer(OSError):
