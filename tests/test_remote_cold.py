@@ -183,31 +183,27 @@ def shard_ranges(server: RangeServer) -> list[str | None]:
         return list(server.ranges)
 
 
-@pytest.mark.parametrize("writer", ["tensorstore", "zarr-python"])
-def test_a_cold_zarr_chunk_costs_two_gets_and_no_head(tmp_path, mount, writer) -> None:
-    """A fresh mount of a 3-d sharded zarr v3 array reads its first chunk, c/0/0/0, with 2 GETs and no HEAD,
-    as tensorstore does: the suffix GET (`bytes=-196`) of shard c/0/0/0's index, whose Content-Range and ETag
-    pin the shard's size and version, and the GET of the chunk. The lookups of c, c/0 and c/0/0 on the way
-    are answered from that same index. Before, a HEAD went first to learn the shard's size."""
-    written = write_sharded_zarr(tmp_path / "a", writer)
+@pytest.mark.parametrize(
+    ("writer", "where", "chunk", "first_range"),
+    [
+        ("tensorstore", "end", (0, 0, 0), f"bytes=-{ZARR_INDEX}"),
+        ("zarr-python", "end", (0, 0, 0), f"bytes=-{ZARR_INDEX}"),
+        ("zarr-python", "start", (1, 1, 1), f"bytes=0-{ZARR_INDEX - 1}"),
+    ],
+)
+def test_a_cold_zarr_chunk_costs_two_gets_and_no_head(tmp_path, mount, writer, where, chunk, first_range) -> None:
+    """A fresh mount of a 3-d sharded zarr v3 array reads a chunk of its first shard with 2 GETs and no HEAD,
+    as tensorstore does: the GET of the shard's index (a suffix range `bytes=-196` when the index is at the
+    end, the first 196 bytes with index_location "start"), whose Content-Range and ETag pin the shard's size
+    and version, and the GET of the chunk. The lookups of c, c/0 and c/0/0 on the way are answered from that
+    same index. Before, a HEAD went first to learn the shard's size."""
+    written = write_sharded_zarr(tmp_path / "a", writer, index_location=where)
     with RangeServer(tmp_path / "a", suffix_ranges=True).running() as server:
         m = mount(f"zarr3://{server.url}")
         before, ranges = counted(server), len(shard_ranges(server))
-        assert (m.path / "c/0/0/0").read_bytes() == inner_chunk(written, (0, 0, 0))
+        assert (m.path / "c" / "/".join(map(str, chunk))).read_bytes() == inner_chunk(written, chunk)
         cold = counted(server) - before
-        assert shard_ranges(server)[ranges] == f"bytes=-{ZARR_INDEX}"
-    assert cold == Counter({"GET": 2}), cold
-
-
-def test_an_index_at_the_start_costs_one_get_from_zero(tmp_path, mount) -> None:
-    """index_location "start": the shard is opened by the GET of its first 196 bytes, no HEAD."""
-    written = write_sharded_zarr(tmp_path / "a", "zarr-python", index_location="start")
-    with RangeServer(tmp_path / "a", suffix_ranges=True).running() as server:
-        m = mount(f"zarr3://{server.url}")
-        before, ranges = counted(server), len(shard_ranges(server))
-        assert (m.path / "c/1/1/1").read_bytes() == inner_chunk(written, (1, 1, 1))
-        cold = counted(server) - before
-        assert shard_ranges(server)[ranges] == f"bytes=0-{ZARR_INDEX - 1}"
+        assert shard_ranges(server)[ranges] == first_range
     assert cold == Counter({"GET": 2}), cold
 
 
