@@ -284,3 +284,17 @@ def test_a_zarr_shard_without_validators_is_not_kept_on_disk(tmp_path, mount) ->
         assert (m.path / "c/0/0/0").read_bytes() == inner_chunk(written, (0, 0, 0))
         assert counted(server) - before == Counter({"GET": 2})
     assert not [p for p in cache.rglob("*") if p.is_file()]
+
+
+def test_a_shard_the_server_refuses_leaves_its_directories_found_and_its_chunks_failing(tmp_path, mount) -> None:
+    """A zarr directory lookup (c/0/0) reads the indexes of the shards below it. When the server refuses them
+    (403, not retried), the directory is found and the chunk's read fails with the refusal (EACCES):
+    before, the directories were ENOENT, an error dressed as absence. Another shard's chunk reads as ever."""
+    written = write_sharded_zarr(tmp_path / "a", "zarr-python")
+    with RangeServer(tmp_path / "a", suffix_ranges=True).running() as server:
+        server.fail["c/0/0/0"] = server.fail["c/0/0/1"] = [403] * 20  # every shard below c/0/0
+        m = mount(f"zarr3://{server.url}")
+        assert (m.path / "c" / "0").is_dir() and (m.path / "c" / "0" / "0").is_dir()
+        assert read_errno(m.path / "c" / "0" / "0" / "0") == errno.EACCES
+        assert (m.path / "c" / "3" / "2" / "2").read_bytes() == inner_chunk(written, (3, 2, 2))  # shard c/1/1/1
+        assert "c/0/0/0" in m.log_text()

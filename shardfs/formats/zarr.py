@@ -310,7 +310,7 @@ class ZarrArray:
             raise FileNotFoundError(rel)
         if not whole:
             shard_prefix = self._shard_of(pos)
-            if not any(pos in self._present(path).prefixes for path in self._candidate_shards(shard_prefix)):
+            if not any(self._may_hold(path, pos) for path in self._candidate_shards(shard_prefix)):
                 raise FileNotFoundError(rel)
             # It stands for the directory of the shards it draws on (c/1 for c/5 with 4 chunks a shard).
             return Dir(self.store.owner(self._shard_path(shard_prefix).rstrip("/.")))
@@ -403,11 +403,11 @@ class ZarrArray:
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         """Exactly the keys of stored chunks, and the directories above them that hold any."""
         if not self.keys.ndim:  # a 0-d array: its one chunk, a file in the array directory
-            if not rel and len(self._present(self._shard_path(())).positions):
+            if not rel and len(self._listed(self._shard_path(())).positions):
                 yield self.keys.key(()), False
             return
         if not rel and self.keys.top:
-            if any(len(self._present(path).positions) for path in self._shard_files(())):
+            if any(len(self._listed(path).positions) for path in self._shard_files(())):
                 yield self.keys.top, True
             return
         parsed = self.keys.parse(rel) if rel else ((), False)
@@ -425,7 +425,7 @@ class ZarrArray:
     def present_under(self, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
         """Global positions of the stored chunks whose position starts with prefix, shard by shard."""
         for path in self._shard_files(self._shard_of(prefix)):
-            present = self._present(path).positions
+            present = self._listed(path).positions
             if prefix:
                 present = present[(present[:, : len(prefix)] == prefix).all(axis=1)]
             yield from map(tuple, present.tolist())
@@ -469,19 +469,29 @@ class ZarrArray:
             if parsed is not None and parsed[1]:
                 yield path
 
-    def _present(self, path: str) -> Present:
-        """The inner chunks stored in one shard file, for listing: computed once per version of the shard
-        and cached. A missing shard lists as empty; a corrupt or unreadable one too, and is logged."""
+    def _present(self, path: str) -> Present | None:
+        """The inner chunks stored in one shard file: computed once per version of the shard and cached.
+        A missing shard holds none; a corrupt or unreadable one is None, and logged."""
         try:
             file = self._open(path)
             return self.cache.get_or_make(("zarr-present", path, file.version), lambda: Present.of(self.stored(file)))
         except FileNotFoundError:
-            pass
+            return self._nothing
         except CorruptChunk as e:
             log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
-        except OSError as e:  # EACCES, EIO from the disk, changed under the mount
+        except OSError as e:  # EACCES, EIO from the disk or the server, changed under the mount
             log.error("listing skips a shard: %s", e, extra={"event": "listing_skip", "shard": path})
-        return self._nothing
+        return None
+
+    def _listed(self, path: str) -> Present:
+        """What a listing shows of one shard file: a shard that cannot be read is skipped."""
+        return self._present(path) or self._nothing
+
+    def _may_hold(self, path: str, prefix: tuple[int, ...]) -> bool:
+        """Whether the shard at path holds a chunk below the directory prefix names. One that cannot be read
+        may: the directory is found, and its chunks' reads say EIO, for an error must not look like absence."""
+        present = self._present(path)
+        return present is None or prefix in present.prefixes
 
     def stored(self, file: StoredFile, verify: bool = False) -> np.ndarray:
         """Global positions (n, ndim) of the inner chunks stored in one shard file inside the array,
