@@ -63,7 +63,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NOOP_C = Path(__file__).with_name("noop_ll.c")
 KINDS = ("c-noop", "noop", "shardfs", "plain")  # the table's columns; the order alternates between repeats
 OLD_KINDS = ("noop old", "shardfs old")  # the same two from the other code tree (--old), in the same run
-NO_OPEN = "kernel sends OPEN: no"  # what shardfs (so the Python no-op) and noop_ll.c log under FUSE no_open
+# What each server logs once the kernel's INIT is answered, and under FUSE no_open: shardfs (so its Python
+# no-op) in its mount line, noop_ll.c and the mfusepy-era daemon in a line of their own.
+READY = ("event=mounted", "kernel sends OPEN")
+NO_OPEN = (", no_open,", "kernel sends OPEN: no")
 READER = """
 import os, sys, time
 paths = open(sys.argv[1]).read().split("\\n")
@@ -135,6 +138,8 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
             parent = f"{parent}/{part}".lstrip("/")
         dirs.setdefault(parent, set()).add(path.rsplit("/", 1)[-1])
     directory = Dir(owner)
+    paths = sorted(files)
+    numbers = {path: i for i, path in enumerate(paths)}
 
     class NoopTree:
         cache = ByteCache(0)  # reported by the metrics like shardfs', never used
@@ -152,6 +157,18 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
 
         def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
             return ((name, f"{path}/{name}".lstrip("/") in dirs) for name in sorted(dirs[path]))
+
+        # Files are numbered as shardfs numbers chunks (their node ids are their numbers), so that the
+        # session keeps no table of them here either.
+        numbered = ("",)
+        store = type("NoStore", (), {"sizes": staticmethod(lambda: iter(()))})()  # df: nothing stored
+
+        def key_of(self, path: str) -> tuple[int, int] | None:
+            number = numbers.get(path)
+            return None if number is None else (0, number)
+
+        def path_of(self, directory: int, number: int) -> str | None:
+            return paths[number] if directory == 0 and number < len(paths) else None
 
     log_to(None)
     logging.getLogger().setLevel(logging.INFO)
@@ -249,11 +266,12 @@ class Mounted:
             self.pid = self.proc.pid
         # Logged once the kernel's INIT is answered, so the mount is live by then.
         deadline = time.monotonic() + 30
-        while "kernel sends OPEN" not in log.read_text():
+        while not any(said in log.read_text() for said in READY):
             alive = self.proc is None or self.proc.poll() is None
             assert alive and time.monotonic() < deadline, f"{kind} mount failed; see {log}"
             time.sleep(0.02)
-        assert NO_OPEN in log.read_text(), f"{kind}: the kernel still sends OPEN; the figures would not be comparable"
+        text = log.read_text()
+        assert any(said in text for said in NO_OPEN), f"{kind}: the kernel still sends OPEN; figures would not compare"
 
     def cpu_seconds(self) -> float:
         """User and system CPU time of the serving process, all its threads (those exited too)."""

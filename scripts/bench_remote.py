@@ -6,7 +6,9 @@ own, which counts every request, so that requests are counted where they arrive.
 
 Cold (issue 21), on a precomputed volume sharded as production volumes are: hashed keys
 (murmurhash3_x86_128), preshift_bits 0, minishard_bits 6, shard_bits 6 (4,096 minishards), --cold-chunks
-chunks of 16^3 uint8, gzip, written by tensorstore. Each of --cold-repeats rounds, the two in turns:
+chunks of 16^3 uint8, gzip, written by tensorstore, and the same chunks in shards made by cloud-volume's
+synthesize_shard_files as igneous writes production volumes (minishard indexes side by side, where
+tensorstore puts each beside its chunks). For each layout, each of --cold-repeats rounds, the two in turns:
 - a fresh mount, 16 readers (processes doing Python's `open().read()`) of --cold-sample chunks never read,
   files/s and requests per chunk counted at the server; against tensorstore in-process with a fresh
   context, 16 reads in flight, the same chunks from the same server (target: shardfs >= 1.5x tensorstore);
@@ -319,7 +321,36 @@ def write_hashed(root: Path, chunks: int) -> str:
     return json.loads((root / "info").read_text())["scales"][0]["key"]
 
 
+def write_igneous(written: Path, root: Path, scale: str) -> None:
+    """The same chunks and sharding spec, in shards made by cloud-volume's synthesize_shard_files, as igneous
+    writes production volumes: each shard's minishard indexes side by side after its data, where tensorstore
+    interleaves each with its minishard's chunks."""
+    import numpy as np
+    import tensorstore as ts
+    from cloudvolume.datasource.precomputed.sharding import ShardingSpecification, synthesize_shard_files
+
+    from tests.peers import compressed_morton_code
+
+    info = json.loads((written / "info").read_text())
+    spec = info["scales"][0]
+    voxels = ts.open({"driver": "neuroglancer_precomputed", "kvstore": f"file://{written}"}).result().read().result()
+    grid = tuple(-(-s // c) for s, c in zip(spec["size"], spec["chunk_sizes"][0], strict=True))
+    values = {
+        compressed_morton_code(pos, grid): voxels[tuple(slice(p * 16, p * 16 + 16) for p in pos)].tobytes(order="F")
+        for pos in np.ndindex(*grid)
+    }  # raw chunks: x fastest, channels last
+    (root / scale).mkdir(parents=True)
+    for name, shard in synthesize_shard_files(ShardingSpecification.from_dict(spec["sharding"]), values).items():
+        (root / scale / name).write_bytes(shard)
+    (root / "info").write_text(json.dumps(info))
+
+
 SHARDFS_COLD, TENSORSTORE_COLD = "shardfs, 16 readers", "tensorstore, 16 in flight"
+COLD_LAYOUTS = {  # the cold volume's two shard layouts, served side by side
+    "cold": "shards written by tensorstore (each minishard index beside its chunks)",
+    "cold-igneous": "the same chunks in shards made by cloud-volume, as igneous writes them (minishard indexes "
+    "side by side)",
+}
 
 
 def cold(work: Path, source: Path, url: str, scale: str, server: Server, args: argparse.Namespace) -> dict:
@@ -434,6 +465,7 @@ def run(work: Path, args: argparse.Namespace) -> None:
     wanted = [args.only] if args.only else ["cold", "precomputed", "zarr"]
     if "cold" in wanted:
         scale = write_hashed(data / "cold", args.cold_chunks)
+        write_igneous(data / "cold", data / "cold-igneous", scale)
     if "precomputed" in wanted:
         write_dataset(data / "precomputed", args.chunks)
     if "zarr" in wanted:
@@ -447,12 +479,14 @@ def run(work: Path, args: argparse.Namespace) -> None:
         for kind in wanted:
             print(f"\n== {kind}", flush=True)
             if kind == "cold":
-                summary[kind] = cold(work, data / kind, f"{server.url}/{kind}", scale, server, args)
+                for layout in COLD_LAYOUTS:
+                    print(f"-- {layout}: {COLD_LAYOUTS[layout]}", flush=True)
+                    summary[layout] = cold(work, data / layout, f"{server.url}/{layout}", scale, server, args)
             else:
                 summary[kind] = measure(work, data / kind, f"{server.url}/{kind}", kind, server, args)
     finally:
         server.close()
-    rates = [r["most_requests_per_s"] for k, r in summary.items() if k not in ("server", "cold")]
+    rates = [r["most_requests_per_s"] for k, r in summary.items() if k in ("precomputed", "zarr")]
     if rates:
         print(f"\nthe most requests/s any warm pass asked of the server: {max(rates):.0f}")
     print(f"server capacity: {summary['server']}")
@@ -463,19 +497,16 @@ def run(work: Path, args: argparse.Namespace) -> None:
 def conclude(summary: dict[str, Any], latency: float) -> None:
     """The figures issue 21 sets targets for, side by side, from this run."""
     print(f"\n== this run's figures ({latency * 1e3:.0f} ms a request)")
-    if "cold" in summary:
-        c, ours, theirs = (
-            summary["cold"],
-            *(summary["cold"][k] for k in ("shardfs, 16 readers", "tensorstore, 16 in flight")),
-        )
+    for layout in [k for k in COLD_LAYOUTS if k in summary]:
+        c, ours, theirs = summary[layout], summary[layout][SHARDFS_COLD], summary[layout][TENSORSTORE_COLD]
         print(
-            f"cold, fresh mount: shardfs 16 readers {ours['files_per_s']} files/s ({ours['requests_per_chunk']} "
+            f"{layout}, fresh mount: shardfs 16 readers {ours['files_per_s']} files/s ({ours['requests_per_chunk']} "
             f"requests/chunk), tensorstore 16 in flight {theirs['files_per_s']} ({theirs['requests_per_chunk']}): "
             f"{c['shardfs_vs_tensorstore']:.2f}x (target >= 1.5x)"
         )
         print(
-            f"listing the scale directory, fresh mount: {c['listing']['seconds']:.1f}s (target <= 10 s); then stat "
-            f"of every name {c['listing']['stat_every_name_seconds']:.1f}s"
+            f"{layout}, listing the scale directory, fresh mount: {c['listing']['seconds']:.1f}s (target <= 10 s); "
+            f"then stat of every name {c['listing']['stat_every_name_seconds']:.1f}s"
         )
     for kind in ("precomputed", "zarr"):
         if kind in summary:
