@@ -471,7 +471,8 @@ class ZarrArray:
 
     def _present(self, path: str) -> Present | None:
         """The inner chunks stored in one shard file: computed once per version of the shard and cached.
-        A missing shard holds none; a corrupt or unreadable one is None, and logged."""
+        A missing shard holds none, and so does a corrupt one (logged); one that cannot be read (the disk or
+        the server failed) is None, logged: what it holds is not known."""
         try:
             file = self._open(path)
             return self.cache.get_or_make(("zarr-present", path, file.version), lambda: Present.of(self.stored(file)))
@@ -479,6 +480,7 @@ class ZarrArray:
             return self._nothing
         except CorruptChunk as e:
             log.error("listing skips a shard: %s", e, extra=e.log_fields("listing_skip"))
+            return self._nothing
         except OSError as e:  # EACCES, EIO from the disk or the server, changed under the mount
             log.error("listing skips a shard: %s", e, extra={"event": "listing_skip", "shard": path})
         return None
@@ -489,7 +491,7 @@ class ZarrArray:
 
     def _may_hold(self, path: str, prefix: tuple[int, ...]) -> bool:
         """Whether the shard at path holds a chunk below the directory prefix names. One that cannot be read
-        may: the directory is found, and its chunks' reads say EIO, for an error must not look like absence."""
+        may: the directory is found, and its chunks' reads carry the error, which must not look like absence."""
         present = self._present(path)
         return present is None or prefix in present.prefixes
 
