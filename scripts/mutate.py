@@ -271,7 +271,7 @@ MUTATIONS = [
     # Issue 21 (the own FUSE session and its cold path): each new place a wrong byte or a lost bound could hide.
     Mutation("a chunk's node id names the next chunk", "shardfs/fuse/session.py",
              "PACKED | found[0] << self._shift | found[1]", "PACKED | found[0] << self._shift | found[1] + 1",
-             ("tests/test_fuse_session.py::test_reads_and_listings_match_the_unsharded_twin",)),
+             ("tests/test_fuse_session.py::test_ls_l_of_131072_chunks_grows_the_daemon_by_directories_not_files[1]",)),
     Mutation("allow_root serves every user", "shardfs/fuse/session.py",
              "if self.owner is not None and uid not in (0, self.owner)", "if False",
              ("tests/test_mounting.py::test_allow_root_serves_root_and_refuses_every_other_user",)),
