@@ -262,7 +262,7 @@ MUTATIONS = [
              "self.grid = [-(-s // c) for s, c in zip(array.shape, array.chunks, strict=True)][::-1]",
              "self.grid = [s // c for s, c in zip(array.shape, array.chunks, strict=True)][::-1]",
              (BLOCKS + "test_the_grid_ends_where_the_array_does",)),
-    Mutation("remote mounts with the default ten session threads", "shardfs/service/daemon.py",
+    Mutation("remote mounts with a local mount's session threads", "shardfs/service/daemon.py",
              'options["max_threads"] = str(REMOTE_THREADS)', "pass",
              ("tests/test_remote_concurrency.py::test_sixteen_remote_reads_are_in_flight_at_once",)),
     Mutation("remote mounts given local FUSE options", "shardfs/cli.py", "fuse_options(name, extra, remote)",

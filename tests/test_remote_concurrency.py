@@ -1,7 +1,7 @@
 """A remote mount serves many readers at once: each waiting read holds one of the FUSE session's threads for
-a network round trip, so a remote source is mounted with more threads than the default ten. Counted where
-it shows, at a loopback server slower than the network: sixteen readers of sixteen chunks have sixteen
-requests in flight together, not ten."""
+a network round trip, so a remote source is mounted with more threads than a local one's four (or libfuse's
+ten). Counted where it shows, at a loopback server slower than the network: sixteen readers of sixteen chunks
+have sixteen requests in flight together, more than ten."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ MAX_THREADS = 100_000  # libfuse's most
 # libfuse 3.14's options that change nothing here (each accepted, as it was), and why.
 IGNORED = {
     "max_idle_threads": "every thread waits on the device; none idles",
-    "clone_fd": "the threads take turns on one descriptor",
+    "clone_fd": "the threads take turns at one descriptor, each request read by one of them",
     "noforget": "no node id outlives the kernel's use of it unless the kernel asks for it again",
     "remember": "as noforget",
     "auto_cache": "the data does not change while mounted: pages are kept (kernel_cache)",
