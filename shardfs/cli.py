@@ -7,9 +7,12 @@ and `mount -t fuse.shardfs`; there, and in `mount`, every option may be given as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -367,18 +370,36 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
 
 def list_mounts(now: float) -> None:
     """One line a shardfs mount, from the kernel's mount table; view, pid and uptime from its daemon's stats
-    socket ('-' where it cannot be asked: another user's private mount, or a daemon that died)."""
+    socket ('-' where it cannot be asked: another user's private mount, or a daemon that died). A mount that
+    no daemon serves but whose connection is kept (systemd's store, a keeper) is `daemon being replaced`."""
     rows = [("MOUNTPOINT", "SOURCE", "VIEW", "PID", "UPTIME")]
     for point, mounted in mountinfo.shardfs_mounts():
         try:
             pid, text = stats_socket.ask(Path(point))
             view, uptime = identity(text, now)
             rows.append((point, mounted.source, view, str(pid), uptime))
+        except stats_socket.NoDaemon:
+            rows.append((point, mounted.source, "-", "-", "daemon being replaced" if awaited(point) else "-"))
         except (ServiceError, OSError):
             rows.append((point, mounted.source, "-", "-", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[4])
+
+
+def awaited(point: str, patience: float = 1.0) -> bool:
+    """Whether the mount at point waits for a daemon: its statfs neither answers nor fails (a dead mount's
+    fails at once, ENOTCONN) within patience. The thread asking is left behind: the kernel ends its wait
+    when this process exits."""
+    answered = threading.Event()
+
+    def ask() -> None:
+        with contextlib.suppress(OSError):
+            os.statvfs(point)
+        answered.set()
+
+    threading.Thread(target=ask, daemon=True).start()
+    return not answered.wait(patience)
 
 
 def ls(source: Source, path: str) -> None:

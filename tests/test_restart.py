@@ -127,13 +127,23 @@ class Launch:
     the mount: a child forked while no daemon serves it would hang closing them (FLUSH) before its exec, as
     systemd, which holds none, never does; so the daemon after is forked before any is opened."""
 
-    def __init__(self, command: list[str], env: dict[str, str], passed: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, command: list[str], env: dict[str, str], passed: dict[str, int] | None = None, output: bool = False
+    ) -> None:  # fmt: skip
         passed = passed or {}
         fds = ",".join(map(str, passed.values()))
         self.process = subprocess.Popen(
             [sys.executable, "-c", LAUNCHER, ":".join(passed), fds, *command], env=env, pass_fds=list(passed.values()),
-            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE if output else None, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
+
+    def output(self) -> str:
+        """Start the command, wait for its end, and return what it printed."""
+        process = self.go()
+        assert process.stdout is not None
+        printed = process.stdout.read()
+        process.wait(timeout=PATIENCE)
+        return printed
 
     def go(self) -> subprocess.Popen[str]:
         assert self.process.stdin is not None
@@ -211,6 +221,9 @@ def test_a_replaced_daemon_loses_no_request(volume, new_code, tmp_path, carrier,
     daemons: list[subprocess.Popen[str]] = []
     keeper_pid = None
     after: Launch | None = None
+    listed: Launch | None = None
+    pool = ThreadPoolExecutor(READERS)
+    detached: list[int] = []  # the keeper's daemons, detached: no children of the test
     with RangeServer(source).running() as server:
         url = f"precomputed://{server.url}"
         log = tmp_path / "shardfs.log"
@@ -227,7 +240,9 @@ def test_a_replaced_daemon_loses_no_request(volume, new_code, tmp_path, carrier,
             assert keeper.names(keeper_path) == [str(point)]
         try:
             first_pid = daemons[0].pid if daemons else stats_socket.ask(point)[0]
+            detached += [] if daemons else [first_pid]
             after = systemd.start(command, after_env) if carrier == "systemd" else Launch(command, after_env)
+            listed = Launch([*SHARDFS, "list"], env, output=True)
             watch = MountWatch(point)
             assert watch.device is not None
             # A listing begun, and left half-way: the kernel holds its handle and offset across the restart.
@@ -236,25 +251,27 @@ def test_a_replaced_daemon_loses_no_request(volume, new_code, tmp_path, carrier,
             server.latency = LATENCY
             rng = np.random.default_rng(0)
             cold = [point / SCALE / n for n in rng.choice(names[300:], READERS * 4, replace=False)]
-            with ThreadPoolExecutor(READERS) as pool:
-                reads = [pool.submit(read_all, cold[i::READERS]) for i in range(READERS)]
-                deadline = time.monotonic() + PATIENCE
-                while server.in_flight < READERS // 2:  # FUSE requests read and not answered: waiting on the server
-                    assert time.monotonic() < deadline
-                    time.sleep(0.005)
-                os.kill(first_pid, signal.SIGKILL if how == "kill" else signal.SIGUSR2)
-                killed = time.monotonic()
-                if carrier == "systemd":
-                    code = daemons[0].wait(timeout=PATIENCE)
-                    assert code == (-signal.SIGKILL if how == "kill" else HANDED_OVER), daemons[0].stderr.read()
-                    daemons.append(after.go())
-                    systemd.until("READY=1")
-                else:
-                    while _alive(first_pid):
-                        time.sleep(0.01)
-                    assert after.go().wait(timeout=PATIENCE) == 0, after.process.stderr.read()
-                gap = time.monotonic() - killed
-                results = [r for f in reads for r in f.result(timeout=PATIENCE)]
+            reads = [pool.submit(read_all, cold[i::READERS]) for i in range(READERS)]
+            deadline = time.monotonic() + PATIENCE
+            while server.in_flight < READERS // 2:  # FUSE requests read and not answered: waiting on the server
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            os.kill(first_pid, signal.SIGKILL if how == "kill" else signal.SIGUSR2)
+            killed = time.monotonic()
+            if carrier == "systemd":
+                code = daemons[0].wait(timeout=PATIENCE)
+                assert code == (-signal.SIGKILL if how == "kill" else HANDED_OVER), daemons[0].stderr.read()
+                gap_listed = listed.output()
+                daemons.append(after.go())
+                systemd.until("READY=1")
+            else:
+                while _alive(first_pid):
+                    time.sleep(0.01)
+                gap_listed = listed.output()
+                assert after.go().wait(timeout=PATIENCE) == 0, after.process.stderr.read()
+                detached.append(stats_socket.ask(point)[0])
+            gap = time.monotonic() - killed
+            results = [r for f in reads for r in f.result(timeout=PATIENCE)]
             seen += [entry.name for entry in listing]
             listing.close()
             watch.stop()
@@ -268,20 +285,34 @@ def test_a_replaced_daemon_loses_no_request(volume, new_code, tmp_path, carrier,
             assert (point / SCALE / names[0]).read_bytes() == (twin / SCALE / names[0]).read_bytes()
             assert gap < PATIENCE
             assert "a kept connection taken up" in log.read_text()
+            assert any(
+                line.split()[0] == str(point) and line.endswith("daemon being replaced")
+                for line in gap_listed.splitlines()
+            ), gap_listed
         finally:
             server.latency = 0
-            if after is not None and after.process.stdin is not None and not after.process.stdin.closed:
-                after.process.kill()  # never started
+            for launch in (after, listed):
+                if launch is not None and launch.process.stdin is not None and not launch.process.stdin.closed:
+                    launch.process.kill()  # never started
             with contextlib.suppress(OSError):
                 unmount(point, lazy=True)  # umount2 itself: `shardfs unmount` would statfs a mount none serves
+            # A failed run may leave readers waiting on requests no daemon will answer: everything holding the
+            # connection ends, so that the kernel ends them too, before the readers are waited for.
             for daemon in daemons:
                 try:
                     daemon.wait(timeout=PATIENCE)
                 except subprocess.TimeoutExpired:
                     daemon.kill()
+            for pid in detached:
+                deadline = time.monotonic() + 30
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
             systemd.close()
             if keeper_pid is not None:
                 os.kill(keeper_pid, signal.SIGKILL)
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _alive(pid: int) -> bool:

@@ -91,6 +91,10 @@ def _answers(path: Path) -> bool:
         return True
 
 
+class NoDaemon(ServiceError):
+    """No daemon listens for the mount: it died, or is being replaced."""
+
+
 def mount_owner(mountpoint: Path) -> int | None:
     """The uid of the shardfs daemon mounted at mountpoint (the topmost mount there), or None."""
     found = mountinfo.topmost(mountpoint)
@@ -106,7 +110,7 @@ def ask(mountpoint: Path) -> tuple[int, str]:
     """The pid of the daemon mounted at mountpoint and its figures, once its directory and credentials
     check out."""
     uid = mount_owner(mountpoint)
-    missing = ServiceError(f"{mountpoint}: no shardfs daemon serves this mountpoint")
+    missing = NoDaemon(f"{mountpoint}: no shardfs daemon serves this mountpoint")
     if uid is None:
         raise missing
     directory = runtime_dir(uid)
