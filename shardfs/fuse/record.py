@@ -8,7 +8,8 @@ rebuilt from the journal by the next daemon.
 
 Layout (native byte order): a header at 0 (magic, the journal's start and end, the length of the terms),
 the terms as JSON at TERMS_AT, the journal from JOURNAL_AT: entries of (node id, path length, path), a
-length of DROPPED meaning the id was dropped. Every change writes its bytes first and then, in one pwrite,
+length of DROPPED meaning the id was dropped (a rewritten journal begins with the highest id ever
+journalled, dropped: ids are never reused). Every change writes its bytes first and then, in one pwrite,
 the header field that makes them count: a daemon killed at any point leaves a record that reads as before
 or as after. Once the journal holds more dropped than live bytes it is rewritten after its end, the header
 moved to it in one write, and the old bytes' pages given back (fallocate PUNCH_HOLE).
@@ -77,6 +78,7 @@ class Record:
             raise RecordError(f"descriptor {fd}: not a shardfs record (magic {magic!r})")
         self._start, self._end = start, end
         self._live = 0  # bytes of entries still live, counted by table()
+        self.highest = 0  # the highest id ever journalled, dropped or not (set by table()): never to be reused
 
     @classmethod
     def new(cls) -> Record:
@@ -111,6 +113,7 @@ class Record:
         while at + ENTRY.size <= len(data):
             nodeid, length = ENTRY.unpack_from(data, at)
             at += ENTRY.size
+            self.highest = max(self.highest, nodeid)
             if length == DROPPED:
                 table.pop(nodeid, None)
             else:
@@ -123,6 +126,7 @@ class Record:
         name = os.fsencode(path)
         self._append(ENTRY.pack(nodeid, len(name)) + name)
         self._live += ENTRY.size + len(name)
+        self.highest = max(self.highest, nodeid)
 
     def dropped(self, nodeid: int, path: str, live: dict[int, str]) -> None:
         """nodeid (of path) is gone from the table; live is the table as it is now, for a rewrite."""
@@ -137,8 +141,10 @@ class Record:
         os.pwrite(self.fd, SPAN.pack(self._start, self._end), SPAN_AT)
 
     def _rewrite(self, live: dict[int, str]) -> None:
-        parts = []
+        parts = [ENTRY.pack(self.highest, DROPPED)]  # keeps the highest id known, so that none is reused
         for nodeid, path in live.items():
+            if not path:  # the root: its id is fixed, never journalled
+                continue
             name = os.fsencode(path)
             parts += [ENTRY.pack(nodeid, len(name)), name]
         data = b"".join(parts)

@@ -106,9 +106,10 @@ class Nodes:
         self._next = wire.ROOT_ID + 1
         self._lock = threading.Lock()
         self._last = (0, "")  # the last numbered path looked up: a read mostly follows its file's lookup
-        for nodeid, path in (record.table() if record is not None else {}).items():
-            self._paths[nodeid], self._ids[path], self._counts[nodeid] = path, nodeid, UNKNOWN_COUNT
-            self._next = max(self._next, nodeid + 1)
+        if record is not None:
+            for nodeid, path in record.table().items():
+                self._paths[nodeid], self._ids[path], self._counts[nodeid] = path, nodeid, UNKNOWN_COUNT
+            self._next = max(self._next, record.highest + 1)
 
     def __len__(self) -> int:
         """Paths in the table."""
