@@ -6,9 +6,8 @@ of its own that the kernel has never cached (so every read is a request to the d
 byte against the source read without FUSE (shardfs.tree). Every `--every` seconds the daemon is replaced:
 killed (SIGKILL) or handed over (SIGUSR2, the graceful path), and the same `shardfs mount` started again,
 as Restart=on-failure or an operator would. Reported per replacement: the gap, from the kill to the
-first request the next daemon answers (a read begun after the kill; one begun before may have been answered
-by the daemon killed), and the daemon's start-up within it; at the end, the reads lost (an error, wrong
-bytes, or no answer at all).
+first read answered once the killed daemon is gone (so by the next one: a resent request or a new one), and
+its parts; at the end, the reads lost (an error, wrong bytes, or no answer at all).
 
     .venv/bin/python scripts/restart_gap.py [SOURCE] [--replacements 5] [--how kill|hand-over] [--readers 4]
 
@@ -109,16 +108,22 @@ def main() -> int:
             done.append((int(start), int(end)))
             node = tree.lookup(name)
             wrong += answer != hashlib.sha1(node.read(0, node.size())).hexdigest()
-    gaps, starts = [], []
+    gaps, starts, exits, answers = [], [], [], []
     for killed, started, up in replaced:
-        first = min((d for s, d in done if s > killed), default=None)
+        first = min((d for _, d in done if d > started), default=None)  # the killed daemon is gone by then
         if first is not None:
             gaps.append((first - killed) / 1e6)
+            answers.append((first - up) / 1e6)
         starts.append((up - started) / 1e6)
+        exits.append((started - killed) / 1e6)
     print(f"replacements ({args.how}): {len(replaced)}; reads: {len(done)} by {args.readers} readers")
     print(f"gap, kill to the first request the next daemon answers: median {statistics.median(gaps):.0f} ms,"
           f" most {max(gaps):.0f} ms (each: {', '.join(f'{g:.0f}' for g in gaps)})")  # fmt: skip
-    print(f"of which the next `shardfs mount` until it returned: median {statistics.median(starts):.0f} ms")
+    print(f"of which: the old daemon's exit {statistics.median(exits):.0f} ms, the next `shardfs mount` until it"
+          f" returned {statistics.median(starts):.0f} ms, then to the first answer {statistics.median(answers):.0f} ms"
+          " (medians)")  # fmt: skip
+    for i, (gap, ended, start, answer) in enumerate(zip(gaps, exits, starts, answers, strict=False)):
+        print(f"  {i + 1}: gap {gap:.0f} ms = exit {ended:.0f} + mount {start:.0f} + first answer {answer:.0f}")
     print(f"requests lost: {wrong} (wrong bytes or an error) + {unfinished} readers never answered")
     return 0 if wrong == unfinished == 0 else 1
 

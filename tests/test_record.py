@@ -10,6 +10,7 @@ import pytest
 from shardfs.fuse import wire
 from shardfs.fuse.record import COMPACT_AFTER, Kept, Record, RecordError, Terms
 from shardfs.fuse.session import PACKED, Nodes
+from shardfs.service import handover
 
 
 class Unnumbered:
@@ -84,3 +85,13 @@ def test_what_is_not_a_kept_connection_is_refused() -> None:
         Kept.of([memfd, Record.new().fd])
     with pytest.raises(RecordError, match="2 descriptors"):
         Kept.of([memfd])
+
+
+def test_a_kept_descriptor_whose_mount_has_ended_is_not_taken_up() -> None:
+    """A /dev/fuse descriptor of no live connection (here: never mounted; or unmounted while no daemon ran)
+    is refused, its descriptors closed: the daemon then mounts afresh."""
+    fuse = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    record = Record.new()
+    assert handover._kept([fuse, record.fd], "the test") is None
+    with pytest.raises(OSError):
+        os.fstat(fuse)

@@ -14,6 +14,7 @@ import array
 import contextlib
 import logging
 import os
+import select
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,8 @@ def _kept(fds: list[int], where: str) -> Kept | None:
     try:
         kept = Kept.of(fds)
         kept.record.terms()  # reads, or says why not
+        if _ended(kept.fd):
+            raise RecordError("its mount has ended")
     except (RecordError, OSError) as e:
         log.error("%s held descriptors that are not a kept connection (%s): mounting afresh", where, e,
                   extra={"event": "handover"})  # fmt: skip
@@ -115,3 +118,10 @@ def _kept(fds: list[int], where: str) -> Kept | None:
         return None
     log.info("taking up the connection kept by %s", where, extra={"event": "handover"})
     return kept
+
+
+def _ended(fd: int) -> bool:
+    """Whether a /dev/fuse descriptor's connection has ended (unmounted, aborted): the kernel says POLLERR."""
+    poller = select.poll()
+    poller.register(fd, 0)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
