@@ -716,7 +716,9 @@ class ZarrPlan(Plan):
             raise SourceError(f"{where}: field 'codecs' must be a list")
         if unknown := unknown_codecs(codecs):
             why = f"{where}: field 'codecs' names unknown codec(s) {unknown} (known: {', '.join(KNOWN_CODECS)})"
-            log.warning("%s; a typo? its files are served as stored", why, extra={"event": "unknown_codec"})
+            log.warning(
+                "%s; a typo? its files are served as stored", why, extra={"event": "unknown_codec", "in_report": True}
+            )
             self.kinds.append(f"warning: {why}")
         try:
             unsharded = unshard(codecs, tuple(chunk_shape))
