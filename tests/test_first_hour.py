@@ -136,3 +136,13 @@ def test_a_missing_bucket_is_named_by_its_error_code(monkeypatch) -> None:
     finally:
         server.stop()
     one_line_error(done, 2, "s3://nosuchbucket/vol: cannot be reached", "NoSuchBucket (The specified bucket")
+
+
+def test_info_over_http_does_not_call_unlisted_shards_missing(tmp_path) -> None:
+    """A web server cannot list: `info` says so, not "0 present" of shards that are all there."""
+    root = tmp_path / "a.zarr"
+    peers.create_tensorstore_zarr3(root, [40, 36], "uint16", [20, 18], [5, 6]).write(np.ones((40, 36), np.uint16)).result()
+    with RangeServer(root, suffix_ranges=True).running() as server:
+        said = shardfs("info", f"zarr3://{server.url}").stdout
+    assert "shard files: 4 in the grid; not counted (the server cannot list them)" in said, said
+    assert "0 present" not in said

@@ -278,8 +278,10 @@ class ZarrArray:
         }
 
     def describe(self) -> dict[str, Any]:
-        shards = sum(1 for _ in self._shard_files(()))
-        return {**self.details, "shard files": f"{shards} present of {math.prod(self.shard_grid)}"}
+        grid = math.prod(self.shard_grid)
+        if not self.store.can_list:  # none would be found: a count of 0 would say the shards are missing
+            return {**self.details, "shard files": f"{grid} in the grid; not counted (the server cannot list them)"}
+        return {**self.details, "shard files": f"{sum(1 for _ in self._shard_files(()))} present of {grid}"}
 
     def _shard_of(self, pos: tuple[int, ...]) -> tuple[int, ...]:
         """The shard position holding a chunk position, or a prefix of one."""
