@@ -78,7 +78,11 @@ class Systemd:
             data, fds, _, _ = socket.recv_fds(self.sock, 4096, 8, socket.MSG_CMSG_CLOEXEC)
             lines = data.decode().splitlines()
             self.messages.append(data.decode())
-            if "FDSTORE=1" in lines:
+            if "FDSTOREREMOVE=1" in lines:
+                name = next(line[7:] for line in lines if line.startswith("FDNAME="))
+                if name in self.store:
+                    os.close(self.store.pop(name))
+            elif "FDSTORE=1" in lines:
                 name = next(line[7:] for line in lines if line.startswith("FDNAME="))
                 assert len(fds) == 1, lines
                 if name in self.store:

@@ -44,7 +44,10 @@ class SystemdStore:
     address: str
 
     def keep(self, kept: Kept) -> None:
+        """Store a new connection's descriptors, once whatever an earlier one left under their names (a record
+        whose connection ended, say) is removed: the next start must find one of each."""
         for name, fd in ((FUSE_NAME, kept.fd), (RECORD_NAME, kept.record.fd)):
+            self._notify(f"FDSTOREREMOVE=1\nFDNAME={name}", [])
             self._notify(f"FDSTORE=1\nFDNAME={name}", [fd])
 
     def _notify(self, text: str, fds: list[int]) -> None:
@@ -52,7 +55,7 @@ class SystemdStore:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as conn:
             try:
                 # socket.send_fds would drop the address (CPython 3.11 passes neither flags nor address on)
-                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
                 conn.sendmsg([text.encode()], rights, 0, address)
             except OSError as e:
                 raise ServiceError(f"systemd's notify socket refused the mount's descriptors ({e.strerror})") from e
