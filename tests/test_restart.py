@@ -27,7 +27,7 @@ from shardfs.fuse.mount import unmount
 from shardfs.service import keeper, mountinfo, stats_socket
 from shardfs.service.handover import FUSE_NAME, HANDED_OVER, RECORD_NAME
 from tests import peers
-from tests.conftest import REPO, SHARDFS
+from tests.conftest import REPO, SHARDFS, scrape, shardfs
 from tests.http_server import RangeServer
 
 LATENCY = 0.2  # seconds the server takes to answer each request
@@ -292,6 +292,8 @@ def test_a_replaced_daemon_loses_no_request(volume, new_code, tmp_path, carrier,
             assert (point / SCALE / names[0]).read_bytes() == (twin / SCALE / names[0]).read_bytes()
             assert gap < PATIENCE
             assert "a kept connection taken up" in log.read_text()
+            figures = scrape(shardfs("stats", point, "--prometheus").stdout)
+            assert figures[("shardfs_fuse_resent_requests_total", frozenset())] > 0  # read before, answered after
             assert any(
                 line.split()[0] == str(point) and line.endswith("daemon being replaced")
                 for line in gap_listed.splitlines()

@@ -29,6 +29,7 @@ from shardfs.fuse import wire
 from shardfs.fuse.adapter import BLOCK_SIZE, OPENED, FuseError, TreeOps, attr, count
 from shardfs.fuse.record import Record, Terms
 from shardfs.fuse.wire import InitFlag, InitFlag2, Op
+from shardfs.metrics import RESENT
 
 log = logging.getLogger("shardfs")
 
@@ -200,7 +201,6 @@ class Session:
         self.no_open = False  # until INIT says whether the kernel takes ENOSYS for OPEN as "none needed"
         self.granted = InitFlag(0)
         self.interrupts = 0  # INTERRUPTs received, for tests and stats
-        self.resent = 0  # requests the kernel sent again (FUSE_NOTIFY_RESEND), for tests and stats
         self.resend = False  # whether the kernel offered FUSE_HAS_RESEND
         self._done = threading.Event()
         self._lock = threading.Lock()
@@ -307,7 +307,7 @@ class Session:
     def _dispatch(self, request: memoryview) -> None:
         _, opcode, unique, nodeid, uid, _, pid, *_ = wire.IN_HEADER.unpack_from(request)
         if unique & wire.UNIQUE_RESEND:
-            self.resent += 1
+            RESENT.inc()
         body = request[wire.IN_HEADER.size :]
         handler = self._handlers.get(opcode)
         if self.debug:
