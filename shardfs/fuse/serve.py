@@ -139,8 +139,9 @@ def serve(
         fd, record = kept.fd, kept.record
     else:
         fd = mount(mountpoint, settings.mount)
-        record = None if carrier is None else Record.new()
-        if carrier is not None and record is not None:
+        record = None
+        if carrier is not None:
+            record = Record.new()
             try:
                 carrier.keep(Kept(fd, record))
             except Exception as e:  # the mount still serves; it just ends with this daemon
