@@ -330,3 +330,29 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
     except OSError:
         return False
+
+
+def test_a_mount_whose_daemon_is_gone_for_good_is_unmounted_and_let_go(volume, tmp_path) -> None:
+    """A killed daemon that nobody starts again: the keeper holds the mount, whose requests wait; `shardfs
+    unmount` still ends it at once (it asks the mount table, not the mount), and the keeper lets it go."""
+    source, _ = volume
+    point, keeper_path = tmp_path / "m", tmp_path / "keeper.sock"
+    point.mkdir()
+    shardfs("mount", source, point, "-o", f"keeper={keeper_path}")
+    keeper_pid = peer_pid(keeper_path)
+    try:
+        daemon = stats_socket.ask(point)[0]
+        os.kill(daemon, signal.SIGKILL)
+        while _alive(daemon):
+            time.sleep(0.01)
+        assert keeper.names(keeper_path) == [str(point)]
+        shardfs("unmount", point)
+        assert device_of(point) is None
+        deadline = time.monotonic() + PATIENCE
+        while keeper.names(keeper_path):  # the keeper sees the connection end (POLLERR) and closes its copies
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(OSError):
+            unmount(point, lazy=True)
+        os.kill(keeper_pid, signal.SIGKILL)

@@ -135,12 +135,12 @@ def unmount(mountpoint: Path, any_type: bool = False, lazy: bool = False) -> Non
     """Unmount the shardfs mount at mountpoint; anything else mounted there is refused unless any_type, so
     that root's `shardfs unmount` with a mistyped path cannot take down a disk or another FUSE daemon. A busy
     mount is refused naming what holds it, unless lazy: then it is detached at once and goes when they let go."""
-    if not is_stale(mountpoint):
+    # The mount table first: a mount whose daemon is being replaced answers no statfs or stat until it is.
+    found = mountinfo.topmost(mountpoint)
+    if found is None:
         if not os.path.lexists(mountpoint):
             raise UsageError(f"{mountpoint}: does not exist")
-        if not os.path.ismount(mountpoint):
-            raise MountError(f"{mountpoint}: not mounted")
-    found = mountinfo.topmost(mountpoint)
+        raise MountError(f"{mountpoint}: not mounted")
     if not any_type and found is not None and found.fstype != mountinfo.SHARDFS_TYPE:
         raise MountError(f"{mountpoint}: a {found.fstype} mount, not shardfs; pass --any-type to unmount it anyway")
     result = fusermount(lazy, mountpoint)
