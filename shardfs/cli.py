@@ -7,13 +7,11 @@ and `mount -t fuse.shardfs`; there, and in `mount`, every option may be given as
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import logging
 import os
 import re
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +30,7 @@ from shardfs.service.daemon import (
     mount,
     parse_options,
     unmount,
+    waits_for_daemon,
 )
 from shardfs.service.handover import HANDED_OVER
 from shardfs.service.summary import identity, summary
@@ -427,27 +426,14 @@ def list_mounts(now: float) -> None:
             view, uptime = identity(text, now)
             rows.append((point, mounted.source, view, str(pid), uptime))
         except stats_socket.NoDaemon:
-            rows.append((point, mounted.source, "-", "-", "daemon being replaced" if awaited(point) else "-"))
+            rows.append(
+                (point, mounted.source, "-", "-", "daemon being replaced" if waits_for_daemon(Path(point)) else "-")
+            )
         except (ServiceError, OSError):
             rows.append((point, mounted.source, "-", "-", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[4])
-
-
-def awaited(point: str, patience: float = 1.0) -> bool:
-    """Whether the mount at point waits for a daemon: its statfs neither answers nor fails (a dead mount's
-    fails at once, ENOTCONN) within patience. The thread asking is left behind: the kernel ends its wait
-    when this process exits."""
-    answered = threading.Event()
-
-    def ask() -> None:
-        with contextlib.suppress(OSError):
-            os.statvfs(point)
-        answered.set()
-
-    threading.Thread(target=ask, daemon=True).start()
-    return not answered.wait(patience)
 
 
 def ls(source: Source, path: str, long: bool = False) -> None:

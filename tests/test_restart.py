@@ -333,8 +333,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_mount_whose_daemon_is_gone_for_good_is_unmounted_and_let_go(volume, tmp_path) -> None:
-    """A killed daemon that nobody starts again: the keeper holds the mount, whose requests wait; `shardfs
-    unmount` still ends it at once (it asks the mount table, not the mount), and the keeper lets it go."""
+    """A killed daemon that nobody starts again: the keeper holds the mount, whose requests wait; a mount
+    without the keeper is refused saying so, `shardfs unmount` still ends it at once (it asks the mount table,
+    not the mount), and the keeper lets it go."""
     source, _ = volume
     point, keeper_path = tmp_path / "m", tmp_path / "keeper.sock"
     point.mkdir()
@@ -346,6 +347,8 @@ def test_a_mount_whose_daemon_is_gone_for_good_is_unmounted_and_let_go(volume, t
         while _alive(daemon):
             time.sleep(0.01)
         assert keeper.names(keeper_path) == [str(point)]
+        again = shardfs("mount", source, point, check=False)  # without the keeper: refused, not hung on statfs
+        assert again.returncode == 1 and "waits for its next daemon" in again.stderr, again.stderr
         shardfs("unmount", point)
         assert device_of(point) is None
         deadline = time.monotonic() + PATIENCE

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -90,6 +91,24 @@ def is_stale(mountpoint: Path) -> bool:
     return False
 
 
+def waits_for_daemon(mountpoint: Path, patience: float = 1.0) -> bool:
+    """Whether a shardfs mount at mountpoint waits for a daemon (systemd or a keeper holds its connection, and
+    no daemon serves it yet): its statfs neither answers nor fails (a dead mount's fails at once, ENOTCONN)
+    within patience. The thread asking is left behind: the kernel ends its wait when this process exits."""
+    found = mountinfo.topmost(mountpoint)
+    if found is None or found.fstype != mountinfo.SHARDFS_TYPE:
+        return False
+    answered = threading.Event()
+
+    def ask() -> None:
+        with contextlib.suppress(OSError):
+            os.statvfs(mountpoint)
+        answered.set()
+
+    threading.Thread(target=ask, daemon=True).start()
+    return not answered.wait(patience)
+
+
 def fusermount(lazy: bool, mountpoint: Path) -> subprocess.CompletedProcess[str]:
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool:
@@ -110,6 +129,11 @@ def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: b
         except FuseMountError as e:
             raise UsageError(str(e)) from None
         return
+    if waits_for_daemon(mountpoint):
+        raise MountError(
+            f"{mountpoint}: a mount here waits for its next daemon (its connection is kept): start it as the one"
+            " before was started (the same -o keeper, or its systemd unit), or `shardfs unmount` it"
+        )
     if is_stale(mountpoint):
         log.warning("clearing the stale mount at %s", mountpoint, extra={"event": "stale_mount"})
         cleared = fusermount(True, mountpoint)
