@@ -236,7 +236,8 @@ class Session:
     def _restore(self, terms: Terms) -> None:
         """Take up a kept connection on the terms its INIT settled; have the kernel resend what was read and
         never answered, if it can (Linux 6.9 and later: FUSE_HAS_RESEND offered). A kernel that cannot
-        keeps those requests waiting for an answer that never comes: their callers wait until killed."""
+        keeps those requests waiting for an answer that never comes, uninterruptibly: their callers hang
+        until the connection ends."""
         self.minor = terms.minor
         self.granted = InitFlag(terms.granted & 0xFFFFFFFF)
         self.no_open = terms.no_open
@@ -246,7 +247,7 @@ class Session:
         else:
             log.warning(
                 "this kernel cannot resend requests (FUSE_HAS_RESEND, Linux 6.9): those the daemon before read"
-                " and never answered wait until their callers are killed", extra={"event": "no_resend"},
+                " and never answered hang until the mount ends", extra={"event": "no_resend"},
             )  # fmt: skip
 
     def _resend(self, quiet: bool = False) -> None:
