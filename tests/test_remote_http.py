@@ -387,6 +387,6 @@ def test_a_large_value_is_read_in_pieces_of_piece_size(tmp_path, mount) -> None:
     (tmp_path / "s0" / "0-256_0-256_0-48.gz").write_bytes(stored)
     with RangeServer(tmp_path).running() as server:
         m = mount(server.url, "--view", "zarr2")
-        assert (m.path / "s0" / "0.0.0.0").read_bytes() == voxels.tobytes()
+        assert (m.path / "s0" / "0/0/0/0").read_bytes() == voxels.tobytes()
         got = set(server.ranges) - {f"bytes=0-{(tmp_path / 'info').stat().st_size - 1}"}
         assert got == {f"bytes=0-{(8 << 20) - 1}", f"bytes={8 << 20}-{len(stored) - 1}"}, got

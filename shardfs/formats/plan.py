@@ -48,6 +48,8 @@ class Array:
     decode: Callable[[bytes, tuple[int, ...]], np.ndarray]  # stored bytes, stored shape → C-order array
     owner: Owner  # the array directory's: who may search the directories a view makes for it
     multiscale: dict[str, Any] = field(default_factory=dict)  # precomputed: resolution and voxel_offset (x, y, z)
+    dimension_names: tuple[str | None, ...] | None = None  # zarr v3's `dimension_names`, if it has them
+    separator: str = "/"  # between the indices of its chunk keys in the source (zarr's `c/1/2` or `1.2`)
 
 
 def grid_position(parts: list[str]) -> tuple[int, ...] | None:

@@ -4,7 +4,9 @@ decoded and re-laid; and the files that carry either without decoding twice."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numcodecs
@@ -75,6 +77,19 @@ def numcodecs_config(compressor: Compressor) -> dict[str, Any]:
 def encode(compressor: Compressor, values: np.ndarray) -> bytes:
     """Compress values as the source's compressor did (blosc shuffles by their item size)."""
     return bytes(numcodecs.get_codec(numcodecs_config(compressor)).encode(np.ascontiguousarray(values)))
+
+
+def next_level(at: tuple[int, ...], ndim: int, paths: Iterable[tuple[int, ...]]) -> Iterator[tuple[str, bool]]:
+    """(name, is_dir) of the entries of directory `at` of chunk files nested one directory per dimension
+    (`0/1/2`), given the grid paths of the chunks stored: the next index of those below it."""
+    depth = len(at)
+    for i in sorted({path[depth] for path in paths if path[:depth] == at}):
+        yield str(i), depth + 1 < ndim
+
+
+def number(value: Fraction) -> int | float:
+    """An exact ratio as JSON writes it: whole numbers as integers."""
+    return int(value) if value.denominator == 1 else float(value)
 
 
 def nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:

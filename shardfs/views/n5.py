@@ -5,7 +5,7 @@ the same bytes in memory, and its block at grid position (i, j, k) is the file `
 big-endian header (mode 0, ndim, the block's dimensions) and then the data, big-endian too, compressed.
 
 Zero-copy, the header then the stored bytes, wherever those are the block's: one-byte or big-endian
-values, raw or under gzip, zstd or blosc, and no edge to clip (precomputed stores edges clipped already,
+values, raw or under gzip or blosc, and no edge to clip (precomputed stores edges clipped already,
 zarr does not). Everything else is decoded, clipped, made big-endian and written raw, whose size the
 metadata gives, so listing never decodes.
 """
@@ -24,15 +24,19 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
 from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
-from shardfs.views.chunks import PrefixedFile, decoded, edge_shape, encode, nbytes, numcodecs_config
+from shardfs.views.axes import Axes, axes_of
+from shardfs.views.chunks import PrefixedFile, decoded, edge_shape, encode, nbytes, next_level, number, numcodecs_config
 
 VERSION = "4.0.0"
 DATA_TYPES = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64"}
 
 
 def compression(array: Array) -> dict[str, Any] | None:
-    """The N5 compression that reads the stored bytes as they are, or None if none does."""
+    """The N5 compression that reads the stored bytes as they are, or None if none does. Not zstd: N5 has
+    it only as an extension, which Neuroglancer's n5 source (raw, gzip, blosc) and BigDataViewer lack."""
     if array.opaque or (array.dtype.itemsize > 1 and array.dtype.byteorder != ">"):
+        return None
+    if array.compressor is not None and array.compressor.name == "zstd":
         return None
     if array.compressor is None:
         return {"type": "raw"}
@@ -100,13 +104,10 @@ class Dataset:
         at = self._grid_path(rel)
         if at is None or len(at) == self.ndim:
             return
-        depth = len(at)
         if self.filled:
-            below: set[int] | range = range(self.grid[depth])
+            yield from ((str(i), len(at) + 1 < self.ndim) for i in range(self.grid[len(at)]))
         else:
-            below = {pos[::-1][depth] for pos in self.array.stored() if list(pos[::-1][:depth]) == at}
-        for i in sorted(below):
-            yield str(i), depth + 1 < self.ndim
+            yield from next_level(tuple(at), self.ndim, (pos[::-1] for pos in self.array.stored()))
 
     def block(self, pos: tuple[int, ...]) -> File:
         stored = self.array.chunk(pos)
@@ -139,6 +140,7 @@ def n5_view(plan: Plan) -> Plan:
     """The N5 container of a source's arrays: groups stay groups, arrays become datasets."""
     view = Plan(plan.store, plan.cache, format="n5")
     attributes: dict[str, dict[str, Any]] = {path: dict(attrs) for path, attrs in plan.groups.items()}
+    axes = axes_of(plan)
     for path, array in plan.arrays.items():
         if array.dtype.name not in DATA_TYPES or not array.shape:
             view.kinds.append(f"not in the N5 view: {path or '.'}: N5 has no {array.dtype.name} or 0-d datasets")
@@ -149,6 +151,8 @@ def n5_view(plan: Plan) -> Plan:
         dataset = Dataset(array, plan.cache, path)
         view.providers[path] = dataset
         attributes[path] = {**attributes.get(path, {}), **dataset.attributes}
+        if path in axes:
+            attributes[path].update(axis_attributes(axes[path]))
         view.kinds.append(f"{path or '.'}: N5 dataset, {dataset.describe()['blocks']}")
     if plan.format == "precomputed":
         _multiscale(plan, attributes)
@@ -158,26 +162,35 @@ def n5_view(plan: Plan) -> Plan:
     return view
 
 
+def axis_attributes(axes: Axes) -> dict[str, Any]:
+    """A dataset's axes as N5 readers take them, fastest dimension first: `axes`, `units` and `resolution`
+    (Neuroglancer's n5 source and tensorstore's n5 driver), and n5-viewer's `pixelResolution` (BigDataViewer,
+    also read by Neuroglancer) where one unit serves every axis that has one."""
+    out: dict[str, Any] = {}
+    if names := axes.labels():
+        out["axes"] = names[::-1]
+    if si := axes.si():
+        units, sizes = si[0][::-1], [number(Fraction(s)) for s in si[1][::-1]]
+        out["units"], out["resolution"] = units, sizes
+        if len(spatial := {u for u in units if u}) == 1:
+            out["pixelResolution"] = {"unit": spatial.pop(), "dimensions": sizes}
+    return out
+
+
 def _multiscale(plan: Plan, attributes: dict[str, dict[str, Any]]) -> None:
-    """What BigDataViewer and n5-viewer read of a scale pyramid: root `scales`, and per dataset
-    `downsamplingFactors` (relative to the first scale) and `pixelResolution` in nm."""
+    """What BigDataViewer and n5-viewer read of a scale pyramid: root `scales` and `pixelResolution`, and
+    per dataset `downsamplingFactors` (relative to the first scale). Every list has one entry per dimension,
+    the channel's too (last in N5 order), since Neuroglancer refuses lists of another length."""
     scales = [(path, a) for path, a in plan.arrays.items() if path in attributes]
     if not scales:
         return
     base = scales[0][1].multiscale["resolution"]
+    channel = [1] * (len(scales[0][1].shape) - 3)
     factors = []
     for path, array in scales:
         resolution = array.multiscale["resolution"]
-        factor = [_number(Fraction(r) / Fraction(b or 1)) for r, b in zip(resolution, base, strict=True)]
-        factor += [1] * (len(array.shape) - 3)  # the channel dimension, last in N5 order
+        factor = [number(Fraction(r) / Fraction(b or 1)) for r, b in zip(resolution, base, strict=True)] + channel
         factors.append(factor)
-        attributes[path].update(
-            downsamplingFactors=factor,
-            pixelResolution={"unit": "nm", "dimensions": list(resolution)},
-        )
-    pixels = {"unit": "nm", "dimensions": base}
+        attributes[path]["downsamplingFactors"] = factor
+    pixels = {"unit": "nm", "dimensions": [*base, *channel]}
     attributes[""] = {**attributes.get("", {}), "scales": factors, "pixelResolution": pixels}
-
-
-def _number(value: Fraction) -> int | float:
-    return int(value) if value.denominator == 1 else float(value)
