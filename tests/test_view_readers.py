@@ -7,6 +7,7 @@ n5 driver (`axes`, `units`, `resolution`)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import pytest
 import tensorstore as ts
 import zarr
 
+from tests import peers
+from tests.test_views import precomputed
 from tests.test_zarr_draft import run
 
 SHAPE_3D, SHAPE_4D = (37, 45, 51), (3, 19, 40, 33)  # no axis a multiple of the chunk
@@ -120,3 +123,122 @@ def test_current_ome_zarr_py_reads_the_native_view(ome_images, mount, tmp_path) 
     kinds, read = ome_zarr_read("current", list(mounted.values()), tmp_path / "read.npz")
     assert kinds == {".": "image", "labels/cells": "label"}
     assert_every_level(read, root, mounted, levels)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Where a voxel is
+
+
+def write_pyramid(root: Path) -> None:
+    """A precomputed image of three scales written by tensorstore, whose voxel_offsets are not multiples of
+    the downsampling: (-5, 3, 7) at 4 x 4 x 40 nm (sharded), then as tensorstore downsamples it by 2 x 2 x 1
+    (8_8_40) and by 4 x 4 x 2 (16_16_80, at (-2, 0, 3))."""
+    peers.write_tensorstore_volume(root, dtype="uint8", data_encoding="raw")
+    base = ts.open({**precomputed(root), "scale_index": 0}).result()
+    down = ts.downsample(base, [4, 4, 2, 1], method="mean")
+    scale = {"resolution": [16, 16, 80], "size": list(down.shape[:3]), "voxel_offset": list(down.origin[:3]),
+             "chunk_size": [16, 16, 8], "encoding": "raw"}  # fmt: skip
+    ts.open({**precomputed(root), "scale_metadata": scale, "open": True, "create": True}).result().write(down).result()
+
+
+def test_a_voxel_is_where_cloud_volume_places_it_through_every_view(tmp_path, mount) -> None:
+    """Precomputed places voxel i of a scale from (voxel_offset + i) x resolution to one voxel on (cloud-volume's
+    bounding box); OME-Zarr places a voxel's centre. ngff-zarr, reading the zarr2 view, places the voxel at
+    each corner of every scale at its centre as cloud-volume does in the original, and reads there what
+    cloud-volume reads; cloud-volume reads the native view's bounds as the original's. N5 has no origin:
+    tensorstore's n5 driver takes the axis names and the resolution of the original."""
+    import ngff_zarr
+    from cloudvolume import CloudVolume
+
+    source = tmp_path / "vol"
+    write_pyramid(source)
+    native, z2, n5 = (mount(source, "--view", view).path for view in ("native", "zarr2", "n5"))
+    images = ngff_zarr.from_ngff_zarr(str(z2)).images
+    assert len(images) == 3
+    for mip, image in enumerate(images):
+        original = CloudVolume(f"file://{source}", mip=mip, progress=False, fill_missing=True)
+        through_native = CloudVolume(f"file://{native}", mip=mip, progress=False, fill_missing=True)
+        assert through_native.bounds == original.bounds and list(through_native.resolution) == list(original.resolution)
+        low, high = np.array(original.bounds.minpt), np.array(original.bounds.maxpt)
+        resolution = np.array(original.resolution, dtype=float)
+        assert image.dims == ("c", "z", "y", "x") and image.data.shape[1:] == tuple((high - low)[::-1])
+        assert {image.axes_units[a] for a in "zyx"} == {"nanometer"}
+        for corner in itertools.product(*((0, n - 1) for n in high - low)):  # (x, y, z) from the volume's corner
+            centre = (low + corner + 0.5) * resolution
+            placed = [image.translation[a] + i * image.scale[a] for a, i in zip("xyz", corner, strict=True)]
+            np.testing.assert_allclose(placed, centre, err_msg=f"scale {mip}, voxel {corner}")
+            x, y, z = low + corner
+            expected = original[x : x + 1, y : y + 1, z : z + 1][0, 0, 0, 0]
+            assert np.asarray(image.data[0, corner[2], corner[1], corner[0]]) == expected, (mip, corner)
+        n5_scale = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(n5 / original.key)}}).result()
+        assert n5_scale.domain.labels == ("x", "y", "z")
+        assert [(u.multiplier, u.base_unit) for u in n5_scale.dimension_units] == [(r, "nm") for r in resolution]
+    import xarray as xr
+
+    keys = [p.name for p in z2.iterdir() if p.is_dir()]
+    one = xr.open_zarr(z2, zarr_format=2, consolidated=False, drop_variables=keys[1:])  # the scales' sizes differ
+    assert one[keys[0]].dims == ("c", "z", "y", "x")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Axis names, units and resolution
+
+
+@pytest.fixture(scope="module")
+def named(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    """A zarr v3 hierarchy with `dimension_names`, written sharded by zarr-python 3: a data variable and
+    its coordinates, as xarray writes them in zarr v3."""
+    root = tmp_path_factory.mktemp("named") / "climate.zarr"
+    group = zarr.open_group(root, mode="w")
+    rng = np.random.default_rng(9)
+    arrays = {
+        "temperature": (("time", "lat", "lon"), rng.random((5, 18, 36)).astype("float32"), (1, 6, 12), (5, 6, 36)),
+        "time": (("time",), np.arange(5, dtype="int64"), (5,), None),
+        "lat": (("lat",), np.linspace(-85, 85, 18), (6,), (18,)),
+        "lon": (("lon",), np.linspace(-175, 175, 36), (12,), (36,)),
+    }
+    for name, (dims, data, chunks, shards) in arrays.items():
+        group.create_array(name, shape=data.shape, dtype=data.dtype, chunks=chunks, shards=shards,
+                           dimension_names=dims)[...] = data  # fmt: skip
+    return root, {name: case[1] for name, case in arrays.items()}
+
+
+def test_xarray_opens_the_zarr2_view_with_the_dimension_names(named, ome_images, mount) -> None:
+    import xarray as xr
+
+    root, contents = named
+    z2 = mount(root, "--view", "zarr2").path
+    # mask_and_scale=False: xarray takes a zarr v2 fill_value (here zarr v3's default 0) for a CF _FillValue
+    # and shows it as NaN; the source read by xarray through zarr v3 does not.
+    dataset = xr.open_zarr(z2, zarr_format=2, consolidated=False, mask_and_scale=False)
+    assert dataset["temperature"].dims == ("time", "lat", "lon")
+    assert set(dataset.coords) == {"time", "lat", "lon"}
+    for name, data in contents.items():
+        np.testing.assert_array_equal(dataset[name].values, data, err_msg=name)
+    # An OME-Zarr image's arrays are named by its axes; a precomputed volume's are c, z, y, x.
+    images, _ = ome_images
+    ome = mount(images / "czyx.zarr", "--view", "zarr2").path
+    one = xr.open_zarr(ome, zarr_format=2, consolidated=False, drop_variables=["s0", "s2"])  # levels' sizes differ
+    assert one["s1"].dims == ("c", "z", "y", "x")
+
+
+def test_tensorstore_n5_and_the_n5_attributes_agree_on_axes_and_resolution(named, ome_images, mount) -> None:
+    root, _ = named
+    n5 = mount(root, "--view", "n5").path
+    temperature = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(n5 / "temperature")}}).result()
+    attributes = json.loads((n5 / "temperature" / "attributes.json").read_text())
+    assert temperature.domain.labels == ("lon", "lat", "time") == tuple(attributes["axes"])
+    assert "resolution" not in attributes  # zarr v3 names axes but gives them no units or size
+    # OME-Zarr: names, units and voxel sizes from the image's multiscale, as the writer put them.
+    images, _ = ome_images
+    n5 = mount(images / "zyx.zarr", "--view", "n5").path
+    multiscale = json.loads((images / "zyx.zarr" / "zarr.json").read_text())["attributes"]["ome"]["multiscales"][0]
+    for dataset in multiscale["datasets"]:
+        (scale,) = (t["scale"] for t in dataset["coordinateTransformations"] if t["type"] == "scale")
+        level = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(n5 / dataset["path"])}}).result()
+        attributes = json.loads((n5 / dataset["path"] / "attributes.json").read_text())
+        assert level.domain.labels == ("x", "y", "z") == tuple(attributes["axes"])
+        units = [(u.multiplier, u.base_unit) for u in level.dimension_units]
+        said = list(zip(attributes["resolution"], attributes["units"], strict=True))
+        assert units == [(s, "um") for s in scale[::-1]] == said
+        assert attributes["pixelResolution"] == {"unit": "um", "dimensions": scale[::-1]}
