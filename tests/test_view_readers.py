@@ -59,14 +59,17 @@ def ome_images(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
 READ_WITH_OME_ZARR = """
 import json, sys, numpy as np
 from ome_zarr.io import parse_url
-from ome_zarr.reader import Label, Multiscales, Reader
+from ome_zarr.reader import Label, Multiscales, Plate, Reader, Well
 out, images = sys.argv[1], sys.argv[2:]
 levels, kinds = {}, {}
 for image in images:
     for node in Reader(parse_url(image))():
-        if Multiscales.matches(node.zarr):
-            name = node.zarr.path[len(image):].strip("/")
-            kinds[name or "."] = "label" if Label.matches(node.zarr) else "image"
+        name = node.zarr.path[len(image):].strip("/")
+        for kind, spec in (("plate", Plate), ("well", Well), ("label", Label), ("image", Multiscales)):
+            if spec.matches(node.zarr):
+                kinds[f"{image}|{name}"] = kind
+                break
+        if kinds.get(f"{image}|{name}") in ("label", "image"):
             for i, level in enumerate(node.data):
                 levels[f"{image}|{name}|{i}"] = np.asarray(level)
 np.savez(out, **levels)
@@ -75,8 +78,9 @@ print(json.dumps(kinds))
 
 
 def ome_zarr_read(python: str, images: list[Path], out: Path) -> tuple[dict[str, str], dict[str, np.ndarray]]:
-    """What an ome-zarr-py Reader finds below each image (image or label, by path) and reads of every level,
-    as {"<image>|<node path>|<level>": array}."""
+    """What an ome-zarr-py Reader finds below each path given (plate, well, image or label, as
+    {"<path>|<node path>": kind}) and reads of every level of each image and label, as
+    {"<path>|<node path>|<level>": array}."""
     args = [out, *images]
     if python == "0.9":
         kinds = json.loads(run(READ_WITH_OME_ZARR, *args))
@@ -90,6 +94,12 @@ def ome_zarr_read(python: str, images: list[Path], out: Path) -> tuple[dict[str,
         kinds = json.loads(done.stdout)
     with np.load(out) as saved:
         return kinds, {key: saved[key] for key in saved.files}
+
+
+def found_nodes(mounted: dict[str, Path]) -> dict[str, str]:
+    """What a reader must find below each image: the image, and the labels of the 3-D one."""
+    return {f"{mounted['zyx.zarr']}|": "image", f"{mounted['zyx.zarr']}|labels/cells": "label",
+            f"{mounted['czyx.zarr']}|": "image"}  # fmt: skip
 
 
 def assert_every_level(read: dict[str, np.ndarray], root: Path, mounted: dict[str, Path], levels) -> None:
@@ -108,7 +118,7 @@ def test_ome_zarr_py_09_reads_every_level_of_the_zarr2_view(ome_images, mount, t
     root, levels = ome_images
     mounted = {name: mount(root / name, "--view", "zarr2").path for name in ("zyx.zarr", "czyx.zarr")}
     kinds, read = ome_zarr_read("0.9", list(mounted.values()), tmp_path / "read.npz")
-    assert kinds == {".": "image", "labels/cells": "label"}
+    assert kinds == found_nodes(mounted)
     assert_every_level(read, root, mounted, levels)
     z2 = mounted["zyx.zarr"]
     assert json.loads((z2 / "s0" / ".zarray").read_text())["dimension_separator"] == "/"
@@ -121,7 +131,7 @@ def test_current_ome_zarr_py_reads_the_native_view(ome_images, mount, tmp_path) 
     root, levels = ome_images
     mounted = {name: mount(root / name).path for name in ("zyx.zarr", "czyx.zarr")}
     kinds, read = ome_zarr_read("current", list(mounted.values()), tmp_path / "read.npz")
-    assert kinds == {".": "image", "labels/cells": "label"}
+    assert kinds == found_nodes(mounted)
     assert_every_level(read, root, mounted, levels)
 
 
@@ -242,3 +252,50 @@ def test_tensorstore_n5_and_the_n5_attributes_agree_on_axes_and_resolution(named
         said = list(zip(attributes["resolution"], attributes["units"], strict=True))
         assert units == [(s, "um") for s in scale[::-1]] == said
         assert attributes["pixelResolution"] == {"unit": "um", "dimensions": scale[::-1]}
+
+
+def test_a_plate_converts_as_images_do(tmp_path, mount) -> None:
+    """A sharded OME-Zarr 0.5 plate of two wells, metadata written by ome-zarr-py: through the zarr2 view,
+    ome-zarr-py 0.9 finds the plate and its wells as 0.4, stitches the plate and reads every level of it.
+    (0.9 reads a well's levels at paths `0`, `1`, ..., where current writers of images put `s0`: the
+    levels are written by zarr-python, sharded, at those paths.)"""
+    from ome_zarr.writer import write_multiscales_metadata, write_plate_metadata, write_well_metadata
+
+    source = tmp_path / "plate.zarr"
+    plate = zarr.open_group(source, mode="w")
+    write_plate_metadata(plate, ["A"], ["1", "2"], ["A/1", "A/2"])
+    rng = np.random.default_rng(3)
+    wells = {}
+    for well in ("A/1", "A/2"):
+        write_well_metadata(plate.require_group(well), ["0"])
+        field = plate.require_group(f"{well}/0")
+        datasets, wells[well] = [], []
+        for level in range(3):
+            shape = (2, -(-30 // 2**level), -(-41 // 2**level))
+            data = rng.integers(0, 4000, shape, dtype="uint16")
+            field.create_array(str(level), shape=shape, dtype="uint16", chunks=(1, 4, 8), shards=(1, 8, 16))[...] = data
+            datasets.append(
+                {"path": str(level), "coordinateTransformations": [{"type": "scale", "scale": [1, 2**level, 2**level]}]}
+            )
+            wells[well].append(data)
+        write_multiscales_metadata(field, datasets, axes="cyx")
+    z2 = mount(source, "--view", "zarr2").path
+    kinds, read = ome_zarr_read("0.9", [z2, z2 / "A" / "1" / "0"], tmp_path / "read.npz")
+    assert kinds == {f"{z2}|": "plate", f"{z2 / 'A' / '1' / '0'}|": "image"}
+    for level in range(3):
+        np.testing.assert_array_equal(read[f"{z2 / 'A' / '1' / '0'}||{level}"], wells["A/1"][level])
+    stitched = run(STITCH, z2)
+    for level, (shape, total) in enumerate(json.loads(stitched)):
+        expected = np.concatenate([wells["A/1"][level], wells["A/2"][level]], axis=-1)
+        assert shape == list(expected.shape) and total == int(expected.astype("int64").sum()), level
+    assert json.loads((z2 / ".zattrs").read_text())["plate"]["version"] == "0.4"
+    assert json.loads((z2 / "A" / "1" / ".zattrs").read_text())["well"]["version"] == "0.4"
+
+
+STITCH = """
+import json, sys, numpy as np
+from ome_zarr.io import parse_url
+from ome_zarr.reader import Plate, Reader
+(plate,) = [n for n in Reader(parse_url(sys.argv[1]))() if Plate.matches(n.zarr)]
+print(json.dumps([[list(level.shape), int(np.asarray(level).astype("int64").sum())] for level in plate.data]))
+"""
