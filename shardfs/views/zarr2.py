@@ -5,6 +5,9 @@ gzip, zstd or blosc (or nothing) is served zero-copy under `.zarray`'s `compress
 (crc32c, chained compressors) are decoded and served raw. A precomputed volume becomes an OME-Zarr 0.4
 multiscale of [c, z, y, x] arrays: a raw chunk is already that in memory, so inside chunks are zero-copy;
 edge chunks are padded to the whole chunk with the fill value, as zarr requires, and other encodings decoded.
+
+Chunk keys are `i/j/k` in OME-Zarr (its readers open every array with `/`) and the source's own
+separator elsewhere; axis names go to xarray's `_ARRAY_DIMENSIONS`.
 """
 
 from __future__ import annotations
