@@ -4,6 +4,7 @@ precomputed scale's resolution in nm). Everything is in C order, slowest dimensi
 
 from __future__ import annotations
 
+import math
 import posixpath
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,7 +45,7 @@ class Axes:
         units, sizes = [], []
         for unit, size in zip(self.units, self.scale, strict=True):
             factor, symbol = si_unit(unit)
-            if symbol is None:
+            if symbol is None or not math.isfinite(size * factor):
                 return None
             units.append(symbol)
             sizes.append(size * factor)
@@ -109,8 +110,8 @@ def _scale(transforms: Any, ndim: int) -> tuple[float, ...] | None:
     for t in _objects(transforms):
         scale = t.get("scale")
         if t.get("type") == "scale" and isinstance(scale, list) and len(scale) == ndim:
-            if not all(isinstance(s, int | float) and not isinstance(s, bool) and s > 0 for s in scale):
-                return None
+            if not all(isinstance(s, int | float) and not isinstance(s, bool) and 0 < s < 1e300 for s in scale):
+                return None  # what no reader can use (and what float() and JSON cannot hold) names no size
             found = tuple(float(s) * f for s, f in zip(scale, found or (1.0,) * ndim, strict=True))
     return found
 

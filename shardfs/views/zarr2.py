@@ -198,7 +198,7 @@ def zarr2_view(plan: Plan) -> Plan:
         lead = 1 if plan.format == "precomputed" and len(array.shape) == 3 else 0
         served = Zarr2Array(array, plan.cache, path, separator(plan, path), lead)
         view.providers[path] = served
-        attributes = ome_04(array.attributes)
+        attributes = dict(ome_04(array.attributes))  # a copy: the source's attributes are the plan's
         if path in axes and (names := axes[path].labels()):
             attributes["_ARRAY_DIMENSIONS"] = ["c"] * lead + names
         view.files[posixpath.join(path, ".zarray")] = json.dumps(served.meta, indent=1).encode()
