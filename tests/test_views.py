@@ -188,6 +188,9 @@ def test_zarr2_zero_copy_and_transcoded_chunks(zarr_views, mount) -> None:
     # A plain array keeps its source's separator: `v2` chunk keys `1.2` stay flat.
     assert json.loads((z2 / "v2_keys" / ".zarray").read_text())["dimension_separator"] == "."
     assert (z2 / "v2_keys" / "1.2").read_bytes() == (native / "v2_keys" / "1.2").read_bytes()
+    info = shardfs("info", source, "--view", "zarr2").stdout
+    assert "gzip: zarr v2 array, chunk files like 0/0, zero-copy" in info
+    assert "v2_keys: zarr v2 array, chunk files like 0.0, zero-copy" in info
     assert json.loads((z2 / "big_endian" / ".zarray").read_text())["dtype"] == ">u2"
     # crc32c has no zarr v2 equivalent: compressor null, chunks decoded raw.
     crc = json.loads((z2 / "crc" / ".zarray").read_text())

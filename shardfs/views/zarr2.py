@@ -203,7 +203,8 @@ def zarr2_view(plan: Plan) -> Plan:
             attributes["_ARRAY_DIMENSIONS"] = ["c"] * lead + names
         view.files[posixpath.join(path, ".zarray")] = json.dumps(served.meta, indent=1).encode()
         view.files[posixpath.join(path, ".zattrs")] = json.dumps(attributes, indent=1).encode()
-        view.kinds.append(f"{path or '.'}: zarr v2 array, {served.describe()['chunk files']}")
+        first = served.separator.join("0" * served.ndim) or "0"  # the first chunk's file: it shows the separator
+        view.kinds.append(f"{path or '.'}: zarr v2 array, chunk files like {first}, {served.describe()['chunk files']}")
     for path, attrs in groups.items():
         view.files[posixpath.join(path, ".zgroup")] = json.dumps({"zarr_format": 2}).encode()
         view.files[posixpath.join(path, ".zattrs")] = json.dumps(attrs, indent=1).encode()
