@@ -152,6 +152,11 @@ def test_n5_listing_and_fill_value(zarr_views, mount) -> None:
     # Only written blocks are listed ("raw" is 30 x 30 in 5 x 6 chunks, written over its first 20 x 20).
     assert sorted(int(d.name) for d in (mnt / "raw").iterdir() if d.is_dir()) == [0, 1, 2, 3]
     assert not (mnt / "raw" / "4" / "5").exists()
+    # An unsharded array's blocks are its chunk files, fastest dimension first.
+    keys = source / "plain_unsharded" / "c"
+    expected = {"/".join(str(p.relative_to(keys)).split("/")[::-1]) for p in keys.rglob("*") if p.is_file()}
+    blocks = mnt / "plain_unsharded"
+    assert {str(p.relative_to(blocks)) for p in blocks.rglob("*") if p.is_file()} == {*expected, "attributes.json"}
     # N5 reads a missing block as 0; a fill value of 7 is served as blocks of 7, listed too.
     assert (mnt / "filled" / "2" / "3").exists() and zarr.open_array(source / "filled").nchunks_initialized < 12
     np.testing.assert_array_equal(ts_read("n5", mnt / "filled"), contents["filled"].T)
@@ -201,6 +206,12 @@ def test_zarr2_zero_copy_and_transcoded_chunks(zarr_views, mount) -> None:
     assert sorted(p.name for p in (z2 / "raw").iterdir()) == [".zarray", ".zattrs", "0", "1", "2", "3"]
     assert sorted(p.name for p in (z2 / "raw" / "2").iterdir()) == ["0", "1", "2", "3"]
     assert (z2 / "raw" / "5").is_dir() and not (z2 / "raw" / "6").exists() and not (z2 / "raw" / "5" / "5").exists()
+    # Walked whole, each array's nested directories are exactly the chunk files stored, less `c/`: those of
+    # the native view for sharded arrays (tested against tensorstore's unsharded twins), the source's else.
+    for name, stored in (("raw", native), ("deep/sub/one_d", native), ("zstd", native), ("plain_unsharded", source)):
+        keys = stored / name / "c"
+        expected = {str(p.relative_to(keys)) for p in keys.rglob("*")} | {".zarray", ".zattrs"}
+        assert {str(p.relative_to(z2 / name)) for p in (z2 / name).rglob("*")} == expected, name
 
 
 def test_ome_zarr_05_is_read_as_04(zarr_views, mount) -> None:

@@ -752,12 +752,11 @@ class ZarrPlan(Plan):
         self.kinds.append(
             f"{directory or '.'}: zarr v3 array, sharded ({len(levels)} level(s), {math.prod(shape)} elements)"
         )
-        stored = functools.partial(array.present_under, ())
-        self._for_views(directory, meta, inner_codecs, array.inner, array.locate, stored, keys, where)
+        self._for_views(directory, meta, inner_codecs, array.inner, array.locate, array.present_under, keys, where)
 
     def _for_views(
         self, directory: str, meta: dict, codecs: list, chunks: tuple[int, ...],
-        chunk: Callable[[tuple[int, ...]], File | None], stored: Callable[[], Iterable[tuple[int, ...]]],
+        chunk: Callable[[tuple[int, ...]], File | None], stored: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]],
         keys: ChunkKeys, where: str,
     ) -> None:  # fmt: skip
         """Describe the array for --view n5/zarr2; one they cannot show is named in `shardfs info`."""
@@ -797,11 +796,15 @@ class SourceChunks:
             return None
         return RangeFile(file, 0, file.size)
 
-    def stored(self) -> Iterator[tuple[int, ...]]:
+    def stored(self, prefix: tuple[int, ...] = ()) -> Iterator[tuple[int, ...]]:
+        """Positions of the chunk files that start with prefix: with `/` keys, only its directory is walked."""
         grid = [-(-s // c) for s, c in zip(self.shape, self.chunks, strict=True)]
-        for path in files_below(self.store, self.directory):
+        below = self.keys.key(prefix) if prefix and self.keys.separator == "/" else ""
+        for path in files_below(self.store, posixpath.join(self.directory, below) if below else self.directory):
             parsed = self.keys.parse(path[len(self.directory) :].lstrip("/"))
-            if parsed is not None and parsed[1] and all(p < g for p, g in zip(parsed[0], grid, strict=True)):
+            if parsed is None or not parsed[1] or parsed[0][: len(prefix)] != prefix:
+                continue
+            if all(p < g for p, g in zip(parsed[0], grid, strict=True)):
                 yield parsed[0]
 
 

@@ -107,7 +107,7 @@ class Dataset:
         if self.filled:
             yield from ((str(i), len(at) + 1 < self.ndim) for i in range(self.grid[len(at)]))
         else:
-            yield from next_level(tuple(at), self.ndim, (pos[::-1] for pos in self.array.stored()))
+            yield from next_level(tuple(at), self.ndim, (pos[::-1] for pos in self.array.stored(())))
 
     def block(self, pos: tuple[int, ...]) -> File:
         stored = self.array.chunk(pos)

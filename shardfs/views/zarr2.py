@@ -95,9 +95,9 @@ class Zarr2Array:
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         at = self._path(rel) if rel else ()
-        if at is None or len(at) >= max(self.ndim, 1):
+        if at is None or len(at) >= max(self.ndim, 1) or any(at[: self.lead]):
             return
-        paths = ((0,) * self.lead + tuple(pos) for pos in self.array.stored())
+        paths = ((0,) * self.lead + tuple(pos) for pos in self.array.stored(at[self.lead :]))
         if self.nested:
             yield from next_level(at, self.ndim, paths)
         else:
