@@ -243,6 +243,7 @@ def test_tensorstore_n5_and_the_n5_attributes_agree_on_axes_and_resolution(named
     images, _ = ome_images
     n5 = mount(images / "zyx.zarr", "--view", "n5").path
     multiscale = json.loads((images / "zyx.zarr" / "zarr.json").read_text())["attributes"]["ome"]["multiscales"][0]
+    factors = []
     for dataset in multiscale["datasets"]:
         (scale,) = (t["scale"] for t in dataset["coordinateTransformations"] if t["type"] == "scale")
         level = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(n5 / dataset["path"])}}).result()
@@ -252,6 +253,12 @@ def test_tensorstore_n5_and_the_n5_attributes_agree_on_axes_and_resolution(named
         said = list(zip(attributes["resolution"], attributes["units"], strict=True))
         assert units == [(s, "um") for s in scale[::-1]] == said
         assert attributes["pixelResolution"] == {"unit": "um", "dimensions": scale[::-1]}
+        base = multiscale["datasets"][0]["coordinateTransformations"][0]["scale"]
+        factors.append([pytest.approx(s / b) for s, b in zip(scale[::-1], base[::-1], strict=True)])
+        assert attributes["downsamplingFactors"] == factors[-1]
+    # The image group is a pyramid as n5-viewer and Neuroglancer open one: `scales`, and its first level's axes.
+    group = json.loads((n5 / "attributes.json").read_text())
+    assert group["scales"] == factors and group["axes"] == ["x", "y", "z"] and group["units"] == ["um"] * 3
 
 
 def test_a_plate_converts_as_images_do(tmp_path, mount) -> None:

@@ -75,9 +75,10 @@ def axes_of(plan: Plan) -> dict[str, Axes]:
             found[path] = Axes(("c",) * lead + ("z", "y", "x"), (None,) * lead + ("nanometer",) * 3,
                                (1.0,) * lead + tuple(resolution))  # fmt: skip
         return found
-    for path, axes in _ome_datasets(plan.groups):
-        if path in plan.arrays and len(axes.names) == len(plan.arrays[path].shape):
-            found[path] = axes
+    for _, levels in _ome_multiscales(plan.groups):
+        for path, axes in levels:
+            if path in plan.arrays and len(axes.names) == len(plan.arrays[path].shape):
+                found[path] = axes
     for path, array in plan.arrays.items():
         names = array.dimension_names
         if names and any(names):
@@ -86,9 +87,17 @@ def axes_of(plan: Plan) -> dict[str, Axes]:
     return found
 
 
-def _ome_datasets(groups: dict[str, dict[str, Any]]) -> Iterator[tuple[str, Axes]]:
-    """(array path, axes) of every dataset an OME-Zarr multiscale names (0.5 under `ome`, or 0.4), with the
-    scale of the dataset's transforms composed with those of the multiscale itself."""
+def pyramids(plan: Plan) -> dict[str, list[str]]:
+    """The array paths of each scale pyramid, finest first, by the group that holds it: a precomputed
+    volume's scales, and each OME-Zarr image's levels."""
+    if plan.format == "precomputed":
+        return {"": list(plan.arrays)}
+    return {group: [path for path, _ in levels] for group, levels in _ome_multiscales(plan.groups) if levels}
+
+
+def _ome_multiscales(groups: dict[str, dict[str, Any]]) -> Iterator[tuple[str, list[tuple[str, Axes]]]]:
+    """(group, [(array path, axes)]) of every OME-Zarr multiscale (0.5 under `ome`, or 0.4), its datasets
+    in order, each with the scale of its transforms composed with those of the multiscale itself."""
     for group, attributes in groups.items():
         ome = attributes.get("ome") if isinstance(attributes.get("ome"), dict) else attributes
         for multiscale in _objects(ome.get("multiscales")):
@@ -96,12 +105,14 @@ def _ome_datasets(groups: dict[str, dict[str, Any]]) -> Iterator[tuple[str, Axes
             names = tuple(a.get("name") if isinstance(a.get("name"), str) else None for a in axes)
             units = tuple(a.get("unit") if isinstance(a.get("unit"), str) else None for a in axes)
             common = _scale(multiscale.get("coordinateTransformations"), len(axes)) or (1.0,) * len(axes)
+            levels = []
             for dataset in _objects(multiscale.get("datasets")):
                 own = _scale(dataset.get("coordinateTransformations"), len(axes))
                 scale = None if own is None else tuple(a * b for a, b in zip(own, common, strict=True))
                 if isinstance(dataset.get("path"), str):
                     path = posixpath.normpath(posixpath.join(group, dataset["path"]))
-                    yield "" if path == "." else path, Axes(names, units, scale)
+                    levels.append(("" if path == "." else path, Axes(names, units, scale)))
+            yield group, levels
 
 
 def _scale(transforms: Any, ndim: int) -> tuple[float, ...] | None:

@@ -24,7 +24,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
 from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
-from shardfs.views.axes import Axes, axes_of
+from shardfs.views.axes import Axes, axes_of, pyramids
 from shardfs.views.chunks import PrefixedFile, decoded, edge_shape, encode, nbytes, next_level, number, numcodecs_config
 
 VERSION = "4.0.0"
@@ -154,8 +154,8 @@ def n5_view(plan: Plan) -> Plan:
         if path in axes:
             attributes[path].update(axis_attributes(axes[path]))
         view.kinds.append(f"{path or '.'}: N5 dataset, {dataset.describe()['blocks']}")
-    if plan.format == "precomputed":
-        _multiscale(plan, attributes)
+    for group, levels in pyramids(plan).items():
+        _pyramid(attributes, group, [path for path in levels if path in view.providers], axes)
     attributes[""] = {**attributes.get("", {}), "n5": VERSION}
     for path, attrs in attributes.items():
         view.files[posixpath.join(path, "attributes.json")] = json.dumps(attrs, indent=1).encode()
@@ -177,20 +177,17 @@ def axis_attributes(axes: Axes) -> dict[str, Any]:
     return out
 
 
-def _multiscale(plan: Plan, attributes: dict[str, dict[str, Any]]) -> None:
-    """What BigDataViewer and n5-viewer read of a scale pyramid: root `scales` and `pixelResolution`, and
-    per dataset `downsamplingFactors` (relative to the first scale). Every list has one entry per dimension,
-    the channel's too (last in N5 order), since Neuroglancer refuses lists of another length."""
-    scales = [(path, a) for path, a in plan.arrays.items() if path in attributes]
-    if not scales:
+def _pyramid(attributes: dict[str, dict[str, Any]], group: str, levels: list[str], axes: dict[str, Axes]) -> None:
+    """What BigDataViewer, n5-viewer and Neuroglancer read of a scale pyramid, fastest dimension first: each
+    level's `downsamplingFactors` (relative to the first), and the group's `scales` (all of them) with the
+    first level's axes and resolution. Every list has an entry per dimension, the channel's too:
+    Neuroglancer refuses lists of another length. (Both viewers open the group itself as a multiscale
+    where the levels are named s0, s1, ...)"""
+    sizes = [axes[path].scale if path in axes else None for path in levels]
+    if not levels or None in sizes or len({len(size) for size in sizes}) != 1:
         return
-    base = scales[0][1].multiscale["resolution"]
-    channel = [1] * (len(scales[0][1].shape) - 3)
-    factors = []
-    for path, array in scales:
-        resolution = array.multiscale["resolution"]
-        factor = [number(Fraction(r) / Fraction(b or 1)) for r, b in zip(resolution, base, strict=True)] + channel
-        factors.append(factor)
+    base = sizes[0][::-1]
+    factors = [[number(Fraction(s) / Fraction(b)) for s, b in zip(size[::-1], base, strict=True)] for size in sizes]
+    for path, factor in zip(levels, factors, strict=True):
         attributes[path]["downsamplingFactors"] = factor
-    pixels = {"unit": "nm", "dimensions": [*base, *channel]}
-    attributes[""] = {**attributes.get("", {}), "scales": factors, "pixelResolution": pixels}
+    attributes[group] = {**attributes.get(group, {}), **axis_attributes(axes[levels[0]]), "scales": factors}
