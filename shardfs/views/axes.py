@@ -27,6 +27,8 @@ OTHER_UNITS = {  # OME-Zarr's units that are not an SI prefix on metre or second
 
 @dataclass(frozen=True)
 class Axes:
+    """One array's axes, as much of them as the source says."""
+
     names: tuple[str | None, ...]  # None where the source names no axis
     units: tuple[str | None, ...]  # in OME-Zarr's words ('nanometer'); None: none (a channel) or not said
     scale: tuple[float, ...] | None  # a voxel's size along each axis in those units, if the source says
@@ -79,9 +81,9 @@ def axes_of(plan: Plan) -> dict[str, Axes]:
         for path, axes in levels:
             if path in plan.arrays and len(axes.names) == len(plan.arrays[path].shape):
                 found[path] = axes
-    for path, array in plan.arrays.items():
+    for path, array in plan.arrays.items():  # zarr's own names first, unless they leave out what OME-Zarr names
         names = array.dimension_names
-        if names and any(names):
+        if names and any(names) and (all(names) or path not in found):
             ome = found.get(path)
             found[path] = Axes(names, ome.units if ome else (None,) * len(names), ome.scale if ome else None)
     return found
