@@ -44,8 +44,8 @@ class Array:
     opaque: bool
     clipped: bool  # edge chunks are stored clipped to the array (precomputed), not whole (zarr)
     chunk: Callable[[tuple[int, ...]], File | None]  # a stored chunk, or None if it was never written
-    # Positions of the stored chunks that start with a prefix ((): all), streamed: a view's nested directory
-    # lists those below it without going through the whole array.
+    # Positions of the stored chunks that start with a prefix (all, with () or none given), streamed: a
+    # view's nested directory lists those below it without going through the whole array.
     stored: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]]
     decode: Callable[[bytes, tuple[int, ...]], np.ndarray]  # stored bytes, stored shape → C-order array
     owner: Owner  # the array directory's: who may search the directories a view makes for it

@@ -424,7 +424,7 @@ class ZarrArray:
         for i in sorted(below):
             yield self.keys.key((*prefix, i)).rsplit("/", 1)[-1], True
 
-    def present_under(self, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    def present_under(self, prefix: tuple[int, ...] = ()) -> Iterator[tuple[int, ...]]:
         """Global positions of the stored chunks whose position starts with prefix, shard by shard."""
         for path in self._shard_files(self._shard_of(prefix)):
             present = self._listed(path).positions
