@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -85,10 +88,6 @@ def ome_zarr_read(python: str, images: list[Path], out: Path) -> tuple[dict[str,
     if python == "0.9":
         kinds = json.loads(run(READ_WITH_OME_ZARR, *args))
     else:
-        import subprocess
-        import sys
-        import textwrap
-
         done = subprocess.run([sys.executable, "-c", textwrap.dedent(READ_WITH_OME_ZARR), *map(str, args)],
                               capture_output=True, text=True, check=True)  # fmt: skip
         kinds = json.loads(done.stdout)
@@ -102,7 +101,7 @@ def found_nodes(mounted: dict[str, Path]) -> dict[str, str]:
             f"{mounted['czyx.zarr']}|": "image"}  # fmt: skip
 
 
-def assert_every_level(read: dict[str, np.ndarray], root: Path, mounted: dict[str, Path], levels) -> None:
+def assert_every_level(read: dict[str, np.ndarray], mounted: dict[str, Path], levels: dict[str, np.ndarray]) -> None:
     for path, expected in levels.items():
         image, _, level = path.rpartition("/")
         top = image.split("/")[0]
@@ -119,7 +118,7 @@ def test_ome_zarr_py_09_reads_every_level_of_the_zarr2_view(ome_images, mount, t
     mounted = {name: mount(root / name, "--view", "zarr2").path for name in ("zyx.zarr", "czyx.zarr")}
     kinds, read = ome_zarr_read("0.9", list(mounted.values()), tmp_path / "read.npz")
     assert kinds == found_nodes(mounted)
-    assert_every_level(read, root, mounted, levels)
+    assert_every_level(read, mounted, levels)
     z2 = mounted["zyx.zarr"]
     assert json.loads((z2 / "s0" / ".zarray").read_text())["dimension_separator"] == "/"
     assert (z2 / "s0" / "4" / "2" / "3").is_file() and not (z2 / "s0" / "4.2.3").exists()
@@ -132,7 +131,7 @@ def test_current_ome_zarr_py_reads_the_native_view(ome_images, mount, tmp_path) 
     mounted = {name: mount(root / name).path for name in ("zyx.zarr", "czyx.zarr")}
     kinds, read = ome_zarr_read("current", list(mounted.values()), tmp_path / "read.npz")
     assert kinds == found_nodes(mounted)
-    assert_every_level(read, root, mounted, levels)
+    assert_every_level(read, mounted, levels)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
