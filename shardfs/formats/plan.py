@@ -47,6 +47,9 @@ class Array:
     # Positions of the stored chunks that start with a prefix (all, with () or none given), streamed: a
     # view's nested directory lists those below it without going through the whole array.
     stored: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]]
+    # Whether stored(prefix) reads only what lies below the prefix (zarr: by shard file and directory), or
+    # everything and filters (precomputed: Morton order and hashed shards have no prefix to narrow by).
+    narrows: bool
     decode: Callable[[bytes, tuple[int, ...]], np.ndarray]  # stored bytes, stored shape → C-order array
     owner: Owner  # the array directory's: who may search the directories a view makes for it
     multiscale: dict[str, Any] = field(default_factory=dict)  # precomputed: resolution and voxel_offset (x, y, z)

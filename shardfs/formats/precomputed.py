@@ -337,6 +337,7 @@ class VolumeScale:
             clipped=True,
             chunk=self.chunk,
             stored=self.stored,
+            narrows=False,
             decode=self.decode,
             owner=self.store.owner(self.directory),
             multiscale={"resolution": self.scale.get("resolution", [1, 1, 1]), "voxel_offset": self.naming.offset},

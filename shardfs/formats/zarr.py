@@ -777,8 +777,8 @@ class ZarrPlan(Plan):
         ):
             names = None  # malformed names are the source's problem, not a reason to hide the array
         self.arrays[directory] = Array(
-            tuple(meta["shape"]), chunks, dtype, fill, attributes, compressor, opaque, False, chunk, stored, decode,
-            self.store.owner(directory), dimension_names=names and tuple(names), separator=keys.separator,
+            tuple(meta["shape"]), chunks, dtype, fill, attributes, compressor, opaque, False, chunk, stored, True,
+            decode, self.store.owner(directory), dimension_names=names and tuple(names), separator=keys.separator,
         )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
 from shardfs.tree import Dir, File, LazyFile, Node
 from shardfs.views.axes import axes_of
-from shardfs.views.chunks import decoded, edge_shape, nbytes, next_level, number, numcodecs_config
+from shardfs.views.chunks import decoded, edge_shape, nbytes, next_level, number, numcodecs_config, stored_under
 
 
 class Zarr2Array:
@@ -97,7 +97,8 @@ class Zarr2Array:
         at = self._path(rel) if rel else ()
         if at is None or len(at) >= max(self.ndim, 1) or any(at[: self.lead]):
             return
-        paths = ((0,) * self.lead + tuple(pos) for pos in self.array.stored(at[self.lead :]))
+        below = stored_under(self.array, self.cache, ("zarr2-stored", self.directory), at[self.lead :])
+        paths = ((0,) * self.lead + tuple(pos) for pos in below)
         if self.nested:
             yield from next_level(at, self.ndim, paths)
         else:
