@@ -87,12 +87,18 @@ def stored_under(array: Array, cache: ByteCache, key: tuple, prefix: tuple[int, 
     positions than one cached value may hold are filtered as they stream, every time."""
     if array.narrows:
         return array.stored(prefix)
-    positions = cache.get_or_make(key, lambda: _positions(array, cache.max_value))
+    positions = stored_positions(array, cache, key)
     if positions is None:
         return (pos for pos in array.stored(()) if pos[: len(prefix)] == prefix)
     if prefix:
         positions = positions[(positions[:, : len(prefix)] == prefix).all(axis=1)]
     return map(tuple, positions.tolist())
+
+
+def stored_positions(array: Array, cache: ByteCache, key: tuple) -> np.ndarray | None:
+    """Every stored position of the array, (n, ndim) int64, read once into the byte-bounded cache; None if
+    there are more than one cached value may hold."""
+    return cache.get_or_make(key, lambda: _positions(array, cache.max_value))
 
 
 def _positions(array: Array, limit: int) -> np.ndarray | None:

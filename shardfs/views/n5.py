@@ -25,7 +25,17 @@ from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
 from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
 from shardfs.views.axes import Axes, axes_of, pyramids
-from shardfs.views.chunks import PrefixedFile, decoded, edge_shape, encode, nbytes, next_level, number, numcodecs_config
+from shardfs.views.chunks import (
+    PrefixedFile,
+    decoded,
+    edge_shape,
+    encode,
+    nbytes,
+    next_level,
+    number,
+    numcodecs_config,
+    stored_positions,
+)
 
 VERSION = "4.0.0"
 DATA_TYPES = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64"}
@@ -106,8 +116,17 @@ class Dataset:
             return
         if self.filled:
             yield from ((str(i), len(at) + 1 < self.ndim) for i in range(self.grid[len(at)]))
-        else:
+            return
+        # N5 directories run fastest dimension first, against C order: no source narrows a listing by them,
+        # so each directory filters the positions read once.
+        positions = stored_positions(self.array, self.cache, ("n5-stored", self.directory))
+        if positions is None:
             yield from next_level(tuple(at), self.ndim, (pos[::-1] for pos in self.array.stored(())))
+            return
+        below = positions[:, ::-1]
+        if at:
+            below = below[(below[:, : len(at)] == at).all(axis=1)]
+        yield from next_level(tuple(at), self.ndim, map(tuple, below.tolist()))
 
     def block(self, pos: tuple[int, ...]) -> File:
         stored = self.array.chunk(pos)
