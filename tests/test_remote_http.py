@@ -232,6 +232,28 @@ def test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata(tmp_path, moun
     assert named_children({"attributes": {"multiscales": [{"datasets": [{"path": "s0"}, {"path": "../x"}]}]}}) == ["s0"]
 
 
+def test_arrays_nested_in_subgroups_are_listed_from_the_roots_consolidated_metadata(tmp_path, mount) -> None:
+    """The root's consolidated metadata names `sub/arr` and `sub/deeper/arr`; the subgroups have none of
+    their own. Over HTTP both are listed and in `shardfs info`, as over a store that lists."""
+    root = tmp_path / "c.zarr"
+    group = zarr.open_group(root, mode="w")
+    data = np.arange(12 * 10, dtype="int16").reshape(12, 10)
+    for path in ("top", "sub/arr", "sub/deeper/arr"):
+        group.create_array(path, shape=data.shape, dtype=data.dtype, chunks=(3, 5), shards=(6, 10))[...] = data
+    zarr.consolidate_metadata(root)
+    subgroup = json.loads((root / "sub" / "zarr.json").read_text())
+    assert not subgroup.get("consolidated_metadata"), "zarr-python now consolidates subgroups too"
+    with RangeServer(root).running() as server:
+        m = mount(server.url)
+        assert sorted(os.listdir(m.path / "sub")) == ["arr", "deeper", "zarr.json"]
+        assert sorted(os.listdir(m.path / "sub" / "deeper")) == ["arr", "zarr.json"]
+        info = shardfs("info", server.url).stdout
+        for path in ("top", "sub/arr", "sub/deeper/arr"):
+            assert f"{path}: zarr v3 array, sharded" in info, path
+        back = zarr.open_group(m.path, mode="r", use_consolidated=False)
+        assert np.array_equal(back["sub/deeper/arr"][...], data)
+
+
 def test_a_node_no_metadata_names_is_found_by_name_over_http(tmp_path, mount) -> None:
     """zarr-python 3's default group names its children nowhere (no consolidated metadata, no OME): over a
     server that answers 404 for directories, as object stores do, its array is still reached by name, its
@@ -387,6 +409,6 @@ def test_a_large_value_is_read_in_pieces_of_piece_size(tmp_path, mount) -> None:
     (tmp_path / "s0" / "0-256_0-256_0-48.gz").write_bytes(stored)
     with RangeServer(tmp_path).running() as server:
         m = mount(server.url, "--view", "zarr2")
-        assert (m.path / "s0" / "0.0.0.0").read_bytes() == voxels.tobytes()
+        assert (m.path / "s0" / "0/0/0/0").read_bytes() == voxels.tobytes()
         got = set(server.ranges) - {f"bytes=0-{(tmp_path / 'info').stat().st_size - 1}"}
         assert got == {f"bytes=0-{(8 << 20) - 1}", f"bytes={8 << 20}-{len(stored) - 1}"}, got
