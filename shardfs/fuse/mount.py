@@ -146,11 +146,19 @@ def _flags(options: MountOptions) -> list[tuple[str, bool]]:
 _watchers: list[tuple[socket.socket, subprocess.Popen[bytes]]] = []
 
 
+def _escaped(value: str) -> str:
+    """value as fusermount3 reads `fsname=` and `subtype=` (its only options that take escapes): a backslash
+    takes the next character as it is, so a comma stays in the value and a trailing backslash cannot swallow
+    the comma after it (`fsname=/data\\,subtype=shardfs` would be one fsname, the type plain `fuse`)."""
+    return value.replace("\\", "\\\\").replace(",", "\\,")
+
+
 def _mount_with_fusermount(mountpoint: Path, options: MountOptions) -> int:
     """fusermount3 is setuid root: it checks the user may mount there, mounts, and sends the fd back. It
     exits then, or with auto_unmount stays until our end of the socket closes."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    text = [f"fsname={options.fsname}", f"subtype={options.subtype}", "nosuid", "nodev", *options.vfs]
+    text = [f"fsname={_escaped(options.fsname)}", f"subtype={_escaped(options.subtype)}", "nosuid", "nodev"]
+    text += options.vfs
     text += ["ro"] if options.read_only else []
     text += [name for name, on in _flags(options) if on] + list(options.kernel)
     text += ["auto_unmount"] if options.auto_unmount else []
