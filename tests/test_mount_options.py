@@ -7,7 +7,10 @@ let another user's through (issue 27)."""
 from __future__ import annotations
 
 import errno
+import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +143,133 @@ def test_names_too_long_for_linux_are_absent_and_one_users_errors_leave_the_othe
         (m.path / "2").read_bytes()
     assert e.value.errno == errno.EIO
     assert any("event=eio path=/2 " in line and " uid=0 " in line for line in m.log_text().splitlines())
+
+
+# Class 1 of issue 33: options against a second user and against their zero values.
+@pytest.fixture
+def owned(public_tmp: Path, user) -> Path:
+    """A key-value dataset owned by the unprivileged user, with a file passed through in a 0750 directory,
+    under a directory any user may search."""
+    root = public_tmp / "kv"
+    peers.write_tensorstore_kv(root, {1: b"one", 2: b"two"})
+    (root / "notes").mkdir()
+    (root / "notes" / "readme.txt").write_text("hello")
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+        os.chown(path, *user)
+    (root / "notes").chmod(0o750)
+    (root / "info").chmod(0o640)
+    return root
+
+
+def modes(point: Path) -> dict[str, tuple[int, int, int]]:
+    return {
+        name: (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode))
+        for name in ("", "1", "info", "notes", "notes/readme.txt")
+        for st in [(point / name).stat()]
+    }
+
+
+def test_a_default_mount_shows_the_sources_owners_and_read_bits_and_zero_values_are_values(owned, mount, user) -> None:
+    """Default: each node the source's owner and group, read and search bits only (no write bit, whatever the
+    source has), a file in a 0750 directory closed to others as on disk. `uid=0,gid=0,umask=0` show root,
+    root and 0777 everywhere: zero is a value, not "unset"."""
+    uid, gid = user
+    shown = modes(mount(owned).path)
+    assert shown == {
+        "": (uid, gid, 0o555),
+        "1": (uid, gid, 0o444),  # a chunk: its shard's owner and read bits
+        "info": (uid, gid, 0o440),
+        "notes": (uid, gid, 0o550),
+        "notes/readme.txt": (uid, gid, 0o440),  # 0644, inside a directory others cannot search
+    }, shown
+    zeros = modes(mount(owned, "-o", "uid=0,gid=0,umask=0").path)
+    assert set(zeros.values()) == {(0, 0, 0o777)}, zeros
+    assert set(modes(mount(owned, "-o", f"uid={uid},umask=0777").path).values()) == {(uid, gid, 0)}
+
+
+# Run as root inside a mount namespace of its own (test_mounting.PRIVATE_FUSE): the user mounts through
+# fusermount3 with allow_root and mount flags; the user, root and a third user (nobody) read; the options the
+# kernel shows for the mount are printed.
+USER_ALLOW_ROOT = """
+import json, subprocess, sys
+source, point, log, uid, gid, flags = sys.argv[1:]
+cli = [sys.executable, "-m", "tests.as_user", uid, gid, "shardfs.cli"]
+run = lambda *command: subprocess.run(command, capture_output=True, text=True, timeout=60)
+as_ = lambda who, *command: run("setpriv", f"--reuid={who}", f"--regid={who}", "--clear-groups", "--", *command)
+out = {"mount": run(*cli, "mount", source, point, "--log-file", log, "-o", f"allow_root,{flags}").stderr}
+out["line"] = [ln.split() for ln in open("/proc/self/mountinfo") if f" {point} " in ln]
+out["user"] = as_(uid, "cat", f"{point}/2").stdout
+out["root"] = run("cat", f"{point}/2").stdout
+out["nobody"] = as_("65534", "cat", f"{point}/2").stderr
+out["unmount"] = run(*cli, "unmount", point).returncode
+print(json.dumps(out))
+"""
+
+
+def test_allow_root_on_a_users_mount_serves_that_user_and_root_and_no_one_else(shared, user, public_tmp) -> None:  # noqa: F811
+    """allow_root had only been tried on root's own mounts, where the owner is root. Mounted by the unprivileged
+    user (through fusermount3): the user and root read, a third user (nobody) is refused; the mount flags the
+    user asked for reach the kernel as fusermount3 passes them, nosuid and nodev always."""
+    from tests.test_mounting import PRIVATE_FUSE
+
+    point, log = public_tmp / "m", public_tmp / "log"
+    point.mkdir()
+    os.chown(point, *user)
+    log.touch()
+    os.chown(log, *user)
+    private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", PRIVATE_FUSE, "-"]
+    script = [sys.executable, "-c", USER_ALLOW_ROOT, str(shared[0]), str(point), str(log), *map(str, user)]
+    done = subprocess.run([*private, *script, "noexec,noatime"], capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["mount"] == "" and len(out["line"]) == 1, out
+    assert (out["user"], out["root"]) == ("two", "two"), out
+    assert "Permission denied" in out["nobody"], out
+    assert out["unmount"] == 0, out
+    per_mount, fstype = out["line"][0][5], out["line"][0][-3]
+    assert fstype == "fuse.shardfs", out["line"]
+    assert set(per_mount.split(",")) == {"ro", "nosuid", "nodev", "noexec", "noatime"}, per_mount
+
+
+# Class 2 of issue 33: mount flags, as /proc/self/mountinfo shows them (per mount, then the superblock's).
+SAFE = {"ro", "nosuid", "nodev"}
+FLAGS = [  # -o, then what mountinfo shows per mount and on the superblock; None: fusermount3 3.14 does not know it
+    ("", SAFE | {"relatime"}, set(), True),
+    ("noexec,noatime", SAFE | {"noexec", "noatime"}, set(), True),
+    ("noexec,noatime,exec,atime", SAFE | {"relatime"}, set(), True),  # the later of two contrary flags wins
+    ("nodiratime,strictatime", SAFE | {"nodiratime"}, set(), False),
+    ("relatime,norelatime", SAFE | {"relatime"}, set(), False),  # neither noatime nor strictatime: the kernel's
+    ("sync,dirsync", SAFE | {"relatime"}, {"sync", "dirsync"}, True),
+    ("sync,async", SAFE | {"relatime"}, set(), True),
+    ("suid,dev", SAFE | {"relatime"}, set(), True),  # what mount.fuse3 adds for root: no effect
+]
+
+
+@pytest.mark.parametrize("how", ["mount(2)", "fusermount3"])
+@pytest.mark.parametrize("options, per_mount, on_superblock, known", FLAGS, ids=[f[0] or "default" for f in FLAGS])
+def test_mount_flags_reach_the_kernel(shared, tmp_path, how, options, per_mount, on_superblock, known) -> None:  # noqa: F811
+    """Each flag as mount(8) means it, whether root mounts with mount(2) or through fusermount3 (auto_unmount;
+    a flag fusermount3 3.14 does not know is refused in its words, nothing mounted). Every shardfs mount is
+    nosuid and nodev, even when root asks for suid and dev (as mount.fuse3 does for every root fstab mount):
+    it shows no device and no set-user-ID bit."""
+    point = tmp_path / "m"
+    point.mkdir()
+    given = ",".join(filter(None, [options, "auto_unmount" if how == "fusermount3" else ""]))
+    done = shardfs(
+        "mount", shared[0], point, "--log-file", tmp_path / "log", *(["-o", given] if given else []), check=False
+    )
+    try:
+        if how == "fusermount3" and not known:
+            one_line_error(done, 1, "fusermount3: unknown option")
+            assert mounted_at(point) == []
+            return
+        assert done.returncode == 0, done.stderr
+        found = [ln.split() for ln in Path("/proc/self/mountinfo").read_text().splitlines() if f" {point} " in ln]
+        assert len(found) == 1, found
+        assert set(found[0][5].split(",")) == per_mount, found[0]
+        assert {"sync", "dirsync"} & set(found[0][-1].split(",")) == on_superblock, found[0]
+        assert (point / "2").read_bytes() == b"two"
+    finally:
+        if mounted_at(point):
+            shardfs("unmount", point)

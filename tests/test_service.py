@@ -156,7 +156,8 @@ def test_mount_helper_without_home_or_path(kv, tmp_path, helper_on_default_path,
         assert figures["shardfs_cache_budget_bytes", frozenset()] == 3 << 20  # cache_size=3M reached us
         assert "level=info event=mounted" in log.read_text()  # and so did log_file and log_level
         line = next(ln for ln in Path("/proc/mounts").read_text().splitlines() if f" {point} " in ln)
-        assert line.split()[2] == "fuse.shardfs" and {"ro", "allow_other"} <= set(line.split()[3].split(","))
+        assert line.split()[2] == "fuse.shardfs"  # and nosuid,nodev, though mount.fuse3 adds suid,dev for root:
+        assert {"ro", "nosuid", "nodev", "allow_other"} <= set(line.split()[3].split(","))
     finally:
         subprocess.run(["/usr/bin/umount", str(point)], env={}, capture_output=True, timeout=60)
     assert not os.path.ismount(point)

@@ -29,11 +29,12 @@ MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
 MNT_DETACH = 2
 # The mount flags `-o` may set or clear, as mount(8) and libfuse spell them: name → (flag, set or clear).
-# A FUSE mount is nosuid,nodev unless `suid`/`dev` are given (by root: fusermount3 refuses them to others).
+# Every shardfs mount is nosuid,nodev: it shows no device and no set-user-ID bit, so `suid` and `dev` (which
+# mount.fuse3 adds to every root fstab mount) are accepted and change nothing (see serve.IGNORED).
 VFS_FLAGS = {
-    "nosuid": (MS_NOSUID, True), "suid": (MS_NOSUID, False), "nodev": (MS_NODEV, True), "dev": (MS_NODEV, False),
-    "noexec": (MS_NOEXEC, True), "exec": (MS_NOEXEC, False), "sync": (MS_SYNCHRONOUS, True),
-    "async": (MS_SYNCHRONOUS, False), "dirsync": (MS_DIRSYNC, True), "noatime": (MS_NOATIME, True),
+    "nosuid": (MS_NOSUID, True), "nodev": (MS_NODEV, True), "noexec": (MS_NOEXEC, True), "exec": (MS_NOEXEC, False),
+    "sync": (MS_SYNCHRONOUS, True), "async": (MS_SYNCHRONOUS, False), "dirsync": (MS_DIRSYNC, True),
+    "noatime": (MS_NOATIME, True),
     "atime": (MS_NOATIME, False), "nodiratime": (MS_NODIRATIME, True), "diratime": (MS_NODIRATIME, False),
     "relatime": (MS_RELATIME, True), "norelatime": (MS_RELATIME, False), "strictatime": (MS_STRICTATIME, True),
 }  # fmt: skip

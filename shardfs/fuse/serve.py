@@ -44,6 +44,8 @@ IGNORED = {
     "ac_attr_timeout": "as auto_cache",
     "no_rofd_flush": "FLUSH is answered ENOSYS once and never sent again",
     "user": "libfuse wrote it to /etc/mtab only",
+    "suid": "the mount shows no set-user-ID bit: it stays nosuid (mount.fuse3 adds suid for root)",
+    "dev": "the mount shows no device: it stays nodev (mount.fuse3 adds dev for root)",
 }
 # libfuse 3.14's options that cannot work here: the mount is refused with the reason.
 REFUSED = {
