@@ -39,6 +39,12 @@ TWINS = "tests/test_zarr.py::test_inner_chunks_are_the_unsharded_twins_files"
 NAMES = "tests/test_chunk_names.py::test_names_are_the_twins_and_no_other_spelling_is_a_file["
 BLOCKS = "tests/test_view_blocks.py::"
 VERSIONS = "tests/test_remote_versions.py::test_an_object_replaced_under_the_mount_is_eio"
+OPTIONS = "tests/test_mount_options.py::"
+PROTOCOL = "tests/test_fuse_protocol.py::"
+ZEROS = OPTIONS + "test_a_default_mount_shows_the_sources_owners_and_read_bits_and_zero_values_are_values"
+FLAGS = OPTIONS + "test_mount_flags_reach_the_kernel"
+FORGETS = PROTOCOL + "test_forget_counts_down_every_lookup_the_kernel_made"
+TIMED = PROTOCOL + "test_each_timeout_reaches_the_kernel_as_given_to_the_nanosecond"
 
 MUTATIONS = [
     Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
@@ -289,6 +295,66 @@ MUTATIONS = [
     Mutation("a stopped daemon hangs stats", "shardfs/service/stats_socket.py",
              "        conn.settimeout(ASK_TIMEOUT)", "        conn.settimeout(None)",
              ("tests/test_service.py::test_a_stopped_daemon_blocks_neither_stats_nor_list",)),
+    # Issue 27: options checked before mount(2), names and log lines bounded per user, fusermount3's escapes.
+    Mutation("timeouts unchecked before mount", "shardfs/fuse/serve.py", "if not 0 <= found < TIMEOUT_LIMIT:",
+             "if found < 0:",
+             (OPTIONS + "test_a_timeout_the_kernel_cannot_take_is_refused_before_anything_is_mounted"
+              "[attr_timeout=nan]",)),
+    Mutation("a failure after mount(2) leaves the mount", "shardfs/fuse/serve.py",
+             "    except BaseException:\n        if ours:", "    except BaseException:\n        if False:",
+             (OPTIONS + "test_a_failure_after_mount_takes_the_mount_away",)),
+    Mutation("names over 255 bytes tried on the source", "shardfs/fuse/adapter.py",
+             'if len(os.fsencode(path.rpartition("/")[2])) > NAME_MAX:', "if False:",
+             (OPTIONS + "test_names_too_long_for_linux_are_absent_and_one_users_errors_leave_the_others_logged",)),
+    Mutation("one log budget for every user", "shardfs/logs.py", "key = (record.levelno, _event(record), uid)",
+             "key = (record.levelno, _event(record), None)",
+             (OPTIONS + "test_names_too_long_for_linux_are_absent_and_one_users_errors_leave_the_others_logged",)),
+    Mutation("fsname unescaped for fusermount3", "shardfs/fuse/mount.py",
+             'return value.replace("\\\\", "\\\\\\\\").replace(",", "\\\\,")', "return value",
+             (OPTIONS + "test_a_source_path_ending_in_a_backslash_mounts_as_shardfs_through_fusermount3",)),
+    # Issue 33, class 1: options against a second user and against their zero values.
+    Mutation("allow_root's owner taken as root", "shardfs/fuse/serve.py", "owner = os.getuid() if allow_root else None",
+             "owner = 0 if allow_root else None",
+             (OPTIONS + "test_allow_root_on_a_users_mount_serves_that_user_and_root_and_no_one_else",)),
+    Mutation("uid=0 taken as unset", "shardfs/fuse/adapter.py",
+             "uid = owner.uid if shown.uid is None else shown.uid", "uid = shown.uid or owner.uid", (ZEROS,)),
+    Mutation("umask=0 taken as unset", "shardfs/fuse/adapter.py", "if shown.umask is not None:", "if shown.umask:",
+             (ZEROS,)),
+    Mutation("write bits carried through", "shardfs/stores/local.py",
+             "bits = 0o555 if stat.S_ISDIR(st.st_mode) else 0o444",
+             "bits = 0o777 if stat.S_ISDIR(st.st_mode) else 0o666",
+             (ZEROS,)),
+    Mutation("attr_timeout given as entry_timeout", "shardfs/fuse/session.py",
+             "self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.attr))",
+             "self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.entry))", (TIMED,)),
+    Mutation("fractions of timeouts as microseconds", "shardfs/fuse/session.py",
+             "return whole, int((seconds - whole) * 1e9)", "return whole, int((seconds - whole) * 1e6)", (TIMED,)),
+    # Issue 33, class 2: mount flags.
+    Mutation("noexec clears the flag", "shardfs/fuse/mount.py", '"noexec": (MS_NOEXEC, True),',
+             '"noexec": (MS_NOEXEC, False),', (FLAGS + "[noexec,noatime-mount(2)]",)),
+    Mutation("a later contrary flag ignored", "shardfs/fuse/mount.py", "flags = flags | flag if on else flags & ~flag",
+             "flags = flags | flag if on else flags", (FLAGS + "[noexec,noatime,exec,atime-mount(2)]",)),
+    Mutation("root's mounts without nosuid", "shardfs/fuse/mount.py", "flags = MS_NOSUID | MS_NODEV |",
+             "flags = MS_NODEV |", (FLAGS + "[default-mount(2)]",)),
+    # Issue 33, class 3: the protocol at its boundaries.
+    Mutation("init_out of 64 bytes for 7.22", "shardfs/fuse/session.py", "reply if minor >= 23 else",
+             "reply if minor >= 22 else", (PROTOCOL + "test_init_answers_each_minor_in_the_layout_it_reads[22-24]",)),
+    Mutation("init_out of 24 bytes for 7.23", "shardfs/fuse/session.py", "reply if minor >= 23 else",
+             "reply if minor >= 24 else", (PROTOCOL + "test_init_answers_each_minor_in_the_layout_it_reads[23-64]",)),
+    Mutation("7.12 refused", "shardfs/fuse/wire.py", "MIN_MINOR = 12", "MIN_MINOR = 13",
+             (PROTOCOL + "test_init_answers_each_minor_in_the_layout_it_reads[12-24]",)),
+    Mutation("7.11 taken", "shardfs/fuse/wire.py", "MIN_MINOR = 12", "MIN_MINOR = 11",
+             (PROTOCOL + "test_init_of_a_kernel_older_than_7_12_is_refused",)),
+    Mutation("a FORGET counts one lookup", "shardfs/fuse/session.py", "left = self._counts.get(nodeid, 0) - times",
+             "left = self._counts.get(nodeid, 0) - 1", (FORGETS,)),
+    Mutation("a BATCH_FORGET forgets its first node only", "shardfs/fuse/session.py", "for i in range(number):",
+             "for i in range(min(number, 1)):", (FORGETS,)),
+    Mutation("STATFS shows the files free", "shardfs/fuse/session.py", "pack(blocks, 0, 0, files, 0,",
+             "pack(blocks, 0, 0, files, files,",
+             (PROTOCOL + "test_df_i_and_stat_f_show_the_sources_files_and_the_mounts_units",)),
+    Mutation("any character device taken for /dev/fuse", "shardfs/fuse/mount.py",
+             "if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:", "if not stat.S_ISCHR(st.st_mode):",
+             (PROTOCOL + "test_dev_fd_n_of_another_character_device_is_refused_in_one_line[/dev/null]",)),
 ]  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from cloudvolume import CloudVolume
 from shardfs.fuse import wire
 from shardfs.fuse.adapter import TreeOps
 from shardfs.fuse.mount import FuseMountError, MountOptions, mount, unmount
-from shardfs.fuse.session import Session
+from shardfs.fuse.session import Session, Timeouts
 from shardfs.fuse.wire import InitFlag
 from shardfs.source import open_source
 from tests import peers
@@ -433,11 +433,11 @@ def test_absences_are_kept_by_the_kernel(volume, server, tmp_path) -> None:
 
 
 @contextlib.contextmanager
-def kernel_socket(volume_root: Path) -> Iterator[tuple[socket.socket, Session]]:
+def kernel_socket(volume_root: Path, timeouts: Timeouts | None = None) -> Iterator[tuple[socket.socket, Session]]:
     """A session whose "device" is one end of a packet socket pair: the test plays a kernel this machine
-    does not run (older, newer), request by request."""
+    does not run (older, newer), request by request, and reads what the kernel would be told."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    session = Session(theirs.fileno(), TreeOps(open_source(volume_root, 1 << 20).tree, 0), threads=1)
+    session = Session(theirs.fileno(), TreeOps(open_source(volume_root, 1 << 20).tree, 0), 1, timeouts)
     runner = threading.Thread(target=session.run)
     runner.start()
     try:
