@@ -393,9 +393,10 @@ def imports_from(tree: Path) -> Path:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-k", dest="only", default="", help="only the mutations whose name contains this text")
+    p.add_argument("-k", dest="only", action="append", default=[],
+                   help="only the mutations whose name contains this text (repeatable: any of them)")  # fmt: skip
     args = p.parse_args()
-    chosen = [m for m in MUTATIONS if args.only in m.name]
+    chosen = [m for m in MUTATIONS if not args.only or any(text in m.name for text in args.only)]
     scratch = Path(tempfile.mkdtemp(prefix="shardfs-mutate-"))
     scratch.chmod(0o755)  # tests run parts as an unprivileged user, who must reach the copy
     try:

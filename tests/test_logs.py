@@ -183,7 +183,7 @@ def test_mount_f_shows_the_mount_line_on_the_terminal(raw_volume: tuple[Path, Pa
     try:
         wait_until(lambda: os.path.ismount(point))
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=60) == 0
         mounted = [line for line in proc.stderr.read().splitlines() if "event=mounted" in line]
         assert len(mounted) == 1, mounted
         assert f"mounted {raw_volume[0]} at {point}, view n5; FUSE 7." in mounted[0], mounted
