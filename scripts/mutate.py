@@ -45,6 +45,8 @@ ZEROS = OPTIONS + "test_a_default_mount_shows_the_sources_owners_and_read_bits_a
 FLAGS = OPTIONS + "test_mount_flags_reach_the_kernel"
 FORGETS = PROTOCOL + "test_forget_counts_down_every_lookup_the_kernel_made"
 TIMED = PROTOCOL + "test_each_timeout_reaches_the_kernel_as_given_to_the_nanosecond"
+EDGES = "tests/test_remote_edges.py::"
+ODD = "tests/test_odd_values.py::"
 
 MUTATIONS = [
     Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
@@ -355,6 +357,34 @@ MUTATIONS = [
     Mutation("any character device taken for /dev/fuse", "shardfs/fuse/mount.py",
              "if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:", "if not stat.S_ISCHR(st.st_mode):",
              (PROTOCOL + "test_dev_fd_n_of_another_character_device_is_refused_in_one_line[/dev/null]",)),
+    # Issue 33, class 4: remote edges.
+    Mutation("401 taken for a failure", "shardfs/stores/remote.py",
+             "except (PermissionDeniedError, UnauthenticatedError) as e:", "except PermissionDeniedError as e:",
+             (EDGES + "test_a_refusal_is_eacces_whether_unauthenticated_or_forbidden[401]",)),
+    Mutation("URL passwords redacted up to their first @", "shardfs/logs.py", r'[^/\s?#]+@")', r'[^/\s?#@]+@")',
+             (EDGES + "test_a_password_of_url_special_characters_shows_nowhere[as typed]",)),
+    Mutation("an empty minishard's index read", "shardfs/shards/neuroglancer.py",
+             "        if start == stop:\n            return EMPTY\n", "",
+             (EDGES + "test_a_key_whose_minishard_is_empty_costs_the_shard_index_alone",)),
+    Mutation("shards listed in the store's order", "shardfs/shards/neuroglancer.py",
+             "for found in sorted(found for found in named if found is not None):",
+             "for found in (found for found in named if found is not None):",
+             (EDGES + "test_a_remote_listing_over_many_shards_is_in_the_local_order_and_stable",)),
+    # Issue 33, class 5: odd values through the views, and df.
+    Mutation("N5 fill compared by value", "shardfs/views/n5.py",
+             "self.filled = any(np.asarray(array.fill_value, array.dtype).tobytes())",
+             "self.filled = array.fill_value != 0",
+             (ODD + "test_non_finite_and_negative_zero_fills_through_n5",)),
+    Mutation("zarr2 non-finite fills written as numbers", "shardfs/views/zarr2.py",
+             "if isinstance(value, float) and not math.isfinite(value):", "if False:",
+             (ODD + "test_non_finite_and_negative_zero_fills_through_zarr2",)),
+    Mutation("df follows links", "shardfs/stores/local.py",
+             "st = os.stat(name, dir_fd=at, follow_symlinks=False)", "st = os.stat(name, dir_fd=at)",
+             (ODD + "test_df_counts_only_the_sources_regular_files",)),
+    Mutation("df counts FIFOs, sockets and devices", "shardfs/stores/local.py",
+             "                    if stat.S_ISREG(st.st_mode):\n                        yield st.st_size",
+             "                    if True:\n                        yield st.st_size",
+             (ODD + "test_df_counts_only_the_sources_regular_files",)),
 ]  # fmt: skip
 
 
