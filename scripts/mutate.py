@@ -303,7 +303,7 @@ MUTATIONS = [
              (OPTIONS + "test_a_timeout_the_kernel_cannot_take_is_refused_before_anything_is_mounted"
               "[attr_timeout=nan]",)),
     Mutation("a failure after mount(2) leaves the mount", "shardfs/fuse/serve.py",
-             "    except BaseException:\n        if ours:", "    except BaseException:\n        if False:",
+             "    except BaseException:\n        take_away()", "    except BaseException:\n        pass",
              (OPTIONS + "test_a_failure_after_mount_takes_the_mount_away",)),
     Mutation("names over 255 bytes tried on the source", "shardfs/fuse/adapter.py",
              'if len(os.fsencode(path.rpartition("/")[2])) > NAME_MAX:', "if False:",

@@ -180,7 +180,7 @@ def test_metrics_and_stats_count_what_was_read(kv, half_broken, mount) -> None:
     m = mount(half_broken, "--metrics", f"{port}")  # localhost by default
 
     def metrics() -> dict[tuple[str, frozenset], float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as reply:
             return scrape(reply.read().decode())
 
     before = metrics()
@@ -325,7 +325,7 @@ def test_idle_metrics_connections_time_out_and_are_bounded(kv, mount) -> None:
         idle[0].settimeout(60)  # a ceiling only a connection kept for ever reaches (IDLE_TIMEOUT is 5 s)
         assert idle[0].recv(1) == b""  # closed by the daemon
         wait_until(lambda: daemon.num_threads() == threads)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as reply:
             assert ("shardfs_served_bytes_total", frozenset()) in scrape(reply.read().decode())
     finally:
         for conn in idle:

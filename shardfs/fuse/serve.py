@@ -150,10 +150,13 @@ def serve(
         assert session is not None
         on_ready(session.granted_text())
 
-    def stop(signum: int, frame: object) -> None:
+    def take_away() -> None:
         if ours:
             with contextlib.suppress(OSError, FuseMountError):
                 unmount(mountpoint, lazy=True)
+
+    def stop(signum: int, frame: object) -> None:
+        take_away()
         assert session is not None
         session.stop()
 
@@ -169,9 +172,7 @@ def serve(
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     except BaseException:
-        if ours:
-            with contextlib.suppress(OSError, FuseMountError):
-                unmount(mountpoint, lazy=True)
+        take_away()
         raise
     finally:
         if session is None or session.ended:  # else a thread still reads it: the number must not name another file
