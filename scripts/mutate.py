@@ -370,6 +370,12 @@ MUTATIONS = [
              "for found in sorted(found for found in named if found is not None):",
              "for found in (found for found in named if found is not None):",
              (EDGES + "test_a_remote_listing_over_many_shards_is_in_the_local_order_and_stable",)),
+    Mutation("a listed name gives nothing back", "shardfs/shards/neuroglancer.py",
+             "budget.refund(LISTING_READ * listed)", "budget.refund(0)",
+             (EDGES + "test_a_listing_spends_its_budget_and_each_name_gives_some_back[1]",)),
+    Mutation("a minishard gives back one name's worth", "shardfs/shards/neuroglancer.py",
+             "budget.refund(LISTING_READ * listed)", "budget.refund(LISTING_READ * min(listed, 1))",
+             (EDGES + "test_a_listing_spends_its_budget_and_each_name_gives_some_back[2]",)),
     # Issue 33, class 5: odd values through the views, and df.
     Mutation("N5 fill compared by value", "shardfs/views/n5.py",
              "self.filled = any(np.asarray(array.fill_value, array.dtype).tobytes())",

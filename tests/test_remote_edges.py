@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import base64
 import errno
+import json
+import struct
 import subprocess
 from collections import Counter
 from pathlib import Path
 from urllib.parse import quote
 
+import numpy as np
 import pytest
 
+from shardfs.shards.neuroglancer import LISTING_BLOCK, LISTING_BUDGET
 from tests import peers
 from tests.conftest import shardfs
 from tests.http_server import RangeServer
@@ -135,3 +139,59 @@ def test_a_remote_listing_over_many_shards_is_in_the_local_order_and_stable(kv, 
         bucket = mount(f"gs://{root.parent.name}/kv", "--endpoint", server.url, "--anonymous")
         listings.append(unsorted_listing(bucket.path))
     assert all(listing == local for listing in listings), (local, listings)
+
+
+def write_paired_kv(root: Path, per_minishard: int) -> set[int]:
+    """A one-shard key-value dataset (identity hash, minishard_bits 23: a 128 MiB shard index, on disk a hole
+    the server streams as zeros), written by the spec's layout: 256 non-empty minishards in each 1 MiB block of
+    the index, each holding per_minishard keys (minishard m: m, m + 2^23, ...), its values then its minishard
+    index after them. Its keys."""
+    bits = 23
+    spec = peers.sharding_spec(preshift_bits=0, hash="identity", minishard_bits=bits, shard_bits=0,
+                               minishard_index_encoding="raw", data_encoding="raw")  # fmt: skip
+    root.mkdir(parents=True)
+    (root / "info").write_text(json.dumps({"sharding": spec}))
+    index_size, per_block = 16 << bits, LISTING_BLOCK // 16
+    keys: set[int] = set()
+    body, entries, at = bytearray(), [], 0
+    for m in (
+        block * per_block + i * (per_block // 256) for block in range(index_size // LISTING_BLOCK) for i in range(256)
+    ):
+        held = [m + (j << bits) for j in range(per_minishard)]
+        first = at
+        for key in held:
+            body += key.to_bytes(8, "little")
+        at += 8 * len(held)
+        rows = np.array([np.diff([0, *held]), [first] + [0] * (len(held) - 1), [8] * len(held)], "<u8").tobytes()
+        entries.append((m, at, at + len(rows)))
+        body += rows
+        at += len(rows)
+        keys.update(held)
+    with (root / "0.shard").open("wb") as f:
+        for m, start, stop in entries:
+            f.seek(16 * m)
+            f.write(struct.pack("<QQ", start, stop))
+        f.seek(index_size)
+        f.write(body)
+    return keys
+
+
+@pytest.mark.parametrize("per_minishard", [1, 2])
+def test_a_listing_spends_its_budget_and_each_name_gives_some_back(tmp_path, mount, per_minishard) -> None:
+    """Over HTTP a 128 MiB shard index is read whole (no holes can be seen), 1 MiB a block: twice the 64 MiB a
+    listing may read without listing a name. Each minishard index read costs at least 4 KiB and each name
+    listed gives 4 KiB back. With one key a minishard the names only pay for their own reads: the listing
+    stops once the blocks have spent the budget, with the names of those blocks and one warning. With two,
+    each minishard gives back 4 KiB more than it cost, 1 MiB a block: the listing is whole."""
+    keys = write_paired_kv(tmp_path / "kv", per_minishard)
+    with RangeServer(tmp_path / "kv").running() as server:
+        m = mount(server.url)
+        listed = set(subprocess.run(["ls", "-f", m.path], capture_output=True, text=True, timeout=600).stdout.split())
+    names = {str(key) for key in keys}
+    assert listed - {".", "..", "info"} <= names
+    if per_minishard == 2:
+        assert listed >= names and "event=listing_budget" not in m.log_text()
+        return
+    paid = LISTING_BUDGET // LISTING_BLOCK * 256  # the names of the blocks the budget pays for
+    assert paid * 0.9 <= len(listed - {".", "..", "info"}) <= paid, len(listed)
+    assert m.log_text().count("event=listing_budget") == 1
