@@ -5,7 +5,7 @@ Any user who can read the mount can make it log (corrupt chunks read again and a
 are rate-limited per kind and per user: a burst, then a count of what was dropped on the next line let through.
 The user is the one whose FUSE request the thread is answering (`uid=` on the line): one user's noise spends
 that user's budget, never the one that lets another user's errors through. At DEBUG,
-the daemon logs a line per FUSE request (`event=request op= path= bytes= store_reads= us=`), limited the same
+the daemon logs a line per FUSE request (`event=request op= path= bytes= store_reads= us= uid=`), limited the same
 way with a larger burst; INFO lines (mounted, unmounted) always pass.
 
 No secret reaches a log at any level. DEBUG and INFO records pass only from shardfs's own loggers: a
