@@ -178,7 +178,7 @@ MUTATIONS = [
              "in sorted(entries, reverse=True):",
              ("tests/test_disk_cache.py::test_eviction_drops_the_least_recently_used",)),
     Mutation("disk cache entry checksum not checked", "shardfs/stores/disk_cache.py",
-             "!= (MAGIC, key, length, crc32c.crc32c(data)):", "!= (MAGIC, key, length, HEADER.unpack(header)[3]):",
+             "!= (MAGIC, key, length, crc32c(data)):", "!= (MAGIC, key, length, HEADER.unpack(header)[3]):",
              ("tests/test_disk_cache.py::test_a_changed_entry_is_fetched_again_never_served",)),
     Mutation("disk cache entry opened blocking", "shardfs/stores/disk_cache.py",
              "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |", "os.O_RDONLY | os.O_NOFOLLOW |",
