@@ -36,7 +36,7 @@ from tests.conftest import shardfs
 from tests.http_server import RangeServer
 from tests.test_daemon import daemon_of, wait_until
 
-LATENCY = 0.05  # seconds a slow server takes per request
+LATENCY = 0.5  # seconds a slow server holds each request: long enough that load cannot keep them from overlapping
 
 
 @pytest.fixture

@@ -93,7 +93,7 @@ def test_one_get_per_chunk_once_warm(volume, server, mount) -> None:
 
 
 def test_sixteen_readers_overlap(volume, server, mount) -> None:
-    """With 50 ms per request, 16 readers have their GETs at the server at once: their reads overlap (what the
+    """With 0.5 s per request, 16 readers have their GETs at the server at once: their reads overlap (what the
     server saw, not how long they took, which load can stretch). Lookups are stat'ed first, so that it is the
     reads, one GET each, that are counted."""
     _, twin, _ = volume
@@ -101,7 +101,7 @@ def test_sixteen_readers_overlap(volume, server, mount) -> None:
     names = chunk_names(twin, "4_4_40")
     for name in names:
         (m.path / "4_4_40" / name).stat()
-    server.latency = 0.05
+    server.latency = 0.5
     server.most_in_flight = 0
     before = server.gets()
     with ThreadPoolExecutor(16) as pool:
