@@ -459,3 +459,21 @@ def test_a_stopped_daemon_blocks_neither_stats_nor_list(kv, mount) -> None:
         ), listed.stdout
     finally:
         daemon.resume()
+
+
+def test_a_stopped_daemon_whose_root_the_kernel_must_ask_for_blocks_neither_stats_nor_list(kv, mount) -> None:
+    """With attr_timeout=0 the kernel keeps no attributes of the mount's root: a look at the mountpoint asks the
+    stopped daemon, which never answers. `list` (which asks every shardfs mount on the machine) and `stats`
+    must not look: they hung for ever (`shardfs()` gives up at 60 s), now each names it after ASK_TIMEOUT."""
+    m = mount(kv[0], "-o", "attr_timeout=0,entry_timeout=0")
+    daemon = daemon_of(m.path)
+    daemon.suspend()
+    try:
+        done = shardfs("stats", m.path, check=False)
+        assert done.returncode == 1 and f"its daemon (pid {daemon.pid}) did not answer in" in done.stderr
+        listed = shardfs("list", check=False)
+        assert listed.returncode == 0 and any(
+            line.split()[:1] == [str(m.path)] and line.split()[2:] == ["-"] * 3 for line in listed.stdout.splitlines()
+        ), listed.stdout
+    finally:
+        daemon.resume()
