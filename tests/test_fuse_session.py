@@ -28,15 +28,15 @@ from cloudvolume import CloudVolume
 from shardfs.fuse import wire
 from shardfs.fuse.adapter import TreeOps
 from shardfs.fuse.mount import FuseMountError, MountOptions, mount, unmount
-from shardfs.fuse.session import Session
+from shardfs.fuse.session import Session, Timeouts
 from shardfs.fuse.wire import InitFlag
 from shardfs.source import open_source
 from tests import peers
 from tests.conftest import shardfs
 from tests.http_server import RangeServer
-from tests.test_daemon import daemon_of
+from tests.test_daemon import daemon_of, wait_until
 
-LATENCY = 0.05  # seconds a slow server takes per request
+LATENCY = 0.5  # seconds a slow server holds each request: long enough that load cannot keep them from overlapping
 
 
 @pytest.fixture
@@ -78,12 +78,12 @@ def served(source: str | Path, mountpoint: Path, threads: int = 16, read_only: b
     runner = threading.Thread(target=session.run, name="session")
     runner.start()
     try:
-        assert ready.wait(10), "INIT never came"
+        assert ready.wait(60), "INIT never came"
         yield session
     finally:
         with contextlib.suppress(OSError):
             unmount(mountpoint, lazy=True)
-        runner.join(20)
+        runner.join(60)
         os.close(fd)
     assert not runner.is_alive() and not fuse_threads(), "the session outlived its mount"
 
@@ -126,13 +126,10 @@ def test_sixteen_lookups_in_one_directory_overlap(volume, server, tmp_path) -> N
         (tmp_path / "m" / "8_8_40").stat()
         server.latency = LATENCY
         server.most_in_flight = 0
-        started = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
             sizes = list(pool.map(lambda n: (tmp_path / "m" / "8_8_40" / n).stat().st_size, names))
-        elapsed = time.monotonic() - started
         assert sizes == [(twin / "8_8_40" / n).stat().st_size for n in names]
         assert server.most_in_flight >= 8, server.most_in_flight
-        assert elapsed < len(names) * LATENCY / 4, elapsed
         assert len(session.nodes) >= len(names)
 
 
@@ -141,7 +138,7 @@ def drop_kernel_names() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("2")
 
 
-def wait_for(condition, seconds: float = 10) -> bool:
+def wait_for(condition, seconds: float = 60) -> bool:
     deadline = time.monotonic() + seconds
     while not condition():
         if time.monotonic() > deadline:
@@ -347,9 +344,9 @@ def test_interrupted_lookup_is_answered_and_the_session_goes_on(volume, server, 
         assert wait_for(lambda: server.in_flight >= 2)
         patient.send_signal(signal.SIGUSR1)
         killed.kill()
-        out, _ = patient.communicate(timeout=10)
+        out, _ = patient.communicate(timeout=60)
         assert int(out) == (twin / "8_8_40" / names[0]).stat().st_size
-        assert killed.wait(timeout=10) == -signal.SIGKILL
+        assert killed.wait(timeout=60) == -signal.SIGKILL
         assert wait_for(lambda: session.interrupts >= 1)
         server.latency = 0
         assert (m / "8_8_40" / names[2]).read_bytes() == (twin / "8_8_40" / names[2]).read_bytes()
@@ -376,7 +373,7 @@ def test_unmount_with_lookups_in_flight_ends_the_session(volume, server, tmp_pat
         assert wait_for(lambda: server.in_flight >= 4)
         unmount(m, lazy=True)
         for reader in readers:
-            reader.join(10)
+            reader.join(60)
         assert len(results) == len(names)  # each one answered; the fixture checks the session ended
     assert not os.path.ismount(m)
 
@@ -433,18 +430,18 @@ def test_absences_are_kept_by_the_kernel(volume, server, tmp_path) -> None:
 
 
 @contextlib.contextmanager
-def kernel_socket(volume_root: Path) -> Iterator[tuple[socket.socket, Session]]:
+def kernel_socket(volume_root: Path, timeouts: Timeouts | None = None) -> Iterator[tuple[socket.socket, Session]]:
     """A session whose "device" is one end of a packet socket pair: the test plays a kernel this machine
-    does not run (older, newer), request by request."""
+    does not run (older, newer), request by request, and reads what the kernel would be told."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    session = Session(theirs.fileno(), TreeOps(open_source(volume_root, 1 << 20).tree, 0), threads=1)
+    session = Session(theirs.fileno(), TreeOps(open_source(volume_root, 1 << 20).tree, 0), 1, timeouts)
     runner = threading.Thread(target=session.run)
     runner.start()
     try:
         yield ours, session
     finally:
         ours.close()
-        runner.join(10)
+        runner.join(60)
         theirs.close()
     assert not runner.is_alive()
 
@@ -517,7 +514,7 @@ def test_a_descriptor_mounted_by_a_parent_is_served_as_dev_fd_n(volume, tmp_path
         name = sorted(p.name for p in (twin / "4_4_40").iterdir())[5]
         assert (m / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
         unmount(m)
-        assert child.wait(timeout=10) == 0
+        assert child.wait(timeout=60) == 0
     finally:
         if child.poll() is None:
             unmount(m, lazy=True)
@@ -538,10 +535,7 @@ def test_df_shows_the_bytes_the_source_stores(volume, mount) -> None:
     files = [p for p in source.rglob("*") if p.is_file() and not p.is_symlink()]
     stored = -(-sum(p.stat().st_size for p in files) // 512) * 512
     m = mount(source)
-    deadline = time.monotonic() + 10
-    while os.statvfs(m.path).f_files < len(files):
-        assert time.monotonic() < deadline, os.statvfs(m.path)
-        time.sleep(0.05)
+    wait_until(lambda: os.statvfs(m.path).f_files >= len(files))
     st = os.statvfs(m.path)
     assert (st.f_blocks * st.f_frsize, st.f_bfree, st.f_bavail, st.f_files) == (stored, 0, 0, len(files))
     df = subprocess.run(["df", "-B1", "--output=size,used,avail", m.path], capture_output=True, text=True, check=True)

@@ -16,7 +16,7 @@ from tests import peers
 from tests.http_server import RangeServer
 from tests.test_daemon import daemon_of
 
-PROMPT = 20  # seconds within which a bounded listing returns
+PROMPT = 60  # seconds within which a bounded listing returns: a ceiling only an unbounded one (256 GiB) reaches
 
 
 def listing(path: Path, mountpoint: Path) -> list[str]:

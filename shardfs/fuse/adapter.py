@@ -7,6 +7,7 @@ import errno
 import functools
 import itertools
 import logging
+import os
 import stat
 import threading
 import time
@@ -24,6 +25,7 @@ log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
 
 BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
+NAME_MAX = 255  # the longest name a Linux filesystem holds (STATFS says so); the kernel passes FUSE up to 1,024
 REQUEST_FILES = 4  # a request may decode as much as this many of the largest files (nested shards, a view)
 READDIR = metrics.OPS.labels("readdir")
 OPENED = metrics.OPS.labels("open")
@@ -215,7 +217,10 @@ class TreeOps:
     @errors_to_errno("getattr")
     def attributes(self, path: str) -> tuple[int, ...] | None:
         """The fuse_attr fields after ino of the node at path (pack with `attr`), or None if there is
-        none: a negative entry for the kernel to keep."""
+        none: a negative entry for the kernel to keep. A name longer than NAME_MAX is absent without asking the
+        source, which would answer ENAMETOOLONG: any user could fill the log with that, and no dataset has one."""
+        if len(os.fsencode(path.rpartition("/")[2])) > NAME_MAX:
+            return None
         try:
             node = self.tree.lookup(path)
         except (FileNotFoundError, NotADirectoryError):

@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from shardfs import logs
 from shardfs.fuse import wire
-from shardfs.fuse.adapter import BLOCK_SIZE, OPENED, FuseError, TreeOps, attr, count
+from shardfs.fuse.adapter import BLOCK_SIZE, NAME_MAX, OPENED, FuseError, TreeOps, attr, count
 from shardfs.fuse.wire import InitFlag, Op
 
 log = logging.getLogger("shardfs")
@@ -251,6 +252,7 @@ class Session:
         _, opcode, unique, nodeid, uid, _, pid, *_ = wire.IN_HEADER.unpack_from(request)
         body = request[wire.IN_HEADER.size :]
         handler = self._handlers.get(opcode)
+        logs.serving(uid)
         if self.debug:
             log.debug(
                 "request %d: %s node %d, uid %d, pid %d, %d bytes", unique, _name(opcode), nodeid, uid, pid,
@@ -398,7 +400,7 @@ class Session:
         """The source's stored bytes as size and used, nothing free (read-only), in 512-byte units."""
         nbytes, files = self.ops.stored.now()
         blocks = -(-nbytes // STATFS_UNIT)
-        self._reply(unique, wire.STATFS_OUT.pack(blocks, 0, 0, files, 0, BLOCK_SIZE, 255, STATFS_UNIT, 0))
+        self._reply(unique, wire.STATFS_OUT.pack(blocks, 0, 0, files, 0, BLOCK_SIZE, NAME_MAX, STATFS_UNIT, 0))
 
     def _not_a_link(self, unique: int, nodeid: int, body: memoryview) -> None:
         self._error(unique, errno.EINVAL)

@@ -374,14 +374,15 @@ class ShardedKV:
             raise CorruptChunk(chunk.shard, chunk.key, str(e)) from e
 
     def shards(self) -> Iterator[tuple[int, str]]:
-        """Each shard present, once, with what it is called (its `.shard`, or its pair), streamed from the
-        directory."""
+        """Each shard present, once, with what it is called (its `.shard`, or its pair), in the order of their
+        numbers: a directory lists in one order whatever the store (a local directory's own order, a bucket's
+        by key, HTTP's probes by number), so `ls -f`, rsync and tar see the same tree from each."""
         if not self.store.can_list:
             yield from self._probed()
             return
-        for name, is_dir in self.store.list(self.directory):
-            found = None if is_dir else self.spec.shard_file(name)
-            if found is not None and self._listed_by(*found):
+        named = (self.spec.shard_file(name) for name, is_dir in self.store.list(self.directory) if not is_dir)
+        for found in sorted(found for found in named if found is not None):
+            if self._listed_by(*found):
                 yield found[0], self._called(*found)
 
     def _listed_by(self, shard: int, suffix: str) -> bool:

@@ -67,9 +67,10 @@ class Dataset:
         self.ndim = len(array.shape)
         self.grid = [-(-s // c) for s, c in zip(array.shape, array.chunks, strict=True)][::-1]  # N5 order
         self.zero_copy = compression(array)
-        # N5 has no fill value: a reader takes a missing block for zeros. Where the source's fill value is
-        # not zero, every block of the grid is shown, those never written made of the fill value.
-        self.filled = array.fill_value != 0
+        # N5 has no fill value: a reader takes a missing block for zero bytes. Where the source's fill value is
+        # other bytes (NaN, and -0.0, which equals 0), every block of the grid is shown, those never written made
+        # of the fill value.
+        self.filled = any(np.asarray(array.fill_value, array.dtype).tobytes())
         self.attributes = {
             **array.attributes,
             "dimensions": list(array.shape[::-1]),
