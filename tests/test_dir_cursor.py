@@ -69,7 +69,9 @@ def test_a_fresh_daemon_resumes_any_offset_the_same_way(kv, directory) -> None:
     is the first's."""
     first = list(TreeOps(open_source(str(kv), 8 << 20).tree, 0).readdir(directory, 0))
     assert len(first) > 300 and [o for *_, o in first] == list(range(1, len(first) + 1))
-    assert {n for n, m, _ in first if m == stat.S_IFREG} >= ({f"note-{i:03d}" for i in range(300)} if directory else {"0"})
+    assert {n for n, m, _ in first if m == stat.S_IFREG} >= (
+        {f"note-{i:03d}" for i in range(300)} if directory else {"0"}
+    )
     for offset in (0, 1, 2, 150, len(first) - 1, len(first)):
         fresh = TreeOps(open_source(str(kv), 8 << 20).tree, 0)
         assert list(fresh.readdir(directory, offset)) == first[offset:], offset
