@@ -18,7 +18,8 @@ import zarr
 
 from shardfs.fuse.listing import WORKERS
 from shardfs.shards.neuroglancer import LISTING_BLOCK, LISTING_BUDGET
-from shardfs.stores.remote import READS_AT_ONCE
+from shardfs.stores.location import parse_source
+from shardfs.stores.remote import READS_AT_ONCE, Access, RemoteStore
 from tests import peers
 from tests.http_server import RangeServer
 from tests.test_daemon import daemon_of
@@ -211,3 +212,26 @@ def wait(condition: Callable[[], bool], seconds: float = 60) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+def test_a_directory_lists_its_files_and_each_subdirectory_once(tmp_path) -> None:
+    """S3 directories are listed without a delimiter, a subdirectory skipped past (start-after) once a page of
+    its keys has been read: every file and subdirectory comes once, `1/` beside a file `10` and a directory
+    `10/`, and the 1,500 keys under `1/` cost one skip, not a page each."""
+    directory = tmp_path / BUCKET / "d"
+    (directory / "1").mkdir(parents=True)
+    for i in range(1500):
+        (directory / "1" / f"k{i:04d}").write_bytes(b"")
+    (directory / "10").write_bytes(b"ten")
+    (directory / "10x").mkdir()
+    (directory / "10x" / "x").write_bytes(b"")
+    (directory / "2" / "deep" / "er").mkdir(parents=True)
+    (directory / "2" / "deep" / "er" / "y").write_bytes(b"")
+    (directory / "a.txt").write_bytes(b"a")
+    with RangeServer(tmp_path).running() as server:
+        store = RemoteStore(parse_source(f"s3://{BUCKET}"), Access(anonymous=True, endpoint=server.url))
+        listed = list(store.list("d"))
+        assert sorted(listed) == [("1", True), ("10", False), ("10x", True), ("2", True), ("a.txt", False)]
+        assert server.lists == 2
+        assert sorted(store.list("d/2")) == [("deep", True)]
+        assert list(store.list("d/nothing")) == []

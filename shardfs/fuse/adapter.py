@@ -125,7 +125,8 @@ def error(code: int) -> FuseError:
 class StoredBytes:
     """What `df` shows: the bytes and files the source stores, counted once, in a thread of its own started at
     the first STATFS (a mount waits for nothing, and one no one asks costs nothing). Until the count is done
-    STATFS answers what it has counted so far; it stops at MAX_FILES files (`df` then shows a lower bound).
+    STATFS answers what it has counted so far; it stops at MAX_FILES files, or where the source's listing
+    stops (a remote walk's bounds: `df` then shows a lower bound).
     A source that cannot be listed (HTTP) counts nothing: size 0."""
 
     MAX_FILES = 1_000_000

@@ -421,29 +421,35 @@ class RemoteStore:
 
     def list(self, path: str) -> Iterator[tuple[str, bool]]:
         """A directory's entries, from one bounded walk (`Walk`) of the keys below it, in the server's order:
-        its objects, and each subdirectory once, whose keys are then skipped by a request that starts after
-        them (object_store's delimited listing gathers every page before it answers, so it cannot be
-        bounded)."""
+        its objects, and each subdirectory once. A subdirectory's keys are read past while they fit in a page;
+        past a page of them, a request that starts after them skips the rest (object_store's delimited
+        listing gathers every page before it answers, so it cannot be bounded)."""
         if not self.can_list or not is_key(path):
             return
         prefix = f"{path.strip('/')}/" if path.strip("/") else ""
-        walk, offset, said = Walk(self, path, "list"), None, None
-        while (skip := (yield from self._listed_until(walk, prefix, offset))) is not None:
-            name = skip[len(prefix) :].partition("/")[0]
-            if name != said:  # a server that lists a subdirectory's keys again costs requests, not names
-                said = name
-                yield name, True
-            offset = skip
+        walk, offset, said = Walk(self, path, "list"), None, [""]
+        while True:
+            offset = yield from self._listed_until(walk, prefix, offset, said)
+            if offset is None:
+                return
 
-    def _listed_until(self, walk: Walk, prefix: str, offset: str | None) -> Listed:
-        """The files from offset to the first key in a subdirectory; returns the offset that skips that
-        subdirectory, or None at the end (of the listing, or of the walk's bounds)."""
+    def _listed_until(self, walk: Walk, prefix: str, offset: str | None, said: list[str]) -> Listed:
+        """The entries from offset on, each subdirectory once (said: the last one listed); returns the offset
+        that skips the rest of a subdirectory whose keys fill a page, or None at the end (of the listing, or
+        of the walk's bounds)."""
+        run = 0  # keys of the subdirectory said[0] read in a row
         for page in walk.pages(prefix or None, offset):
             for meta in page:
                 name, slash, _ = meta["path"][len(prefix) :].partition("/")
-                if slash:
+                if not slash:
+                    yield name, False
+                    continue
+                if name != said[0]:  # a server that lists a subdirectory again costs requests, not names
+                    said[0], run = name, 0
+                    yield name, True
+                run += 1
+                if run >= walk.page:
                     return f"{prefix}{name}/{SKIP}"
-                yield name, False
         return None
 
     def kind(self, path: str) -> str | None:
