@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from shardfs.fuse import wire
 from shardfs.fuse.adapter import TreeOps
 from shardfs.fuse.listing import Listing, ListingWorkers
 from shardfs.source import open_source
@@ -22,12 +23,35 @@ def entries() -> list[tuple[str, bool]]:
     return [("sub", True), *((f"f{i}", False) for i in range(10)), ("f3", False)]
 
 
-def test_a_listing_is_sorted_deduplicated_and_indexed_by_offset() -> None:
-    listing = Listing.of(iter(entries()), "/d")
-    names = [listing.entry(i)[0].decode() for i in range(len(listing))]
-    assert names == [".", "..", *sorted(f"f{i}" for i in range(10)), "sub"]
-    assert [listing.entry(i)[1] for i in range(len(listing))] == [True, True, *[False] * 10, True]
-    assert listing.complete and Listing.of(reversed(entries()), "/d") == listing  # the same set, the same offsets
+def ino(name: str) -> int:
+    return 1000 + len(name)
+
+
+def dirents(page: bytes) -> list[tuple[int, int, str, int]]:
+    """(ino, next offset, name, d_type) of each fuse_dirent in a page, as the kernel reads them."""
+    found, at = [], 0
+    while at < len(page):
+        number, offset, namelen, kind = wire.DIRENT.unpack_from(page, at)
+        name = page[at + wire.DIRENT.size : at + wire.DIRENT.size + namelen].decode()
+        found.append((number, offset, name, kind))
+        at += wire.DIRENT.size + namelen + (-(wire.DIRENT.size + namelen) % 8)
+    return found
+
+
+def test_a_listing_is_sorted_deduplicated_and_paged_from_any_offset() -> None:
+    listing = Listing.of(iter(entries()), "/d", ino)
+    names = [".", "..", *sorted(f"f{i}" for i in range(10)), "sub"]
+    whole = dirents(listing.page(0, 1 << 20))
+    assert [n for _, _, n, _ in whole] == names and len(listing) == len(names)
+    assert [o for _, o, _, _ in whole] == list(range(1, len(names) + 1))  # each d_off: the next entry's number
+    assert [k for *_, k in whole] == [4, 4, *[8] * 10, 4]  # DT_DIR, DT_REG
+    assert [i for i, *_ in whole][2:] == [ino(n) for n in names[2:]]
+    for offset in range(len(names) + 1):
+        for size in (24, 40, 100, 1 << 20):  # a page holds what fits, never a piece of an entry
+            page = dirents(listing.page(offset, size))
+            assert page == whole[offset : offset + len(page)] and sum(32 for _ in page) <= size
+            assert page or offset == len(names) or size < 40
+    assert listing.complete and Listing.of(reversed(entries()), "/d", ino) == listing  # the same set, the same offsets
 
 
 def test_a_listing_past_its_bound_keeps_what_it_has_and_says_so(monkeypatch, caplog) -> None:
@@ -39,7 +63,7 @@ def test_a_listing_past_its_bound_keeps_what_it_has_and_says_so(monkeypatch, cap
             n += 1
             yield f"n{n}", False
 
-    listing = Listing.of(endless(), "/endless")
+    listing = Listing.of(endless(), "/endless", ino)
     assert len(listing) == 2 + 5 and not listing.complete
     assert [r.event for r in caplog.records] == ["listing_bound"]  # type: ignore[attr-defined]
     assert "/endless" in caplog.text
@@ -47,8 +71,8 @@ def test_a_listing_past_its_bound_keeps_what_it_has_and_says_so(monkeypatch, cap
 
 def test_names_that_are_not_utf8_come_back_as_they_were() -> None:
     name = os.fsdecode(b"caf\xe9")
-    listing = Listing.of([(name, False)], "/d")
-    assert listing.entry(2) == (b"caf\xe9", False)
+    listing = Listing.of([(name, False), (".", True), ("..", True)], "/d", ino)
+    assert [listing.entry(i) for i in range(len(listing))] == [(b".", True), (b"..", True), (b"caf\xe9", False)]
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +91,13 @@ def test_a_fresh_daemon_resumes_any_offset_the_same_way(kv, directory) -> None:
     """Two TreeOps over the same source, as two daemons one after the other: every offset the first gave
     names the same entry in the second, which never saw the listing before, and the tail from any offset
     is the first's."""
-    first = list(TreeOps(open_source(str(kv), 8 << 20).tree, 0).readdir(directory, 0))
-    assert len(first) > 300 and [o for *_, o in first] == list(range(1, len(first) + 1))
-    assert {n for n, m, _ in first if m == stat.S_IFREG} >= (
-        {f"note-{i:03d}" for i in range(300)} if directory else {"0"}
-    )
+    first = dirents(TreeOps(open_source(str(kv), 8 << 20).tree, 0).listing(directory, ino).page(0, 1 << 30))
+    assert len(first) > 300 and [o for _, o, _, _ in first] == list(range(1, len(first) + 1))
+    files = {n for _, _, n, kind in first if kind == stat.S_IFREG >> 12}
+    assert files >= ({f"note-{i:03d}" for i in range(300)} if directory else {"0", "299", "info"})
     for offset in (0, 1, 2, 150, len(first) - 1, len(first)):
         fresh = TreeOps(open_source(str(kv), 8 << 20).tree, 0)
-        assert list(fresh.readdir(directory, offset)) == first[offset:], offset
+        assert dirents(fresh.listing(directory, ino).page(offset, 1 << 30)) == first[offset:], offset
 
 
 def test_resuming_lists_the_directory_once(kv) -> None:
@@ -88,9 +111,9 @@ def test_resuming_lists_the_directory_once(kv) -> None:
         return listdir(path)
 
     ops.tree.listdir = counted  # type: ignore[method-assign]
-    whole = list(ops.readdir("", 0))
+    whole = dirents(ops.listing("", ino).page(0, 1 << 30))
     for offset in (250, 3, 299, 100, 0):
-        assert next(ops.readdir("", offset)) == whole[offset]
+        assert dirents(ops.listing("", ino).page(offset, 32)) == whole[offset : offset + 1]  # one entry
     assert made == [""]
 
 

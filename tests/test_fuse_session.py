@@ -305,8 +305,10 @@ def memory_kib(pid: int) -> tuple[int, int]:
 def test_ls_l_of_131072_chunks_grows_the_daemon_by_directories_not_files(chunk_grid, mount) -> None:
     """`ls -l` of 131,072 chunks: the kernel keeps an entry of each (for a day), but a chunk's node id is
     its name, so the daemon keeps nothing per file: it stays within --cache-size + 100 MiB, and grows by
-    less than the budget and 20 MiB (a table of the paths the kernel holds grew it by 36 MiB here; keeping
-    nothing, by about 12). Every chunk has its own inode number, and its own voxel."""
+    less than the budget, the directory's listing (its entries as the kernel reads them, 56 bytes a name
+    here: 7 MiB, the one value the cache keeps over its budget) and 20 MiB (a table of the paths the kernel
+    holds grew it by 36 MiB here; keeping nothing, by about 12). Every chunk has its own inode number, and
+    its own voxel."""
     source, names = chunk_grid
     budget_mib = 1
     m = mount(source, "--cache-size", f"{budget_mib}M")
@@ -315,7 +317,9 @@ def test_ls_l_of_131072_chunks_grows_the_daemon_by_directories_not_files(chunk_g
     inos = {entry.name: entry.stat().st_ino for entry in os.scandir(m.path / "s0")}
     peak, now = memory_kib(pid)
     assert now < (budget_mib + 100) << 10, f"{now >> 10} MiB"
-    assert peak - idle < (budget_mib + 20) << 10, f"grew by {(peak - idle) >> 10} MiB from {idle >> 10} MiB"
+    listing_mib = 56 * len(names) >> 20
+    grown = peak - idle
+    assert grown < (budget_mib + listing_mib + 20) << 10, f"grew by {grown >> 10} MiB from {idle >> 10} MiB"
     assert len(inos) == len(set(inos.values())) == len(names)
     for x, y, z in [(0, 0, 0), (5, 63, 17), (63, 63, 31)]:
         key = peers.compressed_morton_code((x, y, z), GRID)

@@ -7,7 +7,6 @@ import errno
 import functools
 import itertools
 import logging
-import os
 import stat
 import threading
 import time
@@ -222,17 +221,14 @@ class TreeOps:
         """The directory's listing if it is made already (answering from it waits on nothing), else None."""
         return self.tree.cache.get(("listing", path))  # type: ignore[return-value]
 
-    def readdir(self, path: str, offset: int) -> Iterator[tuple[str, int, int]]:
-        """(name, st_mode, offset of the next entry) from offset on. The listing is made here if it is not
-        made yet (the session asks for that in a listing worker), within its bounds; the entries are made
-        while the session packs them, so errors are mapped here, not by the decorator."""
+    def listing(self, path: str, ino: Callable[[str], int]) -> Listing:
+        """The directory's listing, made here if it is not made yet (the session asks for that in a listing
+        worker), within its bounds; ino: the inode number an entry shows, by name. EIO if it cannot be made."""
         start_request(self.request_limit)
         start, reads, code = time.perf_counter(), metrics.STORE_READS.mine(), 0
         try:
-            listing = self.tree.cache.get_or_make(("listing", path), lambda: self._listing(path))
-            for at in range(offset, len(listing)):
-                name, is_dir = listing.entry(at)
-                yield os.fsdecode(name), stat.S_IFDIR if is_dir else stat.S_IFREG, at + 1
+            make = lambda: Listing.of(self.tree.listdir(path), "/" + path, ino)  # noqa: E731
+            return self.tree.cache.get_or_make(("listing", path), make)
         except Exception as e:
             log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
             code = errno.EIO
@@ -241,9 +237,6 @@ class TreeOps:
             READDIR.observe(time.perf_counter() - start)
             if log.isEnabledFor(logging.DEBUG):
                 log_request("readdir", path, start, reads, code=code)
-
-    def _listing(self, path: str) -> Listing:
-        return Listing.of(self.tree.listdir(path), "/" + path)
 
 
 def attr(ino: int, fields: tuple[int, ...]) -> bytes:

@@ -10,8 +10,10 @@ that wait: the session's threads never wait on a listing, so reads go on while d
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
+import stat
 import threading
 import time
 from array import array
@@ -19,33 +21,39 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from shardfs.fuse import wire
+
 log = logging.getLogger("shardfs")
 
 LISTED_NAMES = 1 << 20  # the most entries a directory lists
 LISTED_BYTES = 32 << 20  # the most bytes of names a directory lists
 LISTING_SECONDS = 300.0  # the longest a directory's listing may take
 WORKERS = 4  # threads per mount that make listings; one user may keep all but one busy
-DOTS = (b".", b"..")
+DOTS = 2  # "." and "..", first in every listing
+DT_DIR, DT_REG = stat.S_IFDIR >> 12, stat.S_IFREG >> 12
 
 
 @dataclass(frozen=True, slots=True)
 class Listing:
-    """A directory's entries, sorted by name, packed: names end to end, where each ends, which are
-    directories. complete: False where a bound cut it short (said in the log when it was made)."""
+    """A directory's entries, sorted by name, as the kernel reads them: fuse_dirent records end to end ("."
+    and ".." first; each one's d_off the number of the next), and where each starts. A page from any offset
+    is then one slice, whatever the directory's size, and costs the daemon no work per entry. complete:
+    False where a bound cut it short (said in the log when it was made)."""
 
-    names: bytes
-    ends: array  # of 'Q'
-    dirs: bytes  # 1 for a directory, 0 for a file
+    dirents: bytearray  # never changed once made
+    starts: array  # of 'Q': where each entry starts in dirents, and where the last ends
     complete: bool = True
 
     @classmethod
-    def of(cls, entries: Iterable[tuple[str, bool]], where: str, started: float | None = None) -> Listing:
-        """The first LISTED_NAMES entries (LISTED_BYTES of names) found within LISTING_SECONDS, sorted; a
-        name listed twice (an overlay file over its source) once. A listing cut short is logged once."""
-        started = time.monotonic() if started is None else started
+    def of(cls, entries: Iterable[tuple[str, bool]], where: str, ino: Callable[[str], int]) -> Listing:
+        """The first LISTED_NAMES entries (LISTED_BYTES of names) found within LISTING_SECONDS, sorted, each
+        name once; ino: the inode number an entry shows, by name. A listing cut short is logged once."""
+        started = time.monotonic()
         found: list[bytes] = []  # each name with its kind after it, a byte below any a name may hold
         nbytes, complete = 0, True
         for name, is_dir in entries:
+            if name in (".", ".."):  # every listing's own two, whatever a server names
+                continue
             found.append(os.fsencode(name) + (b"\1" if is_dir else b"\0"))
             nbytes += len(found[-1])
             if len(found) >= LISTED_NAMES or nbytes >= LISTED_BYTES or time.monotonic() - started > LISTING_SECONDS:
@@ -56,38 +64,44 @@ class Listing:
                     LISTED_BYTES, LISTING_SECONDS, len(found), extra={"event": "listing_bound"},
                 )  # fmt: skip
                 break
-        return cls._packed(found, complete)
-
-    @classmethod
-    def _packed(cls, found: list[bytes], complete: bool) -> Listing:
-        """found sorted (by name: the kind byte sorts below any byte of a name), each name once, packed."""
-        found.sort()
-        names, ends, dirs = bytearray(), array("Q"), bytearray()
+        found.sort(reverse=True)
+        found += (b"..\1", b".\1")  # first, since they are taken from the end
+        dirents, starts = bytearray(), array("Q")
         last = None
-        for item in found:
+        while found:  # each name let go as it is packed: the names are held once, not twice
+            item = found.pop()
             name = item[:-1]
             if name == last:
                 continue  # listed twice (a name both a file and a directory): a file
             last = name
-            names += name
-            ends.append(len(names))
-            dirs.append(item[-1])
-        return cls(bytes(names), ends, bytes(dirs), complete)
+            starts.append(len(dirents))
+            number = ino(os.fsdecode(name)) if len(starts) > DOTS else wire.UNKNOWN_INO
+            dirents += wire.dirent(number, len(starts), name, DT_DIR if item[-1] else DT_REG)
+        starts.append(len(dirents))
+        return cls(dirents, starts, complete)
 
     @property
     def nbytes(self) -> int:
-        return len(self.names) + 9 * len(self.dirs)
+        return len(self.dirents) + 8 * len(self.starts)
 
     def __len__(self) -> int:
         """Entries, "." and ".." included."""
-        return len(self.dirs) + len(DOTS)
+        return len(self.starts) - 1
+
+    def page(self, offset: int, size: int) -> bytes:
+        """The entries from offset on that fit in size bytes, packed."""
+        if not 0 <= offset < len(self):
+            return b""
+        start = self.starts[offset]
+        stop = self.starts[bisect.bisect_right(self.starts, start + size, offset) - 1]
+        return bytes(memoryview(self.dirents)[start:stop])
 
     def entry(self, offset: int) -> tuple[bytes, bool]:
-        """(name, is_dir) of the entry at offset: "." and ".." first, then the names in order."""
-        if offset < len(DOTS):
-            return DOTS[offset], True
-        i = offset - len(DOTS)
-        return self.names[self.ends[i - 1] if i else 0 : self.ends[i]], bool(self.dirs[i])
+        """(name, is_dir) of the entry at offset."""
+        at = self.starts[offset]
+        _, _, namelen, kind = wire.DIRENT.unpack_from(self.dirents, at)
+        at += wire.DIRENT.size
+        return bytes(memoryview(self.dirents)[at : at + namelen]), kind == DT_DIR
 
 
 class ListingWorkers:

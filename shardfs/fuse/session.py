@@ -392,23 +392,14 @@ class Session:
 
     def _dirents(self, unique: int, directory: str, offset: int, size: int) -> None:
         """The entries of directory from offset that fit in size bytes, or the error the listing met."""
-        parts, used = [], 0
         try:
-            for name, mode, next_offset in self.ops.readdir(directory, offset):
-                ino = self.nodes.ino(f"{directory}/{name}" if directory else name)
-                entry = wire.dirent(ino, next_offset, os.fsencode(name), mode >> 12)
-                if used + len(entry) > size:
-                    break  # not taken: the kernel asks again from next_offset - 1
-                parts.append(entry)
-                used += len(entry)
+            listing = self.ops.listing(
+                directory, lambda name: self.nodes.ino(f"{directory}/{name}" if directory else name)
+            )
         except FuseError as e:
             self._error(unique, e.errno, counted=False)  # counted where it was raised
             return
-        except Exception:  # in a listing worker, no _dispatch would answer it
-            log.exception("READDIR failed", extra={"event": "bug"})
-            self._error(unique, errno.EIO)
-            return
-        self._reply(unique, b"".join(parts))
+        self._reply(unique, listing.page(offset, size))
 
     def _releasedir(self, unique: int, nodeid: int, body: memoryview) -> None:
         """Nothing to let go of: a directory handle carries nothing."""
