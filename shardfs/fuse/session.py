@@ -33,6 +33,7 @@ MAX_PAGES = 256  # reads of up to 1 MiB in one request
 KERNEL_BACKGROUND = 12  # the kernel's default of asynchronous requests (readahead) in flight: never fewer
 WANTED = InitFlag.ASYNC_READ | InitFlag.PARALLEL_DIROPS | InitFlag.MAX_PAGES
 ZERO_ATTR = bytes(wire.ATTR.size)
+READDIR_MOST = 32 << 10  # bytes of entries a READDIR answers: glibc asks st_blksize (1 MiB) after each seek
 STATFS_UNIT = 512  # f_frsize: `df` shows the source's size to within half a KiB
 # Opcodes answered ENOSYS: the kernel remembers most (FLUSH, FSYNC, xattrs, ACCESS, LSEEK, POLL, BMAP)
 # and never asks again; locks are then kept by the kernel alone.
@@ -399,7 +400,7 @@ class Session:
         except FuseError as e:
             self._error(unique, e.errno, counted=False)  # counted where it was raised
             return
-        self._reply(unique, listing.page(offset, size))
+        self._reply(unique, listing.page(offset, min(size, READDIR_MOST)))
 
     def _releasedir(self, unique: int, nodeid: int, body: memoryview) -> None:
         """Nothing to let go of: a directory handle carries nothing."""
