@@ -248,7 +248,7 @@ def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
     option's value joined to it (`--cache-size=-5M`), so a value that starts with '-' reaches the option's
     check. ValueError if one setting is given two different values (`-o view=zarr2 --view n5`)."""
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
-        if not os.path.lexists(argv[0]) and "://" not in argv[0] and difflib.get_close_matches(argv[0], commands):
+        if _mistyped(argv, commands):
             raise ValueError(f"invalid choice: {argv[0]!r} (choose from {', '.join(map(repr, sorted(commands)))})")
         argv = ["mount", *argv]
     out: list[str] = []
@@ -266,6 +266,18 @@ def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
         if eq and key.startswith("--") and given.setdefault(key, value) != value:
             raise ValueError(f"{key} given twice, as {given[key]!r} and {value!r}: give it once")
     return out
+
+
+def _mistyped(argv: list[str], commands: set[str]) -> bool:
+    """Whether argv[0], not a command, is a command mistyped rather than the SOURCE of the mount-helper form:
+    mount.fuse3 always passes `-o`, a SOURCE exists or is a URL, and a typo is near a command's name."""
+    word = argv[0]
+    return (
+        "-o" not in argv
+        and not os.path.lexists(word)
+        and "://" not in word
+        and bool(difflib.get_close_matches(word, commands))
+    )
 
 
 def _mount_options(group: str) -> list[str]:
