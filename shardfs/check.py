@@ -122,7 +122,7 @@ def decode_all(source: Source, progress: bool, total: int) -> int:
 
 
 def _array_chunks(array: Array) -> Iterator[tuple[str, Callable[[], object]]]:
-    for pos in array.stored():
+    for pos in array.stored(()):
         stored = array.chunk(pos)
         if stored is not None:
             yield f"chunk {list(pos)}", functools.partial(decoded, array, pos, stored)

@@ -54,7 +54,7 @@ from tests.peers import (
 T = TypeVar("T")
 
 CACHE_BYTES = 4 << 20  # small, so that eviction and re-reading are exercised as well
-OP_SECONDS = 2.0  # wall-clock bound on one lookup, read or whole listing
+OP_SECONDS = 30.0  # wall-clock ceiling on one lookup, read or whole listing: work without bound, not slowness
 RSS_GROWTH_BYTES = 300 << 20  # bound on the growth of this process's peak RSS over the module
 MAX_ENTRIES = 20_000  # a listing longer than this is cut short (metadata fuzz can make huge grids)
 READ_CAP = 64 << 20  # bytes read of one file at most

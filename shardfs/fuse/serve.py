@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 from collections.abc import Callable
@@ -32,6 +33,9 @@ log = logging.getLogger("shardfs")
 # 7,800 files/s), while four still let reads that wait on a slow local disk overlap.
 DEFAULT_THREADS = 4
 MAX_THREADS = 100_000  # libfuse's most
+# Timeouts go to the kernel as 64-bit whole seconds (which it then caps at what it can count): a timeout is a
+# number of seconds from 0 up to below 2^64, anything else (nan, inf, negative, 1e30) is refused before mount.
+TIMEOUT_LIMIT = 2.0**64
 # libfuse 3.14's options that change nothing here (each accepted, as it was), and why.
 IGNORED = {
     "max_idle_threads": "every thread waits on the device; none idles",
@@ -43,6 +47,8 @@ IGNORED = {
     "ac_attr_timeout": "as auto_cache",
     "no_rofd_flush": "FLUSH is answered ENOSYS once and never sent again",
     "user": "libfuse wrote it to /etc/mtab only",
+    "suid": "the mount shows no set-user-ID bit: it stays nosuid (mount.fuse3 adds suid for root)",
+    "dev": "the mount shows no device: it stays nodev (mount.fuse3 adds dev for root)",
 }
 # libfuse 3.14's options that cannot work here: the mount is refused with the reason.
 REFUSED = {
@@ -76,12 +82,17 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
     def flag(name: str) -> bool:
         return bool(left.pop(name, False))
 
-    def number(name: str, default: float) -> float:
+    def seconds(name: str, default: float) -> float:
         value = left.pop(name, None)
+        if value is None:
+            return default
         try:
-            return default if value is None else float(str(value))
+            found = float(str(value))
         except ValueError:
-            raise refuse(f"invalid value {name}={value}") from None
+            found = math.nan
+        if not 0 <= found < TIMEOUT_LIMIT:  # nan compares false
+            raise refuse(f"invalid value {name}={value} (seconds, from 0 up to below 2^64)")
+        return found
 
     def integer(name: str, top: int, base: int = 10) -> int | None:
         """uid=, gid=, max_read= (decimal), umask= (octal, as libfuse read it): from 0 up to top, or refused."""
@@ -112,7 +123,7 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
         auto_unmount=flag("auto_unmount"),
         kernel=kernel if max_read is None else (*kernel, f"max_read={max_read}"),
     )
-    timeouts = Timeouts(number("entry_timeout", 1.0), number("attr_timeout", 1.0), number("negative_timeout", 0.0))
+    timeouts = Timeouts(seconds("entry_timeout", 1.0), seconds("attr_timeout", 1.0), seconds("negative_timeout", 0.0))
     threads = integer("max_threads", MAX_THREADS)
     kernel_cache = flag("kernel_cache")
     shown = Shown(integer("uid", 2**32 - 2), integer("gid", 2**32 - 2), integer("umask", 0o777, 8))
@@ -131,15 +142,17 @@ def serve(
     carrier: Carrier | None = None, kept: Kept | None = None,
 ) -> bool:  # fmt: skip
     """Mount and serve until unmounted, SIGTERM or SIGINT; FuseMountError if the mount cannot be made.
-    on_ready is told what the kernel granted, once the mount answers. carrier: where the connection is kept
-    for the next daemon; kept: the connection taken from it, served instead of mounting. True if the mount
-    was handed over (SIGUSR2), False if it ended."""
+    on_ready is told what the kernel granted, once the mount answers. Every option is checked before
+    mount(2); whatever fails after it (a thread that cannot start) takes the mount away before it is
+    raised, so that no dead mount is left behind. carrier: where the connection is kept for the next daemon;
+    kept: the connection taken from it, served instead of mounting. True if the mount was handed over
+    (SIGUSR2), False if it ended."""
     settings = settings_of(options, mountpoint)
+    record = None
     if kept is not None:
         fd, record = kept.fd, kept.record
     else:
         fd = mount(mountpoint, settings.mount)
-        record = None
         if carrier is not None:
             record = Record.new()
             try:
@@ -147,26 +160,29 @@ def serve(
             except Exception as e:  # the mount still serves; it just ends with this daemon
                 log.error("the mount is not restart-safe: %s", e, extra={"event": "handover"})
                 carrier = None
-
-    def ready() -> None:
-        on_ready(session.granted_text())
-
-    session = Session(
-        fd, TreeOps(tree, mtime_ns, settings.shown), settings.threads, settings.timeouts, settings.kernel_cache,
-        ready, owner=settings.owner, debug=settings.debug, record=record, kept=kept is not None,
-    )  # fmt: skip
+    ours = handed_number(mountpoint) is None  # a handed descriptor's mount is its parent's to end
+    session: Session | None = None
     handed_over = False
 
-    def stop(signum: int, frame: object) -> None:
-        if handed_number(mountpoint) is None:  # a handed descriptor's mount is its parent's to end
+    def ready() -> None:
+        assert session is not None
+        on_ready(session.granted_text())
+
+    def take_away() -> None:
+        if ours:
             with contextlib.suppress(OSError, FuseMountError):
                 unmount(mountpoint, lazy=True)
+
+    def stop(signum: int, frame: object) -> None:
+        take_away()
+        assert session is not None
         session.stop()
 
     def hand_over(signum: int, frame: object) -> None:
         """Leave the mount to the next daemon: what this one read and has not answered, the kernel resends
         to it. A kernel that cannot resend would leave those callers waiting for ever: refused."""
         nonlocal handed_over
+        assert session is not None
         if carrier is None:
             log.error("SIGUSR2: nothing keeps this mount's connection; not handed over", extra={"event": "handover"})
         elif not session.resend:
@@ -179,13 +195,23 @@ def serve(
             handed_over = True
             session.stop()
 
-    signals = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR2: hand_over}
-    previous = {sig: signal.signal(sig, handler) for sig, handler in signals.items()}
     try:
-        session.run()
+        session = Session(
+            fd, TreeOps(tree, mtime_ns, settings.shown), settings.threads, settings.timeouts,
+            settings.kernel_cache, ready, owner=settings.owner, debug=settings.debug, record=record,
+            kept=kept is not None,
+        )  # fmt: skip
+        signals = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR2: hand_over}
+        previous = {sig: signal.signal(sig, handler) for sig, handler in signals.items()}
+        try:
+            session.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    except BaseException:
+        take_away()
+        raise
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if session.ended:  # else a thread still reads it: the number must not name another file meanwhile
+        if session is None or session.ended:  # else a thread still reads it: the number must not name another file
             os.close(fd)
     return handed_over
