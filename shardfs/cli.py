@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from shardfs import __version__
+from shardfs import __version__, csi
 from shardfs.check import check
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
 from shardfs.logs import DEBUG_BURST, LogFileError, log_to_terminal, redact, redact_userinfo
@@ -208,6 +208,7 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     cat.add_argument("path")
     with_source("info", "what was detected: kinds, scales, sharding, shard files")
     with_source("check", "read every shard index, verify checksums, count chunks; non-zero exit if any is corrupt")
+    csi.add_arguments(command("csi", "serve as a Kubernetes CSI node plugin (see README, Kubernetes)"))
     return p, set(sub.choices)
 
 
@@ -263,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "unmount":
             unmount(args.mountpoint.absolute(), args.any_type)
             return 0
+        if args.command == "csi":
+            return csi.run(args)
         if args.command == "list":
             list_mounts(time.time())
             return 0

@@ -1,0 +1,87 @@
+"""`python -m shardfs.csi.daemon UID GID FD`: the unprivileged daemon that serves one CSI volume.
+
+The plugin starts it as root only so that it can import from wherever Python lies (an image's /usr/local, a
+pyenv under /root): its first act after importing is to become UID:GID with no supplementary groups, no capabilities and
+no_new_privs, before it reads anything. Then it takes the mounted /dev/fuse descriptor and the volume from
+the socket FD (see handoff.py), and serves it as `shardfs mount SOURCE /dev/fd/N -f` would, logging to the
+stderr it shares with the plugin. It is not dumpable, so that another process of the same user (the daemon of
+another volume) cannot read its memory or environment, where the publish secret is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import importlib
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+from shardfs.csi import handoff
+from shardfs.csi.volume import Volume
+from shardfs.errors import SourceError
+from shardfs.logs import log_to, log_to_terminal, redact
+from shardfs.service import lifecycle
+from shardfs.service.daemon import serve
+from shardfs.source import open_source
+from shardfs.stores.remote import Access
+
+# What serving may import only later (credentials.aws, for an s3:// source), imported while the daemon is still
+# root: where the interpreter lies under a directory its user cannot reach, an import after would fail.
+IMPORTED_FIRST = ("boto3", "botocore.session", "botocore.exceptions", "obstore.auth.boto3")
+PR_SET_DUMPABLE = 4
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def become(uid: int, gid: int) -> None:
+    """This process as uid:gid, with no way back: no groups, no capabilities, no_new_privs, not dumpable."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # from root to another user: the kernel clears every capability set
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    for option in (PR_SET_NO_NEW_PRIVS, PR_SET_DUMPABLE):
+        if libc.prctl(option, 1 if option == PR_SET_NO_NEW_PRIVS else 0, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"prctl({option})")
+    held = re.findall(r"^Cap(?:Inh|Prm|Eff|Amb):\s*([0-9a-f]+)$", Path("/proc/self/status").read_text(), re.M)
+    if os.getuid() == 0 or any(int(mask, 16) for mask in held):
+        raise PermissionError(f"still privileged after becoming {uid}:{gid}")
+
+
+def main(argv: list[str]) -> int:
+    uid, gid, fd = (int(a) for a in argv)
+    sock = socket.socket(fileno=fd)
+    try:
+        for name in IMPORTED_FIRST:
+            importlib.import_module(name)
+        become(uid, gid)
+        fuse_fd, config = handoff.take(sock)
+        volume = Volume.from_json(config)
+    except (OSError, ValueError, TypeError) as e:
+        handoff.answer(sock, f"{handoff.FAILED}{e}")
+        return 1
+    os.environ.update(volume.secrets)  # this process's only: the AWS and GCS credential chains read them here
+    log_to_terminal(volume.log_level)
+    log_to(None)
+    lifecycle.block_signals()  # before obstore's runtime starts a thread
+    access = Access(volume.anonymous, volume.endpoint, volume.region, volume.timeout, None, volume.requester_pays)
+    try:
+        source = open_source(volume.source, volume.cache_size, volume.view, volume.max_file_size, access, None)
+    except SourceError as e:
+        handoff.answer(sock, f"{handoff.REFUSED}{redact(str(e))}")
+        return 2
+    try:
+        serve(
+            source.tree, time.time_ns(), Path(f"/dev/fd/{fuse_fd}"), volume.options,
+            lambda: handoff.answer(sock, handoff.READY), None, source.name, volume.view,
+        )  # fmt: skip
+    except Exception as e:
+        handoff.answer(sock, f"{handoff.FAILED}{redact(str(e))}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

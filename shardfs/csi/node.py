@@ -1,0 +1,243 @@
+"""Publishing a volume at a pod's target path, and taking it down, as the CSI node plugin does it.
+
+Publish: the plugin (root) opens /dev/fuse and mounts it at the target with `fd=` (the mount(2) shardfs
+makes as root), starts a daemon that makes itself an unprivileged user (see daemon.py), hands it the
+descriptor and the volume, and answers kubelet once the daemon has answered the kernel's INIT. Its own copy
+of the descriptor is closed: the daemon's is the connection's only one.
+
+Unpublish never touches a path inside the mount (its daemon may hang, and so would the caller): the mount
+is found in /proc/self/mountinfo by the target's path as given, detached (a lazy unmount, which never
+waits), its FUSE connection aborted if anything still holds it after a moment (a reader stuck on a hung
+daemon would hold it for ever), the daemon ended, and the target removed.
+
+Every daemon is this process's child, and in Kubernetes this process is its container's first one, so the
+daemons end with the plugin: a shardfs mount at a target that this plugin did not make is a dead one from
+its last life, and publishing there clears it first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardfs.csi import NOBODY, handoff
+from shardfs.csi.volume import Volume, kernel_mount
+from shardfs.fuse.mount import FuseMountError, connection_of, mount, unmount
+from shardfs.service import mountinfo
+
+log = logging.getLogger("shardfs.csi")
+
+FUSECTL = Path("/sys/fs/fuse/connections")
+READY_TIMEOUT = 100.0  # seconds a daemon may take to open its source and answer INIT: within kubelet's 2 minutes
+GONE_WAIT = 2.0  # seconds a detached mount's connection may take to end by itself before it is aborted
+END_WAIT = 5.0  # seconds a daemon may take to exit once asked, before it is killed
+DAEMON_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent", "TMPDIR": "/tmp"}
+
+
+class NodeError(Exception):
+    """A refusal kubelet is told: code is a gRPC status name (INVALID_ARGUMENT, ...), the message says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Published:
+    volume_id: str
+    volume: Volume
+    daemon: subprocess.Popen[bytes]
+    connection: int | None
+
+
+class Node:
+    """The volumes published on this node, by target path."""
+
+    def __init__(self, run_dir: Path, uid: int = NOBODY, gid: int = NOBODY) -> None:
+        self.uid, self.gid = uid, gid
+        self.published: dict[str, Published] = {}
+        self._busy: set[str] = set()
+        self._lock = threading.Lock()
+        self.fusectl, self._own_fusectl = _fusectl(run_dir)
+
+    def close(self) -> None:
+        """The private fusectl mount, if this plugin made one, is taken down; the daemons stay with their mounts."""
+        if self._own_fusectl:
+            with contextlib.suppress(OSError):
+                unmount(self.fusectl, lazy=True)
+
+    @contextlib.contextmanager
+    def _only(self, target: str) -> Iterator[None]:
+        """One operation at a time on a target; another one meanwhile is ABORTED, as CSI has it (kubelet retries)."""
+        with self._lock:
+            if target in self._busy:
+                raise NodeError("ABORTED", f"{target}: an operation on it is in progress")
+            self._busy.add(target)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy.discard(target)
+
+    def publish(self, volume_id: str, target: str, volume: Volume) -> None:
+        target = _real(target)
+        with self._only(target):
+            mounted = mountinfo.exactly_at(target)
+            known = self.published.get(target)
+            if mounted is not None and known is not None and known.daemon.poll() is None:
+                if known.volume_id != volume_id or not known.volume.same_mount(volume):
+                    raise NodeError("ALREADY_EXISTS", f"{target}: volume {known.volume_id} is published here otherwise")
+                return  # published twice: the same mount
+            if mounted is not None and mounted.fstype != mountinfo.SHARDFS_TYPE:
+                raise NodeError("FAILED_PRECONDITION", f"{target}: a {mounted.fstype} mount is there, not shardfs")
+            self._take_down(target)  # a dead daemon's mount, if any
+            try:
+                Path(target).mkdir(mode=0o750, exist_ok=True)
+            except OSError as e:
+                raise NodeError("INVALID_ARGUMENT", f"{target}: cannot be made ({e.strerror})") from None
+            self._publish(volume_id, target, volume)
+            log.info("published %s at %s", volume_id, target, extra={"event": "published"})
+
+    def _publish(self, volume_id: str, target: str, volume: Volume) -> None:
+        try:
+            fd = mount(Path(target), kernel_mount(volume))
+        except (FuseMountError, OSError) as e:
+            raise NodeError("INTERNAL", str(e)) from None
+        try:
+            connection = connection_of(fd) or _connection(target)
+            daemon, sock = self._start_daemon(fd, volume)
+        finally:
+            os.close(fd)  # the daemon's copy is the connection's only one now
+        try:
+            answer = handoff.answer_of(sock, READY_TIMEOUT)
+        except TimeoutError:
+            answer = f"{handoff.FAILED}its daemon did not answer in {READY_TIMEOUT:.0f} s"
+        finally:
+            sock.close()
+        if answer == handoff.READY:
+            self.published[target] = Published(volume_id, volume, daemon, connection)
+            threading.Thread(target=daemon.wait, name="shardfs-csi-reaper", daemon=True).start()
+            return
+        self._end(target, connection, daemon)
+        with contextlib.suppress(OSError):
+            os.rmdir(target)
+        if answer.startswith(handoff.REFUSED):
+            raise NodeError("FAILED_PRECONDITION", f"volume {volume_id}: {answer.removeprefix(handoff.REFUSED)}")
+        why = answer.removeprefix(handoff.FAILED) or f"its daemon exited ({daemon.wait()})"
+        raise NodeError("INTERNAL", f"volume {volume_id}: {why}")
+
+    def _start_daemon(self, fd: int, volume: Volume) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        """The daemon, in a session of its own (a signal to the plugin's group is not for it), logging to the
+        plugin's stderr, and the plugin's end of its socket, the descriptor and volume sent."""
+        ours, theirs = handoff.pair()
+        with theirs:
+            daemon = subprocess.Popen(
+                [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno())],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), cwd="/",
+                env=DAEMON_ENV, start_new_session=True,
+            )  # fmt: skip
+        handoff.hand(ours, fd, volume.to_json())
+        return daemon, ours
+
+    def unpublish(self, volume_id: str, target: str) -> None:
+        target = _real(target)
+        with self._only(target):
+            mounted = mountinfo.exactly_at(target)
+            if mounted is not None and mounted.fstype != mountinfo.SHARDFS_TYPE:
+                raise NodeError("FAILED_PRECONDITION", f"{target}: a {mounted.fstype} mount is there, not shardfs")
+            self._take_down(target)
+            try:
+                os.rmdir(target)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise NodeError("INTERNAL", f"{target}: cannot be removed ({e.strerror})") from None
+            log.info("unpublished %s from %s", volume_id, target, extra={"event": "unpublished"})
+
+    def _take_down(self, target: str) -> None:
+        """Every shardfs mount at target (one over another, if a retry stacked them), and its daemon."""
+        known = self.published.pop(target, None)
+        for _ in range(16):  # the most stacked mounts taken down; more is a loop that must not spin for ever
+            mounted = mountinfo.exactly_at(target)
+            if mounted is None or mounted.fstype != mountinfo.SHARDFS_TYPE:
+                break
+            connection = _device_connection(mounted.device)
+            self._end(target, connection, known.daemon if known and known.connection == connection else None)
+        if known is not None and known.daemon.poll() is None:
+            _stop(known.daemon)
+
+    def _end(self, target: str, connection: int | None, daemon: subprocess.Popen[bytes] | None) -> None:
+        """Detach the mount at target, abort its connection if still held, stop its daemon: never waits long."""
+        try:
+            unmount(Path(target), lazy=True)
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: nothing mounted there any more
+                raise NodeError("INTERNAL", f"{target}: cannot be unmounted ({e.strerror})") from None
+        if connection is not None:
+            held = self.fusectl / str(connection)
+            deadline = time.monotonic() + GONE_WAIT
+            while held.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with contextlib.suppress(FileNotFoundError):  # gone by itself meanwhile
+                (held / "abort").write_text("1")
+                log.warning("%s: connection %d aborted (still held after it was unmounted)", target, connection,
+                            extra={"event": "aborted"})  # fmt: skip
+        if daemon is not None:
+            _stop(daemon)
+
+
+def _stop(daemon: subprocess.Popen[bytes]) -> None:
+    daemon.terminate()
+    try:
+        daemon.wait(END_WAIT)
+    except subprocess.TimeoutExpired:
+        daemon.kill()  # a stopped or hung daemon: SIGKILL reaches it anyway
+        daemon.wait()
+
+
+def _real(target: str) -> str:
+    """target with its parent's links resolved, as mountinfo shows mountpoints; the target itself, which may be
+    a mount whose daemon hangs, is not looked at."""
+    parent, name = os.path.split(os.path.normpath(target))
+    return os.path.join(os.path.realpath(parent), name)
+
+
+def _connection(target: str) -> int | None:
+    mounted = mountinfo.exactly_at(target)
+    return None if mounted is None else _device_connection(mounted.device)
+
+
+def _device_connection(device: str) -> int | None:
+    """A FUSE mount's connection number: the minor of its device, `0:N`."""
+    major, _, minor = device.partition(":")
+    return int(minor) if major == "0" and minor.isdigit() else None
+
+
+def _fusectl(run_dir: Path) -> tuple[Path, bool]:
+    """Where the FUSE connections are (/sys/fs/fuse/connections, or a fusectl mount of the plugin's own where
+    that is not mounted, as in most containers), and whether the plugin made it."""
+    found = mountinfo.exactly_at(str(FUSECTL))
+    if found is not None and found.fstype == "fusectl":
+        return FUSECTL, False
+    own = run_dir / "fusectl"
+    own.mkdir(parents=True, exist_ok=True)
+    found = mountinfo.exactly_at(str(own))
+    if found is not None and found.fstype == "fusectl":
+        return own, False
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    if libc.mount(b"fusectl", os.fsencode(own), b"fusectl", 0, None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"cannot mount fusectl at {own}: {os.strerror(code)}")
+    return own, True
