@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import functools
 import logging
 import os
 import socket
@@ -43,7 +44,7 @@ FUSECTL = Path("/sys/fs/fuse/connections")
 READY_TIMEOUT = 100.0  # seconds a daemon may take to open its source and answer INIT: within kubelet's 2 minutes
 GONE_WAIT = 2.0  # seconds a detached mount's connection may take to end by itself before it is aborted
 END_WAIT = 5.0  # seconds a daemon may take to exit once asked, before it is killed
-DAEMON_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/nonexistent", "TMPDIR": "/tmp"}
+DAEMON_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
 
 
 class NodeError(Exception):
@@ -65,18 +66,38 @@ class Published:
 class Node:
     """The volumes published on this node, by target path."""
 
-    def __init__(self, run_dir: Path, uid: int = NOBODY, gid: int = NOBODY) -> None:
+    def __init__(self, run_dir: Path, uid: int = NOBODY, gid: int = NOBODY, home: str = "/nonexistent") -> None:
+        """Daemons run as uid:gid with HOME=home (where the AWS and gcloud tools keep a user's credentials)."""
         self.uid, self.gid = uid, gid
+        self.env = {**DAEMON_ENV, "HOME": home}
         self.published: dict[str, Published] = {}
         self._busy: set[str] = set()
         self._lock = threading.Lock()
-        self.fusectl, self._own_fusectl = _fusectl(run_dir)
+        self._run_dir = run_dir
+        self._own_fusectl: Path | None = None
+
+    @functools.cached_property
+    def fusectl(self) -> Path:
+        """Where the FUSE connections are: /sys/fs/fuse/connections, or where that is not mounted (as in most
+        containers) a fusectl mount of this process's own, made when first needed."""
+        found = mountinfo.exactly_at(str(FUSECTL))
+        if found is not None and found.fstype == "fusectl":
+            return FUSECTL
+        own = self._run_dir / f"fusectl.{os.getpid()}"
+        own.mkdir(parents=True, exist_ok=True)
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        if libc.mount(b"fusectl", os.fsencode(own), b"fusectl", 0, None) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"cannot mount fusectl at {own}: {os.strerror(code)}")
+        self._own_fusectl = own
+        return own
 
     def close(self) -> None:
-        """The private fusectl mount, if this plugin made one, is taken down; the daemons stay with their mounts."""
-        if self._own_fusectl:
+        """The private fusectl mount, if one was made, is taken down; the daemons stay with their mounts."""
+        if self._own_fusectl is not None:
             with contextlib.suppress(OSError):
-                unmount(self.fusectl, lazy=True)
+                unmount(self._own_fusectl, lazy=True)
+                self._own_fusectl.rmdir()
 
     @contextlib.contextmanager
     def _only(self, target: str) -> Iterator[None]:
@@ -112,7 +133,7 @@ class Node:
 
     def _publish(self, volume_id: str, target: str, volume: Volume) -> None:
         try:
-            fd = mount(Path(target), kernel_mount(volume))
+            fd = mount(Path(target), kernel_mount(volume, (self.uid, self.gid)))
         except (FuseMountError, OSError) as e:
             raise NodeError("INTERNAL", str(e)) from None
         try:
@@ -146,7 +167,7 @@ class Node:
             daemon = subprocess.Popen(
                 [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno())],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), cwd="/",
-                env=DAEMON_ENV, start_new_session=True,
+                env=self.env, start_new_session=True,
             )  # fmt: skip
         handoff.hand(ours, fd, volume.to_json())
         return daemon, ours
@@ -223,21 +244,3 @@ def _device_connection(device: str) -> int | None:
     """A FUSE mount's connection number: the minor of its device, `0:N`."""
     major, _, minor = device.partition(":")
     return int(minor) if major == "0" and minor.isdigit() else None
-
-
-def _fusectl(run_dir: Path) -> tuple[Path, bool]:
-    """Where the FUSE connections are (/sys/fs/fuse/connections, or a fusectl mount of the plugin's own where
-    that is not mounted, as in most containers), and whether the plugin made it."""
-    found = mountinfo.exactly_at(str(FUSECTL))
-    if found is not None and found.fstype == "fusectl":
-        return FUSECTL, False
-    own = run_dir / "fusectl"
-    own.mkdir(parents=True, exist_ok=True)
-    found = mountinfo.exactly_at(str(own))
-    if found is not None and found.fstype == "fusectl":
-        return own, False
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.mount(b"fusectl", os.fsencode(own), b"fusectl", 0, None) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"cannot mount fusectl at {own}: {os.strerror(code)}")
-    return own, True

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +96,11 @@ ATTRIBUTES: dict[str, tuple[str, Callable[[str], Any]]] = {
 }
 
 
-def volume_of(attributes: Mapping[str, str], mount_flags: Sequence[str], secrets: Mapping[str, str]) -> Volume:
-    """The volume asked for; BadVolume naming the attribute, option or secret key that cannot work."""
+def volume_of(
+    attributes: Mapping[str, str], mount_flags: Sequence[str], secrets: Mapping[str, str], others: bool = True
+) -> Volume:
+    """The volume asked for; BadVolume naming the attribute, option or secret key that cannot work. others:
+    whether users other than the daemon's may read it (a pod's, whoever it is; not a Slurm job's)."""
     unknown = sorted(k for k in attributes if k not in ATTRIBUTES and not k.startswith(KUBERNETES_KEYS))
     if unknown:
         raise BadVolume(f"volume attribute {unknown[0]}: unknown (known: {', '.join(ATTRIBUTES)})")
@@ -115,20 +118,21 @@ def volume_of(attributes: Mapping[str, str], mount_flags: Sequence[str], secrets
                 raise BadVolume(f"volume attribute {name}: {e}") from None
     if bad := sorted(set(secrets) - set(SECRET_KEYS)):
         raise BadVolume(f"publish secret key {bad[0]}: unknown (known: {', '.join(SECRET_KEYS)})")
-    options = mount_options(given["source"], mount_flags)
+    options = mount_options(given["source"], mount_flags, others)
     return Volume(**given, options=options, secrets=dict(secrets))
 
 
-def mount_options(source: str, mount_flags: Sequence[str]) -> dict[str, str | bool]:
+def mount_options(source: str, mount_flags: Sequence[str], others: bool = True) -> dict[str, str | bool]:
     """The `-o` options a volume is mounted and served with: shardfs's defaults for immutable data, the
-    PersistentVolume's mountOptions (FUSE and mount(8) options, as `shardfs mount -o` takes them), and
-    `allow_other`: the pod's processes are not the daemon's user. Read-only whatever is asked."""
+    PersistentVolume's mountOptions (FUSE and mount(8) options, as `shardfs mount -o` takes them), and, if
+    others, `allow_other`: a pod's processes are not the daemon's user. Read-only whatever is asked."""
     extra: dict[str, str | bool] = {}
     for flag in mount_flags:
         for item in filter(None, flag.split(",")):
             name, eq, value = item.partition("=")
             extra[name] = value if eq else True
-    extra["allow_other"] = True
+    if others:
+        extra["allow_other"] = True
     options = fuse_options(redact_userinfo(source), extra, is_remote(source))
     try:
         settings_of(options, MOUNT_OPTIONS)
@@ -137,6 +141,6 @@ def mount_options(source: str, mount_flags: Sequence[str]) -> dict[str, str | bo
     return options
 
 
-def kernel_mount(volume: Volume) -> MountOptions:
-    """What mount(2) is given for the volume: the same options the daemon's session reads."""
-    return settings_of(volume.options, MOUNT_OPTIONS).mount
+def kernel_mount(volume: Volume, owner: tuple[int, int]) -> MountOptions:
+    """What mount(2) is given for the volume, served by owner's daemon: the same options its session reads."""
+    return replace(settings_of(volume.options, MOUNT_OPTIONS).mount, owner=owner)
