@@ -6,8 +6,10 @@ secret nowhere but the daemon's memory."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -337,3 +339,41 @@ def test_kubelet_publishes_while_another_volume_is_read(plugin: Plugin, server, 
     assert (b / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
     unpublish(plugin, b, "vol-b")
     assert not a.exists() and not b.exists()
+
+
+def _fuse_connections_held(pid: int) -> set[int]:
+    """The FUSE connections whose /dev/fuse pid holds open (fdinfo names them on kernels from 6.18)."""
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/fuse":
+                found = re.search(r"^fuse_connection:\s*(\d+)$", Path(f"/proc/{pid}/fdinfo/{fd}").read_text(), re.M)
+                held.add(int(found.group(1)) if found else -1)
+    return held
+
+
+def test_the_plugin_keeps_the_descriptor_and_a_dead_daemons_readers_get_an_error(plugin: Plugin, server, raw_volume):
+    """The plugin's keeper holds a copy of each published volume's /dev/fuse (the daemon took its own from it).
+    A daemon killed while published: the keeper lets its copy go, so a reader gets an error (ENOTCONN, or
+    ECONNABORTED for a request caught in the end) rather than waiting for ever on a connection nobody serves;
+    publishing again mounts afresh."""
+    _, twin, _ = raw_volume
+    target = plugin.pods / "killed"
+    attributes = {"source": f"precomputed://{server.url}"}
+    publish(plugin, target, attributes, volume_id="vol-killed")
+    mounted = mountinfo.exactly_at(str(target))
+    assert mounted is not None
+    connection = int(mounted.device.split(":")[1])
+    [daemon] = plugin.daemons()
+    assert connection in _fuse_connections_held(plugin.process.pid) | {-1}
+    assert connection in _fuse_connections_held(daemon.pid) | {-1}
+    daemon.kill()
+    name = sorted(os.listdir(twin / "4_4_40"))[2]
+    reader = subprocess.run(["cat", str(target / "4_4_40" / name)], capture_output=True, timeout=PATIENCE)
+    assert reader.returncode != 0 and re.search(rb"not connected|connection abort", reader.stderr), reader.stderr
+    assert connection not in _fuse_connections_held(plugin.process.pid)
+    assert "its daemon ended" in plugin.log.read_text()
+    publish(plugin, target, attributes, volume_id="vol-killed")  # kubelet's retry: cleared and mounted again
+    assert (target / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+    unpublish(plugin, target, "vol-killed")
+    assert mountinfo.exactly_at(str(target)) is None

@@ -1,11 +1,12 @@
-"""`python -m shardfs.csi.daemon UID GID FD`: the unprivileged daemon that serves one CSI volume.
+"""`python -m shardfs.csi.daemon UID GID FD KEEPER TARGET`: the unprivileged daemon that serves one volume.
 
-The plugin starts it as root only so that it can import from wherever Python lies (an image's /usr/local, a
-pyenv under /root): its first act after importing is to become UID:GID with no supplementary groups, no capabilities and
-no_new_privs, before it reads anything. Then it takes the mounted /dev/fuse descriptor and the volume from
-the socket FD (see handoff.py), and serves it as `shardfs mount SOURCE /dev/fd/N -f` would, logging to the
-stderr it shares with the plugin. It is not dumpable, so that another process of the same user (the daemon of
-another volume) cannot read its memory or environment, where the publish secret is.
+The plugin starts it as root for two things only: to import from wherever Python lies (an image's
+/usr/local, a pyenv under /root), and to take the mounted /dev/fuse descriptor from the plugin's keeper at
+KEEPER, under the name TARGET (the keeper answers root and its own user only). Then, before it reads
+anything else, it becomes UID:GID with no supplementary groups, no capabilities, no_new_privs, and not
+dumpable, so that another process of the same user (another volume's daemon) cannot read its memory or
+environment, where the publish secret will be. It reads the volume from the socket FD (see handoff.py) and
+serves it as `shardfs mount SOURCE /dev/fd/N -f` would, logging to the stderr it shares with the plugin.
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from pathlib import Path
 
 from shardfs.csi import handoff
 from shardfs.csi.volume import Volume
-from shardfs.errors import SourceError
+from shardfs.errors import ServiceError, SourceError
 from shardfs.logs import log_to, log_to_terminal, redact
-from shardfs.service import lifecycle
+from shardfs.service import keeper, lifecycle
 from shardfs.service.daemon import serve
 from shardfs.source import open_source
 from shardfs.stores.remote import Access
@@ -51,15 +52,19 @@ def become(uid: int, gid: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    uid, gid, fd = (int(a) for a in argv)
+    uid, gid, fd = (int(a) for a in argv[:3])
+    holder, target = Path(argv[3]), argv[4]
     sock = socket.socket(fileno=fd)
     try:
         for name in IMPORTED_FIRST:
             importlib.import_module(name)
+        kept = keeper.take(holder, target)  # as root: the keeper answers root and its own user only
+        if not kept:
+            raise ValueError(f"{holder}: the keeper holds no descriptor for {target}")
+        fuse_fd = kept[0]
         become(uid, gid)
-        fuse_fd, config = handoff.take(sock)
-        volume = Volume.from_json(config)
-    except (OSError, ValueError, TypeError) as e:
+        volume = Volume.from_json(handoff.take(sock))
+    except (OSError, ValueError, TypeError, ServiceError) as e:
         handoff.answer(sock, f"{handoff.FAILED}{e}")
         return 1
     os.environ.update(volume.secrets)  # this process's only: the AWS and GCS credential chains read them here

@@ -1,8 +1,8 @@
-"""The privileged plugin hands a mounted /dev/fuse descriptor and the volume's configuration to the unprivileged
-daemon that serves it: one message on a SOCK_SEQPACKET socket pair, the JSON in its body and the descriptor
-in its SCM_RIGHTS, so that neither the configuration (with the publish secret) nor the descriptor ever
-passes through argv, the environment or a file. The daemon answers once, in one message: READY when the
-kernel's INIT is answered, or why it could not serve."""
+"""The privileged plugin hands the volume's configuration to the daemon that serves it: one message on a
+SOCK_SEQPACKET socket pair inherited by the daemon, so that the configuration (with the publish secret) never
+passes through argv, the environment or a file. (The mounted /dev/fuse descriptor comes from the plugin's
+keeper, shardfs/service/keeper.py.) The daemon answers once, in one message: READY when the kernel's INIT is
+answered, or why it could not serve."""
 
 from __future__ import annotations
 
@@ -24,18 +24,13 @@ def pair() -> tuple[socket.socket, socket.socket]:
     return ours, theirs
 
 
-def hand(sock: socket.socket, fd: int, config: dict[str, Any]) -> None:
-    socket.send_fds(sock, [json.dumps(config).encode()], [fd])
+def hand(sock: socket.socket, config: dict[str, Any]) -> None:
+    sock.send(json.dumps(config).encode())
 
 
-def take(sock: socket.socket) -> tuple[int, dict[str, Any]]:
-    """The descriptor and the configuration; ValueError if the message is not one of each."""
-    data, fds, _, _ = socket.recv_fds(sock, MOST, 1)
-    if len(fds) != 1:
-        for fd in fds:
-            socket.close(fd)
-        raise ValueError(f"expected one descriptor with the configuration, got {len(fds)}")
-    return fds[0], json.loads(data)
+def take(sock: socket.socket) -> dict[str, Any]:
+    """The configuration; ValueError if the message is not one."""
+    return json.loads(sock.recv(MOST))
 
 
 def answer(sock: socket.socket, text: str) -> None:

@@ -35,8 +35,9 @@ from pathlib import Path
 
 from shardfs.csi import NOBODY, handoff
 from shardfs.csi.volume import Volume, kernel_mount
+from shardfs.errors import ServiceError
 from shardfs.fuse.mount import FuseMountError, connection_of, mount, unmount
-from shardfs.service import mountinfo
+from shardfs.service import keeper, mountinfo
 
 log = logging.getLogger("shardfs.csi")
 
@@ -77,6 +78,18 @@ class Node:
         self._own_fusectl: Path | None = None
 
     @functools.cached_property
+    def keeper(self) -> Path:
+        """The socket of this process's keeper (shardfs/service/keeper.py), started when first needed: it holds
+        every published volume's /dev/fuse descriptor, which its daemon takes from it (as root, before it
+        becomes its user: the keeper answers root and its own user only)."""
+        self._run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self._run_dir, 0o700)
+        path = self._run_dir / f"keeper.{os.getpid()}.sock"
+        holder = keeper.Keeper(path)
+        threading.Thread(target=holder.serve, name="shardfs-csi-keeper", daemon=True).start()
+        return path
+
+    @functools.cached_property
     def fusectl(self) -> Path:
         """Where the FUSE connections are: /sys/fs/fuse/connections, or where that is not mounted (as in most
         containers) a fusectl mount of this process's own, made when first needed."""
@@ -93,7 +106,10 @@ class Node:
         return own
 
     def close(self) -> None:
-        """The private fusectl mount, if one was made, is taken down; the daemons stay with their mounts."""
+        """The keeper's socket and the private fusectl mount, if made, are taken down; the daemons stay with
+        their mounts (and the keeper's copies of their descriptors go with this process)."""
+        if "keeper" in self.__dict__:
+            self.keeper.unlink(missing_ok=True)
         if self._own_fusectl is not None:
             with contextlib.suppress(OSError):
                 unmount(self._own_fusectl, lazy=True)
@@ -138,9 +154,13 @@ class Node:
             raise NodeError("INTERNAL", str(e)) from None
         try:
             connection = connection_of(fd) or _connection(target)
-            daemon, sock = self._start_daemon(fd, volume)
+            keeper.keep(self.keeper, target, [fd])
+        except ServiceError as e:
+            self._end(target, connection, None)
+            raise NodeError("INTERNAL", str(e)) from None
         finally:
-            os.close(fd)  # the daemon's copy is the connection's only one now
+            os.close(fd)  # the keeper's copy is the one the daemon takes
+        daemon, sock = self._start_daemon(target, volume)
         try:
             answer = handoff.answer_of(sock, READY_TIMEOUT)
         except TimeoutError:
@@ -148,8 +168,10 @@ class Node:
         finally:
             sock.close()
         if answer == handoff.READY:
-            self.published[target] = Published(volume_id, volume, daemon, connection)
-            threading.Thread(target=daemon.wait, name="shardfs-csi-reaper", daemon=True).start()
+            published = self.published[target] = Published(volume_id, volume, daemon, connection)
+            threading.Thread(
+                target=self._watch, args=(target, published), name="shardfs-csi-reaper", daemon=True
+            ).start()
             return
         self._end(target, connection, daemon)
         with contextlib.suppress(OSError):
@@ -159,18 +181,31 @@ class Node:
         why = answer.removeprefix(handoff.FAILED) or f"its daemon exited ({daemon.wait()})"
         raise NodeError("INTERNAL", f"volume {volume_id}: {why}")
 
-    def _start_daemon(self, fd: int, volume: Volume) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    def _start_daemon(self, target: str, volume: Volume) -> tuple[subprocess.Popen[bytes], socket.socket]:
         """The daemon, in a session of its own (a signal to the plugin's group is not for it), logging to the
-        plugin's stderr, and the plugin's end of its socket, the descriptor and volume sent."""
+        plugin's stderr, which takes target's descriptor from the keeper; and the plugin's end of its socket,
+        the volume sent."""
         ours, theirs = handoff.pair()
         with theirs:
             daemon = subprocess.Popen(
-                [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno())],
+                [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno()),
+                 str(self.keeper), target],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), cwd="/",
                 env=self.env, start_new_session=True,
             )  # fmt: skip
-        handoff.hand(ours, fd, volume.to_json())
+        handoff.hand(ours, volume.to_json())
         return daemon, ours
+
+    def _watch(self, target: str, published: Published) -> None:
+        """A daemon that ends while its volume is published (it crashed, or was killed): the keeper's copy of
+        the descriptor is let go, so that readers get ENOTCONN rather than wait for a daemon that is not
+        coming (a new daemon cannot yet take over a connection whose INIT another one answered)."""
+        code = published.daemon.wait()
+        if self.published.get(target) is published:
+            log.error("%s: its daemon ended (%s) while published; the mount is dead until republished", target,
+                      code, extra={"event": "daemon_ended"})  # fmt: skip
+            with contextlib.suppress(ServiceError):
+                keeper.drop(self.keeper, target)
 
     def unpublish(self, volume_id: str, target: str) -> None:
         target = _real(target)
@@ -206,6 +241,9 @@ class Node:
         except OSError as e:
             if e.errno != errno.EINVAL:  # EINVAL: nothing mounted there any more
                 raise NodeError("INTERNAL", f"{target}: cannot be unmounted ({e.strerror})") from None
+        with contextlib.suppress(ServiceError):  # no keeper yet (an Epilog's process): it holds nothing
+            if keeper.answers(self.keeper):
+                keeper.drop(self.keeper, target)
         if connection is not None:
             held = self.fusectl / str(connection)
             deadline = time.monotonic() + GONE_WAIT
