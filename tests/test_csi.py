@@ -218,6 +218,8 @@ def test_publish_serves_the_dataset_from_an_unprivileged_daemon(plugin: Plugin, 
     assert read.returncode == 0, read.stderr
     assert read.stdout.split()[0] == hashlib.sha256((twin / "4_4_40" / name).read_bytes()).hexdigest()
 
+    stats = subprocess.run([sys.executable, "-m", "shardfs", "stats", str(target)], capture_output=True, text=True)
+    assert stats.returncode == 0 and "uptime" in stats.stdout.lower(), stats.stderr  # an operator's view of it
     publish(plugin, target, attributes)  # kubelet retrying: the same mount, the same daemon
     assert mountinfo.exactly_at(str(target)) == mounted and plugin.daemons() == [daemon]
     code, details = refusal(lambda: publish(plugin, target, {**attributes, "view": "n5"}))

@@ -1,9 +1,11 @@
 """Publishing a volume at a pod's target path, and taking it down, as the CSI node plugin does it.
 
 Publish: the plugin (root) opens /dev/fuse and mounts it at the target with `fd=` (the mount(2) shardfs
-makes as root), starts a daemon that makes itself an unprivileged user (see daemon.py), hands it the
-descriptor and the volume, and answers kubelet once the daemon has answered the kernel's INIT. Its own copy
-of the descriptor is closed: the daemon's is the connection's only one.
+makes as root), gives the descriptor to its keeper (shardfs/service/keeper.py) under the target's path,
+starts a daemon that takes it from there and makes itself an unprivileged user (see daemon.py), sends it
+the volume, and answers kubelet once the daemon has answered the kernel's INIT. The keeper's copy is what a
+replacement daemon would take; until one can adopt a connection, a daemon that ends while published has
+the keeper's copy dropped, so that its readers get an error rather than a wait.
 
 Unpublish never touches a path inside the mount (its daemon may hang, and so would the caller): the mount
 is found in /proc/self/mountinfo by the target's path as given, detached (a lazy unmount, which never
@@ -241,8 +243,8 @@ class Node:
         except OSError as e:
             if e.errno != errno.EINVAL:  # EINVAL: nothing mounted there any more
                 raise NodeError("INTERNAL", f"{target}: cannot be unmounted ({e.strerror})") from None
-        with contextlib.suppress(ServiceError):  # no keeper yet (an Epilog's process): it holds nothing
-            if keeper.answers(self.keeper):
+        if "keeper" in self.__dict__:  # else none was started (an Epilog's process): nothing is held
+            with contextlib.suppress(ServiceError):
                 keeper.drop(self.keeper, target)
         if connection is not None:
             held = self.fusectl / str(connection)
