@@ -525,7 +525,11 @@ class Precomputed(Plan):
         if encoding not in encodings.KNOWN:
             known = ", ".join(encodings.KNOWN)
             why = f"{where}: field '{name}.encoding' is {encoding!r}, not a known encoding ({known})"
-            log.warning("%s; a typo? its chunks are served as stored", why, extra={"event": "unknown_encoding"})
+            log.warning(
+                "%s; a typo? its chunks are served as stored",
+                why,
+                extra={"event": "unknown_encoding", "in_report": True},
+            )
             self.kinds.append(f"warning: {why}")
 
     def _grid(self, scale: dict, where: str, name: str) -> VolumeChunks:

@@ -278,8 +278,10 @@ class ZarrArray:
         }
 
     def describe(self) -> dict[str, Any]:
-        shards = sum(1 for _ in self._shard_files(()))
-        return {**self.details, "shard files": f"{shards} present of {math.prod(self.shard_grid)}"}
+        grid = math.prod(self.shard_grid)
+        if not self.store.can_list:  # none would be found: a count of 0 would say the shards are missing
+            return {**self.details, "shard files": f"{grid} in the grid; not counted (the server cannot list them)"}
+        return {**self.details, "shard files": f"{sum(1 for _ in self._shard_files(()))} present of {grid}"}
 
     def _shard_of(self, pos: tuple[int, ...]) -> tuple[int, ...]:
         """The shard position holding a chunk position, or a prefix of one."""
@@ -716,7 +718,9 @@ class ZarrPlan(Plan):
             raise SourceError(f"{where}: field 'codecs' must be a list")
         if unknown := unknown_codecs(codecs):
             why = f"{where}: field 'codecs' names unknown codec(s) {unknown} (known: {', '.join(KNOWN_CODECS)})"
-            log.warning("%s; a typo? its files are served as stored", why, extra={"event": "unknown_codec"})
+            log.warning(
+                "%s; a typo? its files are served as stored", why, extra={"event": "unknown_codec", "in_report": True}
+            )
             self.kinds.append(f"warning: {why}")
         try:
             unsharded = unshard(codecs, tuple(chunk_shape))

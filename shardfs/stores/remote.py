@@ -542,4 +542,15 @@ def _wrong_length(attributes: Any, start: int, asked: int, n: int) -> str:
 
 
 def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    """The library's message in one line; where the server's answer was an S3/GCS XML error (its first line
+    only the XML declaration), with its code and message, which say what is wrong (NoSuchBucket)."""
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    first = text.splitlines()[0]
+    if code := re.search(r"<Code>([^<]{1,100})</Code>", text):
+        said = re.search(r"<Message>([^<]{1,300})</Message>", text)
+        first = (
+            re.sub(r":?\s*<\?xml[^>]*\?>$", "", first) + f": {code.group(1)}" + (f" ({said.group(1)})" if said else "")
+        )
+    return first
