@@ -153,7 +153,8 @@ def test_missing_fields_are_invalid_arguments(plugin: Plugin) -> None:
     [
         ({}, [], {}, "source"),
         ({"source": "https://example.org/x", "cachesize": "1G"}, [], {}, "cachesize"),
-        ({"source": "https://user:pw@example.org/x"}, [], {}, "user:password@"),
+        ({"source": "https://user:pw@example.org/x"}, [], {}, "source: holds a user:password@"),
+        ({"source": "s3://b/x", "endpoint": "http://user:pw@127.0.0.1:9000"}, [], {}, "endpoint: holds a user"),
         ({"source": "https://example.org/x", "cacheSize": "12"}, [], {}, "cacheSize"),
         ({"source": "https://example.org/x", "view": "n6"}, [], {}, "view"),
         ({"source": "https://example.org/x"}, ["no_such_option"], {}, "no_such_option"),

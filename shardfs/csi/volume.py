@@ -106,8 +106,9 @@ def volume_of(
         raise BadVolume(f"volume attribute {unknown[0]}: unknown (known: {', '.join(ATTRIBUTES)})")
     if not attributes.get("source"):
         raise BadVolume("volume attribute source: missing (the dataset's URL or path)")
-    if redact_userinfo(attributes["source"]) != attributes["source"]:
-        raise BadVolume("volume attribute source: holds a user:password@; put credentials in the publish secret")
+    for name, text in attributes.items():
+        if name in ATTRIBUTES and redact_userinfo(text) != text:
+            raise BadVolume(f"volume attribute {name}: holds a user:password@; put credentials in the publish secret")
     given: dict[str, Any] = {}
     for name, text in attributes.items():
         if name in ATTRIBUTES:
