@@ -119,6 +119,7 @@ def run(endpoint: str, node_id: str, driver: str, user: tuple[int, int], run_dir
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)  # a socket left by the plugin's last life
     node = Node(run_dir, *user)
+    held, connections = node.keeper, node.fusectl  # made before any call: two first publishes must not race
     server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="shardfs-csi"))
     rpc.add_IdentityServicer_to_server(Identity(driver), server)
     rpc.add_NodeServicer_to_server(NodeService(node, node_id), server)
@@ -131,8 +132,8 @@ def run(endpoint: str, node_id: str, driver: str, user: tuple[int, int], run_dir
     stopped = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopped.set())
-    log.info("%s serving node %s at %s; connections in %s", driver, node_id, path, node.fusectl,
-             extra={"event": "serving"})  # fmt: skip
+    log.info("%s serving node %s at %s; keeper at %s; connections in %s", driver, node_id, path, held,
+             connections, extra={"event": "serving"})  # fmt: skip
     while not stopped.wait(1.0):  # a timed wait: the signal handler runs between two
         pass
     server.stop(STOP_GRACE).wait()
