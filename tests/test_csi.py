@@ -380,3 +380,31 @@ def test_the_plugin_keeps_the_descriptor_and_a_dead_daemons_readers_get_an_error
     assert (target / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
     unpublish(plugin, target, "vol-killed")
     assert mountinfo.exactly_at(str(target)) is None
+
+
+def test_a_second_call_on_a_target_in_progress_is_aborted(plugin: Plugin, raw_volume) -> None:
+    """While a publish waits on a source that does not answer, another call on that target is ABORTED (kubelet
+    retries it); the first one then fails in words, leaving nothing."""
+    target = plugin.pods / "slow"
+    with RangeServer(raw_volume[0]).running() as slow:
+        slow.hang = True
+        attributes = {"source": f"precomputed://{slow.url}", "timeout": "2"}
+        first: list[grpc.RpcError | None] = []
+        thread = threading.Thread(target=lambda: first.append(_error_of(lambda: publish(plugin, target, attributes))))
+        thread.start()
+        assert _wait_for(lambda: bool(plugin.daemons())), "the first publish never started its daemon"
+        code, details = refusal(lambda: publish(plugin, target, attributes))
+        assert code == grpc.StatusCode.ABORTED and "in progress" in details
+        code, _ = refusal(lambda: unpublish(plugin, target))
+        assert code == grpc.StatusCode.ABORTED
+        thread.join(PATIENCE)
+    assert first and first[0] is not None and first[0].code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert mountinfo.exactly_at(str(target)) is None and not target.exists()
+
+
+def _error_of(call: object) -> grpc.RpcError | None:
+    try:
+        call()  # type: ignore[operator]
+    except grpc.RpcError as e:
+        return e
+    return None
