@@ -50,7 +50,8 @@ def mount(args: argparse.Namespace) -> int:
         return 2
     finally:
         node.close()
-    _pid_file(args.job_dir, args.name).write_text(str(node.published[str(point)].daemon.pid))
+    [published] = node.published.values()
+    _pid_file(args.job_dir, args.name).write_text(str(published.daemon.pid))
     return 0
 
 
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.uid == 0:
         p.error("--uid 0: jobs' datasets are served by their users, not root")
+    args.job_dir = args.job_dir.resolve()  # root's own directory, not a mount: as mountinfo names what is in it
     return mount(args) if args.command == "mount" else unmount(args)
 
 
