@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +166,22 @@ def test_the_committed_grpc_modules_are_what_the_proto_makes(tmp_path: Path) -> 
     for name in ("csi_pb2.py", "csi_pb2.pyi", "csi_pb2_grpc.py"):
         made = (tmp_path / "shardfs" / "csi" / name).read_text()
         assert made == (ROOT / "shardfs" / "csi" / name).read_text(), f"{name}: run scripts/csi_stubs"
+
+
+def test_the_wheel_the_containerfile_installs_holds_the_plugin(tmp_path: Path) -> None:
+    """Built as the Containerfile's comment says: the plugin, its generated modules, the daemon and the Slurm
+    helper are in it, and its csi extra brings grpcio and protobuf."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp_path, ROOT],
+        check=True, capture_output=True, cwd=tmp_path,
+    )  # fmt: skip
+    [wheel] = tmp_path.glob("shardfs-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+        [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
+        requires = [line for line in z.read(metadata).decode().splitlines() if line.startswith("Requires-Dist:")]
+    for module in ("server", "node", "volume", "daemon", "handoff", "csi_pb2", "csi_pb2_grpc"):
+        assert f"shardfs/csi/{module}.py" in names
+    assert {"shardfs/slurm.py", "shardfs/service/keeper.py"} <= names
+    extra = [r for r in requires if 'extra == "csi"' in r]
+    assert {re.split(r"[<>=; ]", r.removeprefix("Requires-Dist: "))[0] for r in extra} == {"grpcio", "protobuf"}
