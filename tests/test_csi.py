@@ -158,6 +158,8 @@ def test_missing_fields_are_invalid_arguments(plugin: Plugin) -> None:
         ({"source": "https://example.org/x", "cacheSize": "12"}, [], {}, "cacheSize"),
         ({"source": "https://example.org/x", "view": "n6"}, [], {}, "view"),
         ({"source": "https://example.org/x"}, ["no_such_option"], {}, "no_such_option"),
+        ({"source": "https://example.org/x"}, ["noexec,subtype=other"], {}, "subtype is the plugin's"),
+        ({"source": "https://example.org/x"}, ["auto_unmount"], {}, "auto_unmount"),
         ({"source": "https://example.org/x"}, [], {"AWS_SECRET": "x"}, "AWS_SECRET"),
     ],
 )

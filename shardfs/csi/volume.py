@@ -25,6 +25,12 @@ from shardfs.stores.remote import DEFAULT_TIMEOUT
 # said, not asked, so never refused.
 KUBERNETES_KEYS = "csi.storage.k8s.io/"
 MOUNT_OPTIONS = Path("mountOptions")  # what a refusal of the options names, as settings_of names a mountpoint
+# Mount options a volume may not set: the plugin finds its mounts by their type and unmounts them itself.
+PLUGINS_OWN = {
+    "subtype": "its mounts are fuse.shardfs",
+    "fsname": "the source, without credentials",
+    "auto_unmount": "the plugin unmounts",
+}
 VIEWS = ("native", "n5", "zarr2")
 TRUE_FALSE = {"true": True, "false": False}
 # The publish secret's keys: set in the daemon's own environment, where the AWS and GCS credential chains
@@ -131,6 +137,8 @@ def mount_options(source: str, mount_flags: Sequence[str], others: bool = True) 
     for flag in mount_flags:
         for item in filter(None, flag.split(",")):
             name, eq, value = item.partition("=")
+            if name in PLUGINS_OWN:
+                raise BadVolume(f"mountOptions: {name} is the plugin's to set ({PLUGINS_OWN[name]})")
             extra[name] = value if eq else True
     if others:
         extra["allow_other"] = True
