@@ -56,6 +56,7 @@ def test_the_daemonset_wires_plugin_sidecars_and_kubelet_together() -> None:
     pod = ds["spec"]["template"]["spec"]
     assert ds["spec"]["selector"]["matchLabels"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
     assert pod["serviceAccountName"] == one("ServiceAccount")["metadata"]["name"]
+    assert ds["spec"]["updateStrategy"]["type"] == "OnDelete"  # a rolling update would end every volume's daemon
     containers = {c["name"]: c for c in pod["containers"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     plugin = containers["shardfs"]
