@@ -200,8 +200,9 @@ def test_publish_serves_the_dataset_from_an_unprivileged_daemon(plugin: Plugin, 
     _, twin, expected = raw_volume
     target = plugin.pods / "pod-a" / "volumes" / "data"
     target.parent.mkdir(parents=True)
-    attributes = {"source": f"precomputed://{server.url}", "cacheSize": "16M", "timeout": "20"}
+    attributes = {"source": f"precomputed://{server.url}", "cacheSize": "16M", "timeout": "20", "logLevel": "INFO"}
     publish(plugin, target, attributes)
+    assert re.search(rf"msg=\"?{re.escape(str(target))}: mounted ", plugin.log.read_text())  # the daemon's, named
     mounted = mountinfo.exactly_at(str(target))
     assert mounted is not None and mounted.fstype == "fuse.shardfs"
     assert {"ro", "allow_other", "default_permissions"} <= set(mounted.options.split(",") + _vfs(target))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib
+import logging
 import os
 import re
 import socket
@@ -35,6 +36,18 @@ from shardfs.stores.remote import Access
 IMPORTED_FIRST = ("boto3", "botocore.session", "botocore.exceptions", "obstore.auth.boto3")
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
+
+
+class _Naming(logging.Filter):
+    """Every record starts with the volume's target: the daemons of all volumes share the plugin's stderr."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.prefix = f"{target}: ".replace("%", "%%")  # the message is a %-format
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = self.prefix + str(record.msg)
+        return True
 
 
 def become(uid: int, gid: int) -> None:
@@ -70,6 +83,8 @@ def main(argv: list[str]) -> int:
     os.environ.update(volume.secrets)  # this process's only: the AWS and GCS credential chains read them here
     log_to_terminal(volume.log_level)
     log_to(None)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Naming(target))
     lifecycle.block_signals()  # before obstore's runtime starts a thread
     access = Access(volume.anonymous, volume.endpoint, volume.region, volume.timeout, None, volume.requester_pays)
     try:
