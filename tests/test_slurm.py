@@ -112,7 +112,7 @@ def slurm(user: tuple[int, int]) -> Iterator[Slurm]:
         wrapper = root / "etc" / script
         wrapper.write_text(f"#!/bin/sh\nSHARDFS_SLURM_CONF={conf} exec {SCRIPTS / script}\n")
         wrapper.chmod(0o755)
-    host = socket.gethostname()
+    host = socket.gethostname().split(".")[0]  # slurmd finds its node by the short host name
     munge_socket = root / "munge" / "munge.sock"
     slurm_conf = root / "etc" / "slurm.conf"
     slurm_conf.write_text(
@@ -149,9 +149,14 @@ def slurm(user: tuple[int, int]) -> Iterator[Slurm]:
     )
     env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "SLURM_CONF": str(slurm_conf), "PYTHONPATH": PYTHONPATH}
     munge = root / "munge"
+    key = munge / "munge.key"  # the test's own: nothing of the machine's munge is used or changed
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    shutil.chown(key, "munge", "munge")
     subprocess.run(
         ["setpriv", "--reuid=munge", "--regid=munge", "--clear-groups", "munged", f"--socket={munge_socket}",
-         f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log", f"--seed-file={munge}/seed"],
+         f"--key-file={key}", f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
+         f"--seed-file={munge}/seed"],
         check=True, timeout=PATIENCE,
     )  # fmt: skip
     daemons = [
