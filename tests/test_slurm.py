@@ -27,6 +27,7 @@ import psutil
 import pytest
 
 from shardfs.service import mountinfo
+from tests.conftest import as_user
 from tests.http_server import RangeServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -261,6 +262,8 @@ def test_two_jobs_on_the_node_at_once_each_keep_their_own_mount(slurm: Slurm, da
     _wait(lambda: (out / f"{held}.count").exists(), "the held job to read its mount")
     assert slurm.ended(quick) == "COMPLETED"
     assert _mounted_under(slurm.jobs) == [str(slurm.jobs / str(held) / "vol")]  # the other job's epilog left it
+    other = as_user((65534, 65534), "ls", slurm.jobs / str(held) / "vol")  # another user of the node
+    assert other.returncode != 0 and "Permission denied" in other.stderr
     (out / f"{held}.release").touch()
     assert slurm.ended(held) == "COMPLETED", slurm.output(held)
     assert int((out / f"{held}.count").read_text()) == len(os.listdir(twin / "4_4_40"))
