@@ -31,6 +31,7 @@ from shardfs.service.daemon import (
     parse_options,
     unmount,
 )
+from shardfs.service.handover import HANDED_OVER
 from shardfs.service.summary import identity, summary
 from shardfs.source import Source, is_remote, open_source
 from shardfs.stores.disk_cache import DiskCache
@@ -388,7 +389,7 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         extra["allow_other"] = True
     options = fuse_options(name, extra, remote)
     log_file = args.log_file.absolute() if args.log_file else None
-    mount(
+    handed_over = mount(
         source,
         local,
         args.mountpoint.absolute(),
@@ -401,7 +402,7 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         str(name),
         args.view,
     )
-    return 0
+    return HANDED_OVER if handed_over else 0  # systemd restarts the unit on this status (RestartForceExitStatus=)
 
 
 def list_mounts(now: float) -> None:

@@ -196,7 +196,9 @@ class TreeOps:
         self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
         self._times = (*divmod(mtime_ns, 1_000_000_000),)
         self._dirs: dict[int, DirCursor] = {}
-        self._handles = itertools.count(1)
+        # Numbered from the boot clock's nanoseconds: a daemon that takes over a kept connection never hands
+        # out a handle that the kernel still holds from the daemon before.
+        self._handles = itertools.count(time.monotonic_ns())
         self._lock = threading.Lock()
         self._modes = functools.lru_cache(maxsize=1024)(self._mode)
         self.stored = StoredBytes(tree.store.sizes)
@@ -248,10 +250,13 @@ class TreeOps:
         return fh
 
     def readdir(self, path: str, fh: int, offset: int) -> Iterator[tuple[str, int, int]]:
-        """Entries are made while the session packs them, so errors are mapped here, not by the decorator."""
+        """Entries are made while the session packs them, so errors are mapped here, not by the decorator. A
+        handle not opened here is a daemon before's, kept by the kernel across a restart: the listing goes on
+        from its offset, which names the same entry for the same metadata."""
         cursor = self._dirs.get(fh)
         if cursor is None:
-            raise error(errno.EBADF)
+            with self._lock:
+                cursor = self._dirs.setdefault(fh, DirCursor(lambda: self.tree.listdir(path)))
         start_request(self.request_limit)
         start, reads, code = time.perf_counter(), metrics.STORE_READS.mine(), 0
         try:
