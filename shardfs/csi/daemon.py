@@ -25,6 +25,7 @@ from pathlib import Path
 from shardfs.csi import handoff
 from shardfs.csi.volume import Volume
 from shardfs.errors import ServiceError, SourceError
+from shardfs.fuse.record import Kept, RecordError
 from shardfs.logs import log_to, log_to_terminal, redact
 from shardfs.service import keeper, lifecycle
 from shardfs.service.daemon import serve
@@ -36,6 +37,17 @@ from shardfs.stores.remote import Access
 IMPORTED_FIRST = ("boto3", "botocore.session", "botocore.exceptions", "obstore.auth.boto3")
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
+
+
+class _ToPlugin:
+    """Where a fresh connection is kept for the next daemon (a fuse.record Carrier): the plugin, over the
+    socket, which keeps it in its keeper."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def keep(self, kept: Kept) -> None:
+        handoff.keep(self.sock, kept.fds)
 
 
 class _Naming(logging.Filter):
@@ -71,13 +83,14 @@ def main(argv: list[str]) -> int:
     try:
         for name in IMPORTED_FIRST:
             importlib.import_module(name)
-        kept = keeper.take(holder, target)  # as root: the keeper answers root and its own user only
-        if not kept:
+        fds = keeper.take(holder, target)  # as root: the keeper answers root and its own user only
+        if not fds:
             raise ValueError(f"{holder}: the keeper holds no descriptor for {target}")
-        fuse_fd = kept[0]
+        fuse_fd = fds[0]
+        kept = Kept.of(fds) if len(fds) == 2 else None  # with its record: a daemon before served it
         become(uid, gid)
         volume = Volume.from_json(handoff.take(sock))
-    except (OSError, ValueError, TypeError, ServiceError) as e:
+    except (OSError, ValueError, TypeError, ServiceError, RecordError) as e:
         handoff.answer(sock, f"{handoff.FAILED}{e}")
         return 1
     os.environ.update(volume.secrets)  # this process's only: the AWS and GCS credential chains read them here
@@ -95,7 +108,7 @@ def main(argv: list[str]) -> int:
     try:
         serve(
             source.tree, time.time_ns(), Path(f"/dev/fd/{fuse_fd}"), volume.options,
-            lambda: handoff.answer(sock, handoff.READY), None, source.name, volume.view,
+            lambda: handoff.answer(sock, handoff.READY), None, source.name, volume.view, _ToPlugin(sock), kept,
         )  # fmt: skip
     except Exception as e:
         handoff.answer(sock, f"{handoff.FAILED}{redact(str(e))}")

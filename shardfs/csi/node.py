@@ -3,9 +3,9 @@
 Publish: the plugin (root) opens /dev/fuse and mounts it at the target with `fd=` (the mount(2) shardfs
 makes as root), gives the descriptor to its keeper (shardfs/service/keeper.py) under the target's path,
 starts a daemon that takes it from there and makes itself an unprivileged user (see daemon.py), sends it
-the volume, and answers kubelet once the daemon has answered the kernel's INIT. The keeper's copy is what a
-replacement daemon would take; until one can adopt a connection, a daemon that ends while published has
-the keeper's copy dropped, so that its readers get an error rather than a wait.
+the volume, and answers kubelet once the daemon has answered the kernel's INIT. The daemon sends back its
+connection's record (fuse/record.py), kept beside the descriptor: a daemon that ends while its volume is
+published is replaced by one that takes the connection up (see Node._watch).
 
 Unpublish never touches a path inside the mount (its daemon may hang, and so would the caller): the mount
 is found in /proc/self/mountinfo by the target's path as given, detached (a lazy unmount, which never
@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardfs.csi import NOBODY, handoff
@@ -47,6 +47,7 @@ FUSECTL = Path("/sys/fs/fuse/connections")
 READY_TIMEOUT = 100.0  # seconds a daemon may take to open its source and answer INIT: within kubelet's 2 minutes
 GONE_WAIT = 2.0  # seconds a detached mount's connection may take to end by itself before it is aborted
 END_WAIT = 5.0  # seconds a daemon may take to exit once asked, before it is killed
+RESTARTS, RESTART_WINDOW = 3, 60.0  # daemons replaced within that many seconds before a volume is let die
 DAEMON_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
 
 
@@ -62,8 +63,9 @@ class NodeError(Exception):
 class Published:
     volume_id: str
     volume: Volume
-    daemon: subprocess.Popen[bytes]
+    daemon: subprocess.Popen[bytes]  # the one serving now: replaced when one ends (see Node._watch)
     connection: int | None
+    restarts: list[float] = field(default_factory=list)  # when daemons were replaced lately (monotonic)
 
 
 class Node:
@@ -162,13 +164,7 @@ class Node:
             raise NodeError("INTERNAL", str(e)) from None
         finally:
             os.close(fd)  # the keeper's copy is the one the daemon takes
-        daemon, sock = self._start_daemon(target, volume)
-        try:
-            answer = handoff.answer_of(sock, READY_TIMEOUT)
-        except TimeoutError:
-            answer = f"{handoff.FAILED}its daemon did not answer in {READY_TIMEOUT:.0f} s"
-        finally:
-            sock.close()
+        daemon, answer = self._started(target, volume)
         if answer == handoff.READY:
             published = self.published[target] = Published(volume_id, volume, daemon, connection)
             threading.Thread(
@@ -182,6 +178,26 @@ class Node:
             raise NodeError("FAILED_PRECONDITION", f"volume {volume_id}: {answer.removeprefix(handoff.REFUSED)}")
         why = answer.removeprefix(handoff.FAILED) or f"its daemon exited ({daemon.wait()})"
         raise NodeError("INTERNAL", f"volume {volume_id}: {why}")
+
+    def _started(self, target: str, volume: Volume) -> tuple[subprocess.Popen[bytes], str]:
+        """A daemon for target, and its answer (READY, or why not)."""
+        daemon, sock = self._start_daemon(target, volume)
+
+        def kept(fds: list[int]) -> None:  # the connection and its record: what a next daemon takes up
+            try:
+                keeper.keep(self.keeper, target, fds)
+            except ServiceError as e:
+                log.error("%s: not kept for a next daemon: %s", target, e, extra={"event": "handover"})
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+        try:
+            return daemon, handoff.answer_of(sock, READY_TIMEOUT, kept)
+        except TimeoutError:
+            return daemon, f"{handoff.FAILED}its daemon did not answer in {READY_TIMEOUT:.0f} s"
+        finally:
+            sock.close()
 
     def _start_daemon(self, target: str, volume: Volume) -> tuple[subprocess.Popen[bytes], socket.socket]:
         """The daemon, in a session of its own (a signal to the plugin's group is not for it), logging to the
@@ -199,15 +215,52 @@ class Node:
         return daemon, ours
 
     def _watch(self, target: str, published: Published) -> None:
-        """A daemon that ends while its volume is published (it crashed, or was killed): the keeper's copy of
-        the descriptor is let go, so that readers get ENOTCONN rather than wait for a daemon that is not
-        coming (a new daemon cannot yet take over a connection whose INIT another one answered)."""
-        code = published.daemon.wait()
-        if self.published.get(target) is published:
-            log.error("%s: its daemon ended (%s) while published; the mount is dead until republished", target,
-                      code, extra={"event": "daemon_ended"})  # fmt: skip
-            with contextlib.suppress(ServiceError):
-                keeper.drop(self.keeper, target)
+        """A daemon that ends while its volume is published (it crashed, or was killed) is replaced: the next
+        one takes the connection and its record from the keeper and serves it without mounting or INIT, and
+        the kernel resends what the one before read and never answered (Linux 6.9+), so readers see no error.
+        Where that cannot be (no record kept yet, a daemon that keeps failing), the keeper's copy is dropped:
+        readers get ENOTCONN rather than wait for ever on a connection nobody serves."""
+        while True:
+            code = published.daemon.wait()
+            try:
+                with self._only(target):
+                    if self.published.get(target) is not published:
+                        return  # unpublished, or published again: not this watch's to replace
+                    if self._replaced(target, published, code):
+                        continue
+                    log.error("%s: its daemon ended (%s) while published; the mount is dead until published again",
+                              target, code, extra={"event": "daemon_ended"})  # fmt: skip
+                    with contextlib.suppress(ServiceError):
+                        keeper.drop(self.keeper, target)
+                    return
+            except NodeError:  # another call on target is in progress: it takes the mount up or down
+                return
+
+    def _replaced(self, target: str, published: Published, code: int) -> bool:
+        now = time.monotonic()
+        published.restarts = [t for t in published.restarts if now - t < RESTART_WINDOW]
+        try:
+            held = keeper.take(self.keeper, target)
+        except ServiceError:
+            held = []
+        for fd in held:
+            os.close(fd)
+        if len(held) != 2 or len(published.restarts) >= RESTARTS:
+            return False
+        published.restarts.append(now)
+        log.warning("%s: its daemon ended (%s); a new one takes the connection up", target, code,
+                    extra={"event": "daemon_replaced"})  # fmt: skip
+        try:
+            daemon, answer = self._started(target, published.volume)
+        except OSError as e:  # it could not even start
+            log.error("%s: no new daemon: %s", target, e, extra={"event": "handover"})
+            return False
+        if answer and answer != handoff.READY:  # it said why it cannot serve: another would fare no better
+            log.error("%s: the new daemon did not serve: %s", target, answer, extra={"event": "handover"})
+            _stop(daemon)
+            return False
+        published.daemon = daemon  # serving, or ended before it could say so (killed too): the watch goes on
+        return True
 
     def unpublish(self, volume_id: str, target: str) -> None:
         target = _real(target)
