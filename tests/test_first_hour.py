@@ -141,7 +141,8 @@ def test_a_missing_bucket_is_named_by_its_error_code(monkeypatch) -> None:
 def test_info_over_http_does_not_call_unlisted_shards_missing(tmp_path) -> None:
     """A web server cannot list: `info` says so, not "0 present" of shards that are all there."""
     root = tmp_path / "a.zarr"
-    peers.create_tensorstore_zarr3(root, [40, 36], "uint16", [20, 18], [5, 6]).write(np.ones((40, 36), np.uint16)).result()
+    array = peers.create_tensorstore_zarr3(root, [40, 36], "uint16", [20, 18], [5, 6])
+    array.write(np.ones((40, 36), np.uint16)).result()
     with RangeServer(root, suffix_ranges=True).running() as server:
         said = shardfs("info", f"zarr3://{server.url}").stdout
     assert "shard files: 4 in the grid; not counted (the server cannot list them)" in said, said
