@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from shardfs import __version__
+from shardfs import __version__, csi
 from shardfs.check import check
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
 from shardfs.logs import DEBUG_BURST, LogFileError, log_to_terminal, redact, redact_userinfo
@@ -242,6 +242,7 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     with_source("info", "what was detected: kinds, scales, sharding, shard files")
     ch = with_source("check", "read every shard index, verify checksums, count chunks; non-zero exit if any is corrupt")
     ch.add_argument("--deep", action="store_true", help="also read and decode every chunk (reads the whole dataset)")
+    csi.add_arguments(command("csi", "serve as a Kubernetes CSI node plugin (see README, Kubernetes)"))
     return p, set(sub.choices)
 
 
@@ -313,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "unmount":
             unmount(args.mountpoint.absolute(), args.any_type, args.lazy)
             return 0
+        if args.command == "csi":
+            return csi.run(args)
         if args.command == "list":
             list_mounts(time.time())
             return 0
