@@ -1,3 +1,3 @@
-from shardfs.cli import main
+from shardfs.cli import run
 
-raise SystemExit(main())
+run()

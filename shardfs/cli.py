@@ -7,6 +7,7 @@ and `mount -t fuse.shardfs`; there, and in `mount`, every option may be given as
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import logging
 import os
@@ -360,6 +361,19 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{args.__dict__.get('source', '')}: cannot be read ({type(e).__name__}: {e})")
         return 2
     return 0
+
+
+def run() -> NoReturn:
+    """The command line's entry point: main(), then an exit that skips the interpreter's finalization. A
+    remote source leaves obstore's Rust runtime threads behind, and one of them still busy while Python
+    tears itself down can panic and abort the process (SIGABRT after the command's last line, seen after
+    a refused S3 listing): nothing of ours is left to finalize once output and logs are flushed."""
+    code = main()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 def say(error: str) -> None:
