@@ -11,6 +11,7 @@ import errno
 import logging
 import re
 import struct
+import sys
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -127,8 +128,9 @@ class MinishardIndex:
 
     entries: dict[int, tuple[int, int]]
 
-    # Approximate bytes per entry (dict slot, tuple, three ints), so the cache budget holds.
-    ENTRY_BYTES = 200
+    # What an entry holds besides its dict slot: a (start, stop) tuple and three ints (the key, start and stop;
+    # 32 bytes from 2**30 up), each allocated in 16-byte steps.
+    ROW_BYTES = (sys.getsizeof((0, 0)) + 15) // 16 * 16 + 3 * sys.getsizeof(1 << 40)
 
     @classmethod
     def decode(cls, raw: bytes, shard_index_size: int) -> MinishardIndex:
@@ -143,7 +145,7 @@ class MinishardIndex:
 
     @property
     def nbytes(self) -> int:
-        return len(self.entries) * self.ENTRY_BYTES
+        return sys.getsizeof(self.entries) + len(self.entries) * self.ROW_BYTES
 
     def find(self, key: int) -> tuple[int, int] | None:
         """The stored [start, stop) of key, or None if it is absent."""
