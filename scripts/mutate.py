@@ -39,6 +39,14 @@ TWINS = "tests/test_zarr.py::test_inner_chunks_are_the_unsharded_twins_files"
 NAMES = "tests/test_chunk_names.py::test_names_are_the_twins_and_no_other_spelling_is_a_file["
 BLOCKS = "tests/test_view_blocks.py::"
 VERSIONS = "tests/test_remote_versions.py::test_an_object_replaced_under_the_mount_is_eio"
+OPTIONS = "tests/test_mount_options.py::"
+PROTOCOL = "tests/test_fuse_protocol.py::"
+ZEROS = OPTIONS + "test_a_default_mount_shows_the_sources_owners_and_read_bits_and_zero_values_are_values"
+FLAGS = OPTIONS + "test_mount_flags_reach_the_kernel"
+FORGETS = PROTOCOL + "test_forget_counts_down_every_lookup_the_kernel_made"
+TIMED = PROTOCOL + "test_each_timeout_reaches_the_kernel_as_given_to_the_nanosecond"
+EDGES = "tests/test_remote_edges.py::"
+ODD = "tests/test_odd_values.py::"
 
 MUTATIONS = [
     Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
@@ -170,7 +178,7 @@ MUTATIONS = [
              "in sorted(entries, reverse=True):",
              ("tests/test_disk_cache.py::test_eviction_drops_the_least_recently_used",)),
     Mutation("disk cache entry checksum not checked", "shardfs/stores/disk_cache.py",
-             "!= (MAGIC, key, length, crc32c.crc32c(data)):", "!= (MAGIC, key, length, HEADER.unpack(header)[3]):",
+             "!= (MAGIC, key, length, crc32c(data)):", "!= (MAGIC, key, length, HEADER.unpack(header)[3]):",
              ("tests/test_disk_cache.py::test_a_changed_entry_is_fetched_again_never_served",)),
     Mutation("disk cache entry opened blocking", "shardfs/stores/disk_cache.py",
              "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |", "os.O_RDONLY | os.O_NOFOLLOW |",
@@ -284,6 +292,14 @@ MUTATIONS = [
     Mutation("a cut from the minishard batch one byte late", "shardfs/shards/neuroglancer.py",
              "raw = batch[start - first : stop - first]", "raw = batch[start - first + 1 : stop - first + 1]",
              ("tests/test_remote_cold.py::test_minishard_indexes_side_by_side_cost_one_get",)),
+    # Listings (issue 27): a walk ends at its bounds, and a listing is made once for every offset.
+    Mutation("remote walks without a deadline", "shardfs/stores/remote.py",
+             "await asyncio.wait_for(anext(stream), max(self.started + self.seconds - time.monotonic(), 0))",
+             "await anext(stream)",
+             ("tests/test_remote_bounds.py::test_df_over_a_listing_of_endless_empty_pages_stops",)),
+    Mutation("a listing made again for every offset", "shardfs/fuse/adapter.py",
+             'return self.tree.cache.get_or_make(("listing", path), make)', "return make()",
+             ("tests/test_dir_cursor.py::test_resuming_lists_the_directory_once",)),
     Mutation("remote listings one read at a time", "shardfs/stores/remote.py",
              "        self.reads_at_once = READS_AT_ONCE", "        self.reads_at_once = 1",
              ("tests/test_remote_cold.py::test_a_listing_keeps_many_index_reads_in_flight",)),
@@ -295,6 +311,105 @@ MUTATIONS = [
     Mutation("a stopped daemon hangs stats", "shardfs/service/stats_socket.py",
              "        conn.settimeout(ASK_TIMEOUT)", "        conn.settimeout(None)",
              ("tests/test_service.py::test_a_stopped_daemon_blocks_neither_stats_nor_list",)),
+    # Issue 27: options checked before mount(2), names and log lines bounded per user, fusermount3's escapes.
+    Mutation("timeouts unchecked before mount", "shardfs/fuse/serve.py", "if not 0 <= found < TIMEOUT_LIMIT:",
+             "if found < 0:",
+             (OPTIONS + "test_a_timeout_the_kernel_cannot_take_is_refused_before_anything_is_mounted"
+              "[attr_timeout=nan]",)),
+    Mutation("a failure after mount(2) leaves the mount", "shardfs/fuse/serve.py",
+             "    except BaseException:\n        take_away()", "    except BaseException:\n        pass",
+             (OPTIONS + "test_a_failure_after_mount_takes_the_mount_away",)),
+    Mutation("names over 255 bytes tried on the source", "shardfs/fuse/adapter.py",
+             'if len(os.fsencode(path.rpartition("/")[2])) > NAME_MAX:', "if False:",
+             (OPTIONS + "test_names_too_long_for_linux_are_absent_and_one_users_errors_leave_the_others_logged",)),
+    Mutation("one log budget for every user", "shardfs/logs.py", "key = (record.levelno, _event(record), uid)",
+             "key = (record.levelno, _event(record), None)",
+             (OPTIONS + "test_names_too_long_for_linux_are_absent_and_one_users_errors_leave_the_others_logged",)),
+    Mutation("fsname unescaped for fusermount3", "shardfs/fuse/mount.py",
+             'return value.replace("\\\\", "\\\\\\\\").replace(",", "\\\\,")', "return value",
+             (OPTIONS + "test_a_source_path_ending_in_a_backslash_mounts_as_shardfs_through_fusermount3",)),
+    # Issue 33, class 1: options against a second user and against their zero values.
+    Mutation("allow_root's owner taken as root", "shardfs/fuse/serve.py", "owner = os.getuid() if allow_root else None",
+             "owner = 0 if allow_root else None",
+             (OPTIONS + "test_allow_root_on_a_users_mount_serves_that_user_and_root_and_no_one_else",)),
+    Mutation("uid=0 taken as unset", "shardfs/fuse/adapter.py",
+             "uid = owner.uid if shown.uid is None else shown.uid", "uid = shown.uid or owner.uid", (ZEROS,)),
+    Mutation("umask=0 taken as unset", "shardfs/fuse/adapter.py", "if shown.umask is not None:", "if shown.umask:",
+             (ZEROS,)),
+    Mutation("write bits carried through", "shardfs/stores/local.py",
+             "bits = 0o555 if stat.S_ISDIR(st.st_mode) else 0o444",
+             "bits = 0o777 if stat.S_ISDIR(st.st_mode) else 0o666",
+             (ZEROS,)),
+    Mutation("attr_timeout given as entry_timeout", "shardfs/fuse/session.py",
+             "self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.attr))",
+             "self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.entry))", (TIMED,)),
+    Mutation("fractions of timeouts as microseconds", "shardfs/fuse/session.py",
+             "return whole, int((seconds - whole) * 1e9)", "return whole, int((seconds - whole) * 1e6)", (TIMED,)),
+    # Issue 33, class 2: mount flags.
+    Mutation("noexec clears the flag", "shardfs/fuse/mount.py", '"noexec": (MS_NOEXEC, True),',
+             '"noexec": (MS_NOEXEC, False),', (FLAGS + "[noexec,noatime-mount(2)]",)),
+    Mutation("a later contrary flag ignored", "shardfs/fuse/mount.py", "flags = flags | flag if on else flags & ~flag",
+             "flags = flags | flag if on else flags", (FLAGS + "[noexec,noatime,exec,atime-mount(2)]",)),
+    Mutation("root's mounts without nosuid", "shardfs/fuse/mount.py", "flags = MS_NOSUID | MS_NODEV |",
+             "flags = MS_NODEV |", (FLAGS + "[default-mount(2)]",)),
+    # Issue 33, class 3: the protocol at its boundaries.
+    Mutation("init_out of 64 bytes for 7.22", "shardfs/fuse/session.py", "reply if minor >= 23 else",
+             "reply if minor >= 22 else", (PROTOCOL + "test_init_answers_each_minor_in_the_layout_it_reads[22-24]",)),
+    Mutation("init_out of 24 bytes for 7.23", "shardfs/fuse/session.py", "reply if minor >= 23 else",
+             "reply if minor >= 24 else", (PROTOCOL + "test_init_answers_each_minor_in_the_layout_it_reads[23-64]",)),
+    Mutation("7.12 refused", "shardfs/fuse/wire.py", "MIN_MINOR = 12", "MIN_MINOR = 13",
+             (PROTOCOL + "test_init_answers_each_minor_in_the_layout_it_reads[12-24]",)),
+    Mutation("7.11 taken", "shardfs/fuse/wire.py", "MIN_MINOR = 12", "MIN_MINOR = 11",
+             (PROTOCOL + "test_init_of_a_kernel_older_than_7_12_is_refused",)),
+    Mutation("a FORGET counts one lookup", "shardfs/fuse/session.py", "left = self._counts.get(nodeid, 0) - times",
+             "left = self._counts.get(nodeid, 0) - 1", (FORGETS,)),
+    Mutation("a BATCH_FORGET forgets its first node only", "shardfs/fuse/session.py", "for i in range(number):",
+             "for i in range(min(number, 1)):", (FORGETS,)),
+    Mutation("STATFS shows the files free", "shardfs/fuse/session.py", "pack(blocks, 0, 0, files, 0,",
+             "pack(blocks, 0, 0, files, files,",
+             (PROTOCOL + "test_df_i_and_stat_f_show_the_sources_files_and_the_mounts_units",)),
+    Mutation("any character device taken for /dev/fuse", "shardfs/fuse/mount.py",
+             "if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:", "if not stat.S_ISCHR(st.st_mode):",
+             (PROTOCOL + "test_dev_fd_n_of_another_character_device_is_refused_in_one_line[/dev/null]",)),
+    # Issue 33, class 4: remote edges.
+    Mutation("401 taken for a failure", "shardfs/stores/remote.py",
+             "except (PermissionDeniedError, UnauthenticatedError) as e:", "except PermissionDeniedError as e:",
+             (EDGES + "test_a_refusal_is_eacces_whether_unauthenticated_or_forbidden[401]",)),
+    Mutation("URL passwords redacted up to their first @", "shardfs/logs.py", r'[^/\s?#]+@")', r'[^/\s?#@]+@")',
+             (EDGES + "test_a_password_of_url_special_characters_shows_nowhere[as typed]",)),
+    # (Dropping the empty minishard's early return is equivalent: a read of no bytes sends no request.)
+    Mutation("a small shard index read entry by entry", "shardfs/shards/neuroglancer.py",
+             "SHARD_INDEX_READ = 64 << 10", "SHARD_INDEX_READ = 64",
+             (EDGES + "test_a_key_whose_minishard_is_empty_costs_the_shard_index_alone",)),
+    Mutation("shards listed in the store's order", "shardfs/shards/neuroglancer.py",
+             "for found in sorted(found for found in named if found is not None):",
+             "for found in (found for found in named if found is not None):",
+             (EDGES + "test_a_remote_listing_over_many_shards_is_in_the_local_order_and_stable",)),
+    Mutation("a listed name gives nothing back", "shardfs/shards/neuroglancer.py",
+             "budget.refund(LISTING_READ * listed)", "budget.refund(0)",
+             (EDGES + "test_a_listing_spends_its_budget_and_each_name_gives_some_back[1]",)),
+    Mutation("a minishard gives back one name's worth", "shardfs/shards/neuroglancer.py",
+             "budget.refund(LISTING_READ * listed)", "budget.refund(LISTING_READ * min(listed, 1))",
+             (EDGES + "test_a_listing_spends_its_budget_and_each_name_gives_some_back[2]",)),
+    Mutation("stats and list look at the mount", "shardfs/service/stats_socket.py",
+             "socket_path(directory, Path(found.point), real=True)", "socket_path(directory, mountpoint)",
+             ("tests/test_service.py::test_a_stopped_daemon_whose_root_the_kernel_must_ask_for_blocks_neither_stats_"
+              "nor_list",)),
+    # Issue 33, class 5: odd values through the views, and df.
+    Mutation("N5 fill compared by value", "shardfs/views/n5.py",
+             "self.filled = any(np.asarray(array.fill_value, array.dtype).tobytes())",
+             "self.filled = array.fill_value != 0",
+             (ODD + "test_non_finite_and_negative_zero_fills_through_n5",)),
+    Mutation("zarr2 non-finite fills written as numbers", "shardfs/views/zarr2.py",
+             "if isinstance(value, float) and not math.isfinite(value):", "if False:",
+             (ODD + "test_non_finite_and_negative_zero_fills_through_zarr2",)),
+    Mutation("df follows links", "shardfs/stores/local.py",
+             "st = os.stat(name, dir_fd=at, follow_symlinks=False)", "st = os.stat(name, dir_fd=at)",
+             (ODD + "test_df_counts_only_the_sources_regular_files",)),
+    Mutation("df counts FIFOs, sockets and devices", "shardfs/stores/local.py",
+             "                    if stat.S_ISREG(st.st_mode):\n                        yield st.st_size",
+             "                    if True:\n                        yield st.st_size",
+             (ODD + "test_df_counts_only_the_sources_regular_files",)),
 ]  # fmt: skip
 
 
@@ -333,9 +448,10 @@ def imports_from(tree: Path) -> Path:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-k", dest="only", default="", help="only the mutations whose name contains this text")
+    p.add_argument("-k", dest="only", action="append", default=[],
+                   help="only the mutations whose name contains this text (repeatable: any of them)")  # fmt: skip
     args = p.parse_args()
-    chosen = [m for m in MUTATIONS if args.only in m.name]
+    chosen = [m for m in MUTATIONS if not args.only or any(text in m.name for text in args.only)]
     scratch = Path(tempfile.mkdtemp(prefix="shardfs-mutate-"))
     scratch.chmod(0o755)  # tests run parts as an unprivileged user, who must reach the copy
     try:

@@ -96,6 +96,12 @@ class ByteCache:
                 self._held -= entry_cost(*self._lru.popitem(last=False))
                 self.evictions += 1
 
+    def get(self, key: Hashable) -> object | None:
+        """The cached value for key, or None; nothing is made."""
+        with self._lock:
+            value = self._cached(key)
+        return None if value is _MISSING else value
+
     def drop_overflow(self) -> None:
         """Let go of the value over budget, before a large one is made: one such value at a time."""
         self._overflow = None

@@ -6,22 +6,29 @@ code a mount uses: shard and minishard indexes (gzip ones decoded), zarr indexes
 level with their crc32c, whole-shard codecs undone. Every chunk's byte range is checked against its
 file; chunk data is not read (precomputed has no checksum over it). One shard's indexes are held at
 a time, and the shared cache bounds what is kept.
+
+`--deep` then reads every chunk as a reader would and decodes it: an array's chunks to their values (gzip,
+zstd, blosc, jpeg, compressed_segmentation, ...), every other chunk file (meshes, skeletons, annotations)
+whole, through the same tree a mount serves. It costs a read of the whole dataset.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
 from shardfs.errors import CorruptChunk
+from shardfs.formats.plan import Array
 from shardfs.formats.precomputed import ChunkDir
 from shardfs.formats.zarr import ZarrArray
 from shardfs.shards.neuroglancer import ShardedKV
 from shardfs.source import Source
 from shardfs.tree import Provider
+from shardfs.views.chunks import decoded
 
 SHOWN = 3  # problems spelled out per shard; the rest are counted, since one bad minishard may hold thousands
 
@@ -46,9 +53,10 @@ class Problems:
 ShardCheck = Callable[[str], tuple[int, Problems]]  # shard path -> (sound chunks, problems)
 
 
-def check(source: Source, progress: bool) -> int:
-    """Check every shard of every sharded directory and print what was found; 1 if any shard is corrupt.
-    The progress bar goes to stderr, and only when asked (on a terminal), so piped output stays clean."""
+def check(source: Source, progress: bool, deep: bool = False) -> int:
+    """Check every shard of every sharded directory and print what was found; 1 if any shard is corrupt
+    (or, deep, any chunk does not decode). The progress bar goes to stderr, and only when asked (on a
+    terminal), so piped output stays clean."""
     work = []
     for directory, provider in sorted(source.providers.items()):
         found = shards_of(provider)
@@ -75,6 +83,7 @@ def check(source: Source, progress: bool) -> int:
             line = f"{directory or '.'}/: {kind}: {plural(len(paths), 'shard file')}, {plural(chunks, 'chunk')}"
             for text in (f"{line}, {len(corrupt)} corrupt", *corrupt):
                 tqdm.write(text, file=sys.stdout)  # clears the bar first, so the two never mix on a terminal
+    undecoded = decode_all(source, progress, chunk_total) if deep else 0
     refused = [kind.removeprefix("refused: ") for kind in source.kinds if kind.startswith("refused: ")]
     for why in refused:
         print(f"not checked: {why}")
@@ -84,9 +93,53 @@ def check(source: Source, progress: bool) -> int:
     print(
         f"{'CORRUPT' if corrupt_total else 'OK'}: {plural(len(work), 'sharded directory', 'sharded directories')},"
         f" {plural(shard_total, 'shard file')}, {plural(chunk_total, 'chunk')}, {corrupt_total} corrupt"
+        + (f", {undecoded} chunk(s) that do not decode" if deep else "")
         + (f", {len(refused)} not checked (served as stored)" if refused else "")
     )
-    return 1 if corrupt_total else 0
+    return 1 if corrupt_total or undecoded else 0
+
+
+def decode_all(source: Source, progress: bool, total: int) -> int:
+    """Read and decode every chunk of every sharded directory; print each that fails (its path and why),
+    and return how many did."""
+    failed = 0
+    with tqdm(total=total, unit="chunk", disable=not progress, file=sys.stderr) as bar:
+        for directory, provider in sorted(source.providers.items()):
+            if shards_of(provider) is None:
+                continue
+            bar.set_description(f"decoding {directory or '.'}", refresh=False)
+            array = source.arrays.get(directory)
+            chunks = _array_chunks(array) if array is not None else _files(source, directory)
+            for where, read in chunks:
+                try:
+                    read()
+                except (CorruptChunk, OSError, ValueError) as e:
+                    failed += 1
+                    why = reason(e) if isinstance(e, CorruptChunk) else str(e)
+                    tqdm.write(f"  {directory or '.'}/{where}: does not decode: {why}", file=sys.stdout)
+                bar.update()
+    return failed
+
+
+def _array_chunks(array: Array) -> Iterator[tuple[str, Callable[[], object]]]:
+    for pos in array.stored(()):
+        stored = array.chunk(pos)
+        if stored is not None:
+            yield f"chunk {list(pos)}", functools.partial(decoded, array, pos, stored)
+
+
+def _files(source: Source, directory: str) -> Iterator[tuple[str, Callable[[], object]]]:
+    """Every file below a sharded directory, read whole as a reader of the mount would."""
+    pending = [directory]
+    while pending:
+        at = pending.pop()
+        for name, is_dir in source.tree.listdir(at):
+            path = f"{at}/{name}" if at else name
+            if is_dir:
+                pending.append(path)
+            else:
+                node = source.tree.lookup(path)
+                yield path[len(directory) :].lstrip("/"), functools.partial(node.read, 0, node.size())
 
 
 def shards_of(provider: Provider) -> tuple[list[str], ShardCheck] | None:

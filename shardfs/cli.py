@@ -7,7 +7,9 @@ and `mount -t fuse.shardfs`; there, and in `mount`, every option may be given as
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import os
 import re
 import sys
 import time
@@ -56,10 +58,34 @@ DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
 class Parser(argparse.ArgumentParser):
-    """A usage error is one line naming the problem and the valid values, exit 2: not argparse's usage dump."""
+    """A usage error is one line naming the problem and the valid values, exit 2: not argparse's usage dump.
+    A mistyped command or option is told the nearest one there is."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: {message}{self._nearest(message)} (see {self.prog} --help)\n")
+
+    def _nearest(self, message: str) -> str:
+        if found := re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message):
+            words, known = [found.group(1)], re.findall(r"'([^']*)'", found.group(2))
+        elif found := re.match(r"unrecognized arguments: (.*)", message):
+            words, known = found.group(1).split(), sorted(_option_strings(self))
+        else:
+            return ""
+        for word in words:
+            if close := difflib.get_close_matches(word.partition("=")[0], known, n=1):
+                return f"; did you mean {close[0]!r}?"
+        return ""
+
+
+def _option_strings(p: argparse.ArgumentParser) -> set[str]:
+    """Every option of a parser and of its subcommands."""
+    found = set()
+    for action in p._actions:  # argparse keeps no public list of them
+        found.update(s for s in action.option_strings if s.startswith("--"))
+        for sub in getattr(action, "choices", None) or {}:
+            if isinstance(action.choices, dict) and isinstance(action.choices[sub], argparse.ArgumentParser):
+                found |= _option_strings(action.choices[sub])
+    return found
 
 
 class Help(argparse.ArgumentDefaultsHelpFormatter):
@@ -198,16 +224,22 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     u = command("unmount", "unmount a shardfs mount")
     u.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
     u.add_argument("--any-type", action="store_true", help="unmount whatever is mounted there, even if not shardfs")
+    u.add_argument(
+        "--lazy", action="store_true",
+        help="detach it now even if busy: new opens fail at once, and it goes when the last user lets go",
+    )  # fmt: skip
     command("list", "the shardfs mounts on this machine: mountpoint, source, view, daemon pid, uptime")
     st = command("stats", "a live mount's figures: uptime, operations, bytes served, cache hit rate, errors")
     st.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
     st.add_argument("--prometheus", action="store_true", help="every figure, in Prometheus' text format")
     ls = with_source("ls", "list a directory of the virtual tree without mounting")
     ls.add_argument("path", nargs="?", default="")
+    ls.add_argument("-l", dest="long", action="store_true", help="with each file's size in bytes")
     cat = with_source("cat", "write a virtual file to stdout without mounting")
     cat.add_argument("path")
     with_source("info", "what was detected: kinds, scales, sharding, shard files")
-    with_source("check", "read every shard index, verify checksums, count chunks; non-zero exit if any is corrupt")
+    ch = with_source("check", "read every shard index, verify checksums, count chunks; non-zero exit if any is corrupt")
+    ch.add_argument("--deep", action="store_true", help="also read and decode every chunk (reads the whole dataset)")
     return p, set(sub.choices)
 
 
@@ -216,6 +248,8 @@ def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
     option's value joined to it (`--cache-size=-5M`), so a value that starts with '-' reaches the option's
     check. ValueError if one setting is given two different values (`-o view=zarr2 --view n5`)."""
     if argv and argv[0] not in commands and not argv[0].startswith("-"):
+        if _mistyped(argv, commands):
+            raise ValueError(f"invalid choice: {argv[0]!r} (choose from {', '.join(map(repr, sorted(commands)))})")
         argv = ["mount", *argv]
     out: list[str] = []
     args = iter(argv)
@@ -232,6 +266,18 @@ def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
         if eq and key.startswith("--") and given.setdefault(key, value) != value:
             raise ValueError(f"{key} given twice, as {given[key]!r} and {value!r}: give it once")
     return out
+
+
+def _mistyped(argv: list[str], commands: set[str]) -> bool:
+    """Whether argv[0], not a command, is a command mistyped rather than the SOURCE of the mount-helper form:
+    mount.fuse3 always passes `-o`, a SOURCE exists or is a URL, and a typo is near a command's name."""
+    word = argv[0]
+    return (
+        "-o" not in argv
+        and not os.path.lexists(word)
+        and "://" not in word
+        and bool(difflib.get_close_matches(word, commands))
+    )
 
 
 def _mount_options(group: str) -> list[str]:
@@ -259,9 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(redact(str(e)))
     log_to_terminal(args.__dict__.get("log_level") or ("INFO" if args.__dict__.get("foreground") else "WARNING"))
+    if args.command in ("info", "check"):  # their report on stdout says the source's warnings: once is enough
+        logging.getLogger("shardfs").addFilter(lambda record: not getattr(record, "in_report", False))
     try:
         if args.command == "unmount":
-            unmount(args.mountpoint.absolute(), args.any_type)
+            unmount(args.mountpoint.absolute(), args.any_type, args.lazy)
             return 0
         if args.command == "list":
             list_mounts(time.time())
@@ -279,11 +327,11 @@ def main(argv: list[str] | None = None) -> int:
             return mount_source(args, access, disk)
         source = open_source(args.source, args.cache_size, view, args.max_file_size, access, disk)
         if args.command == "ls":
-            ls(source, args.path.strip("/"))
+            ls(source, args.path.strip("/"), args.long)
         elif args.command == "cat":
             cat(source, args.path.strip("/"))
         elif args.command == "check":
-            return check(source, progress=sys.stderr.isatty())
+            return check(source, progress=sys.stderr.isatty(), deep=args.deep)
         else:
             info(source)
     except (SourceError, MountError, CorruptChunk, ServiceError, LogFileError, CacheDirRefused) as e:
@@ -291,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
         say(too_large or str(e))
         return 2 if isinstance(e, (SourceError, UsageError, CacheDirRefused)) else 1
     except FileNotFoundError as e:
-        say(f"{e.filename or e}: no such file in the virtual tree")
+        path = args.__dict__.get("path")  # ls and cat name it whole, not the last component the tree tried
+        say(f"{e.filename or e}: no such file" if path is None else f"{path}: not in the virtual tree of {args.source}")
         return 1
     except IsADirectoryError as e:
         say(f"{e}: a directory; `shardfs ls` lists it")
@@ -380,12 +429,20 @@ def list_mounts(now: float) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[4])
 
 
-def ls(source: Source, path: str) -> None:
-    if not isinstance(source.tree.lookup(path), Dir):
-        print(path)
+def ls(source: Source, path: str, long: bool = False) -> None:
+    """Names, directories ending in '/'; with long, each file's size first (`-` for a directory), as the
+    mount's `ls -l` shows it."""
+    node = source.tree.lookup(path)
+    if not isinstance(node, Dir):
+        print(f"{node.size():>12} {path}" if long else path)
         return
     for name, is_dir in source.tree.listdir(path):
-        sys.stdout.write(f"{name}/\n" if is_dir else f"{name}\n")
+        if long:
+            child = source.tree.lookup(f"{path}/{name}" if path else name)
+            size = "-" if isinstance(child, Dir) else str(child.size())
+            sys.stdout.write(f"{size:>12} {name}{'/' if is_dir else ''}\n")
+        else:
+            sys.stdout.write(f"{name}/\n" if is_dir else f"{name}\n")
 
 
 def cat(source: Source, path: str) -> None:

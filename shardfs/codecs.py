@@ -8,8 +8,9 @@ import threading
 import zlib
 from collections.abc import Iterable, Iterator
 
-import crc32c
+import google_crc32c
 import numcodecs
+import numpy as np
 import zstandard
 
 from shardfs.cache import LARGE_VALUE, large_value_turn
@@ -125,9 +126,15 @@ def unblosc(data: bytes, limit: int) -> bytes:
             raise ValueError(f"bad blosc data: {e}") from None
 
 
+def crc32c(data: bytes | bytearray | memoryview) -> int:
+    """The CRC-32C of any buffer. google_crc32c (the implementation numcodecs also takes) reads only bytes and
+    arrays: a uint8 array over the buffer is one, uncopied."""
+    return google_crc32c.value(np.frombuffer(data, np.uint8))
+
+
 def strip_crc32c(data: bytes) -> bytes:
     """Data without its trailing crc32c (little-endian), which must match."""
-    if len(data) < 4 or crc32c.crc32c(data[:-4]) != int.from_bytes(data[-4:], "little"):
+    if len(data) < 4 or crc32c(memoryview(data)[:-4]) != int.from_bytes(data[-4:], "little"):
         raise ValueError("crc32c does not match")
     return data[:-4]
 

@@ -1,9 +1,11 @@
 """The daemon's log: one logfmt line a record, `time= level= event= path= shard= key= msg=`, so that
 grep, journald and log shippers can pick out every EIO of one shard without parsing prose.
 
-Any user who can read the mount can make it log (bad names, corrupt chunks), so warnings and errors are
-rate-limited per kind: a burst, then a count of what was dropped on the next line let through. At DEBUG,
-the daemon logs a line per FUSE request (`event=request op= path= bytes= store_reads= us=`), limited the same
+Any user who can read the mount can make it log (corrupt chunks read again and again), so warnings and errors
+are rate-limited per kind and per user: a burst, then a count of what was dropped on the next line let through.
+The user is the one whose FUSE request the thread is answering (`uid=` on the line): one user's noise spends
+that user's budget, never the one that lets another user's errors through. At DEBUG,
+the daemon logs a line per FUSE request (`event=request op= path= bytes= store_reads= us= uid=`), limited the same
 way with a larger burst; INFO lines (mounted, unmounted) always pass.
 
 No secret reaches a log at any level. DEBUG and INFO records pass only from shardfs's own loggers: a
@@ -32,13 +34,24 @@ from typing import TextIO
 
 OURS = "shardfs"  # the logger hierarchy whose DEBUG and INFO records are logged
 # Passed as `extra=` by the calls that know them, written in this order.
-FIELDS = ("event", "op", "path", "bytes", "errno", "store_reads", "us", "shard", "key", "suppressed")
+FIELDS = ("event", "op", "path", "bytes", "errno", "store_reads", "us", "shard", "key", "suppressed", "uid")
 _BARE = re.compile(r"[^\s\"=\\]+")
 
 
 BURST = 20  # lines of one (level, event) let through per window
 DEBUG_BURST = 1000  # DEBUG lines of one event (a request each) let through per window
 WINDOW = 60.0  # seconds
+# Budgets kept at most: one per (level, event, user). Past this many (root can make requests under any uid),
+# the users beyond share one budget.
+MAX_WINDOWS = 4096
+
+_serving = threading.local()
+
+
+def serving(uid: int | None) -> None:
+    """Whose FUSE request this thread answers from now on: the warnings and errors it logs count against that
+    user's budget and name them (`uid=`). None: the daemon's own work."""
+    _serving.uid = uid
 
 
 def _event(record: logging.LogRecord) -> str:
@@ -114,9 +127,9 @@ class _Window:
 
 
 class RateLimit(logging.Filter):
-    """At most `burst` warnings or errors of one (level, event) per `window` seconds, and `debug_burst` DEBUG
-    lines (one a FUSE request: a reader can send thousands a second); the next one let through carries
-    `suppressed=N`, the number dropped before it. INFO passes: the mount's few milestones."""
+    """At most `burst` warnings or errors of one (level, event) per user (see `serving`) per `window` seconds,
+    and `debug_burst` DEBUG lines (one a FUSE request: a reader can send thousands a second); the next one let
+    through carries `suppressed=N`, the number dropped before it. INFO passes: the mount's few milestones."""
 
     def __init__(
         self, burst: int = BURST, window: float = WINDOW, clock: Callable[[], float] = time.monotonic,
@@ -132,8 +145,16 @@ class RateLimit(logging.Filter):
             return True
         burst = self.burst if record.levelno >= logging.WARNING else self.debug_burst
         now = self.clock()
+        uid = getattr(_serving, "uid", None)
+        if uid is not None and not hasattr(record, "uid"):
+            record.uid = uid
         with self._lock:
-            w = self._windows.setdefault((record.levelno, _event(record)), _Window(now))
+            key = (record.levelno, _event(record), uid)
+            if key not in self._windows and len(self._windows) >= MAX_WINDOWS:
+                self._forget_ended(now)
+                if len(self._windows) >= MAX_WINDOWS:
+                    key = (record.levelno, _event(record), None)
+            w = self._windows.setdefault(key, _Window(now))
             if now - w.start >= self.window:
                 w.start, w.count = now, 0
             w.count += 1
@@ -143,6 +164,12 @@ class RateLimit(logging.Filter):
             if w.suppressed:
                 record.suppressed, w.suppressed = w.suppressed, 0
         return True
+
+    def _forget_ended(self, now: float) -> None:
+        """Drop the budgets whose window has ended with nothing dropped: they would start afresh anyway."""
+        ended = [k for k, w in self._windows.items() if now - w.start >= self.window and not w.suppressed]
+        for key in ended:
+            del self._windows[key]
 
 
 class LogFileError(Exception):

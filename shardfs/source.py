@@ -9,6 +9,7 @@ from pathlib import Path
 
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
 from shardfs.errors import SourceError
+from shardfs.formats.plan import Array
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
 from shardfs.stores.disk_cache import DiskCache
@@ -29,6 +30,7 @@ class Source:
     kinds: list[str]
     providers: dict[str, Provider]
     cache: ByteCache
+    arrays: dict[str, Array]  # the arrays whose chunks decode to values (`check --deep` decodes them)
 
 
 def is_remote(text: str | Path) -> bool:
@@ -56,7 +58,12 @@ def open_source(
     try:
         kind = _format(store, name)
     except OSError as e:  # the first request of all: what failed is reaching the source, not one file of it
-        hint = "the server refused these credentials" if e.errno == errno.EACCES else "check the URL and --endpoint"
+        hint = "check the URL and --endpoint"
+        if e.errno == errno.EACCES:
+            unsigned = access is not None and access.anonymous
+            hint = (
+                "the server refuses unsigned requests: drop --anonymous" if unsigned else "it refused these credentials"
+            )
         raise SourceError(f"{name}: cannot be reached ({e.strerror}); {hint}") from None
     try:
         plan = open_zarr(store, cache) if kind == "zarr" else open_precomputed(store, cache)
@@ -70,7 +77,7 @@ def open_source(
     tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories, plan.found, marker)
     if not store.can_list and view == "native":
         plan.kinds.append(f"note: {UNLISTED}")
-    return Source(name, local, tree, plan.kinds, plan.providers, cache)
+    return Source(name, local, tree, plan.kinds, plan.providers, cache, plan.arrays)
 
 
 def _format(store: Store, name: str) -> str:

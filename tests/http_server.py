@@ -31,7 +31,9 @@ class RangeServer:
     most answered at once; `authorizations` holds every request's Authorization header (None when unsigned),
     and a request whose header `admit` refuses is answered 403, as a private bucket answers. Suffix ranges
     (`bytes=-N`) are ignored (the whole object is sent), as some servers do, unless `suffix_ranges`.
-    `ranges` records every GET's Range header.
+    `ranges` records every GET's Range header. `endless_listing` answers every listing with "more to come"
+    (IsTruncated, a NextContinuationToken) forever: "objects", each page a thousand new made-up keys, or
+    "empty", each page none; `lists` counts listing requests.
 
     Servers that break the rules, as some do: `etag` / `last_modified` False leave that header out (and
     `weak_etags` sends weak ones, `W/"…"`, which If-Match never matches, as RFC 9110 has it);
@@ -56,6 +58,8 @@ class RangeServer:
         self.gzip = False
         self.content_encoding: str | None = None
         self.ranges: list[str | None] = []
+        self.endless_listing: str | None = None
+        self.lists = 0
         self.requests: Counter[tuple[str, str]] = Counter()
         self.authorizations: list[str | None] = []
         self.headers: list[dict[str, str]] = []  # every request's headers, names in lower case
@@ -130,7 +134,12 @@ class RangeServer:
                     return self._status(404)
                 query = parse_qs(url.query)
                 if query.get("list-type") == ["2"]:
-                    return self._list(path, query.get("prefix", [""])[0], "delimiter" in query)
+                    with server.lock:
+                        server.lists += 1
+                    if server.endless_listing:
+                        return self._endless(path, query.get("prefix", [""])[0])
+                    after = query.get("start-after", [""])[0]
+                    return self._list(path, query.get("prefix", [""])[0], "delimiter" in query, after)
                 file = server.root / path
                 if not file.is_file():
                     return self._status(404)
@@ -180,17 +189,21 @@ class RangeServer:
                         for piece in _zeros(extra):
                             self.wfile.write(piece)
 
-            def _list(self, bucket: str, prefix: str, delimited: bool) -> None:
+            def _list(self, bucket: str, prefix: str, delimited: bool, after: str = "") -> None:
                 """One page: delimited by '/', the objects and sub-prefixes directly under prefix; else every
-                object below it. (Prefixes are taken to end at a '/', as shardfs's do.)"""
+                object below it, in order, those after `after` (start-after). (Prefixes are taken to end at a
+                '/', as shardfs's do.)"""
                 directory = server.root / bucket / prefix
                 entries = []
                 if directory.is_dir():
                     entries = sorted(
-                        directory.iterdir() if delimited else (p for p in directory.rglob("*") if p.is_file())
+                        directory.iterdir() if delimited else (p for p in directory.rglob("*") if p.is_file()),
+                        key=lambda p: f"{prefix}{p.relative_to(directory)}".encode(),
                     )
                 rows = []
                 for e in entries:
+                    if f"{prefix}{e.relative_to(directory)}".encode() <= after.encode():
+                        continue
                     key = escape(f"{prefix}{e.relative_to(directory)}")
                     if e.is_dir():
                         rows.append(f"<CommonPrefixes><Prefix>{key}/</Prefix></CommonPrefixes>")
@@ -201,9 +214,29 @@ class RangeServer:
                         f"<Contents><Key>{key}</Key><LastModified>{when}</LastModified>"
                         f"<ETag>{escape(_etag(st))}</ETag><Size>{st.st_size}</Size></Contents>"
                     )
+                self._page(bucket, prefix, rows, None)
+
+            def _endless(self, bucket: str, prefix: str) -> None:
+                """A page that says more is to come, whatever was asked: new keys, or none."""
+                with server.lock:
+                    n = server.lists
+                rows = []
+                if server.endless_listing == "objects":
+                    rows = [
+                        f"<Contents><Key>{escape(prefix)}{n:09d}-{i:04d}</Key><LastModified>2024-01-01T00:00:00.000Z"
+                        f"</LastModified><ETag>&quot;{n}-{i}&quot;</ETag><Size>1</Size></Contents>"
+                        for i in range(1000)
+                    ]
+                self._page(bucket, prefix, rows, f"token-{n}")
+
+            def _page(self, bucket: str, prefix: str, rows: list[str], more: str | None) -> None:
+                """One ListObjectsV2 page of rows; more: the token of the next one, if there is one."""
+                truncated = "<IsTruncated>false</IsTruncated>"
+                if more is not None:
+                    truncated = f"<IsTruncated>true</IsTruncated><NextContinuationToken>{more}</NextContinuationToken>"
                 body = (
                     f'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>{escape(bucket)}</Name>'
-                    f"<Prefix>{escape(prefix)}</Prefix><KeyCount>{len(rows)}</KeyCount><IsTruncated>false</IsTruncated>"
+                    f"<Prefix>{escape(prefix)}</Prefix><KeyCount>{len(rows)}</KeyCount>{truncated}"
                     + "".join(rows)
                     + "</ListBucketResult>"
                 ).encode()

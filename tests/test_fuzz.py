@@ -29,12 +29,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-import crc32c
 import mmh3
 import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
+from google_crc32c import value as crc32c
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
@@ -54,7 +54,7 @@ from tests.peers import (
 T = TypeVar("T")
 
 CACHE_BYTES = 4 << 20  # small, so that eviction and re-reading are exercised as well
-OP_SECONDS = 2.0  # wall-clock bound on one lookup, read or whole listing
+OP_SECONDS = 30.0  # wall-clock ceiling on one lookup, read or whole listing: work without bound, not slowness
 RSS_GROWTH_BYTES = 300 << 20  # bound on the growth of this process's peak RSS over the module
 MAX_ENTRIES = 20_000  # a listing longer than this is cut short (metadata fuzz can make huge grids)
 READ_CAP = 64 << 20  # bytes read of one file at most
@@ -295,7 +295,7 @@ def zarr_index(
     size = 16 * entries + 4
     at = lo if at_start else hi - size
     table = data[at : at + 16 * entries]
-    assert crc32c.crc32c(table) == int.from_bytes(data[at + 16 * entries : at + size], "little")
+    assert crc32c(table) == int.from_bytes(data[at + 16 * entries : at + size], "little")
     crc = (at, at + 16 * entries, at + 16 * entries)
     rows = np.frombuffer(table, "<u8").reshape(-1, 2).tolist()
     empty = (1 << 64) - 1
@@ -589,7 +589,7 @@ def damaged_shard(draw: st.DrawFn, base: Base) -> tuple[str, bytes]:
         if fix and draw(st.booleans()):  # else the checksum (if any) catches the damage
             for lo, hi, at in fix:
                 if at + 4 <= len(data):
-                    struct.pack_into("<I", data, at, crc32c.crc32c(bytes(data[lo:hi])))
+                    struct.pack_into("<I", data, at, crc32c(bytes(data[lo:hi])))
     return rel, bytes(data)
 
 
@@ -932,7 +932,7 @@ def nested_alias_array(root: Path, fanout: int, levels: int) -> None:
     blob = b"\x07"
     for _ in range(levels):
         table = struct.pack("<QQ", 0, len(blob)) * fanout
-        blob += table + struct.pack("<I", crc32c.crc32c(table))
+        blob += table + struct.pack("<I", crc32c(table))
     root.mkdir()
     (root / "zarr.json").write_text(json.dumps(meta))
     (root / "c").mkdir()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import resource
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ import zarr
 
 from tests import peers
 from tests.conftest import as_user
+from tests.test_daemon import daemon_of
 
 RENAME_EXCHANGE = 2
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -196,3 +199,38 @@ def test_a_source_under_a_closed_directory_is_closed(tmp_path, public_tmp, mount
     assert as_user(user, "stat", m.path).returncode == 0  # the mount is reached; what it shows is closed
     assert denied(as_user(user, "cat", m.path / "1"))
     assert denied(as_user(user, "ls", m.path))
+
+
+DAEMON_FILES = 256  # the daemon's descriptor limit in the test: far fewer than the handles held
+
+
+def test_directory_handles_held_by_another_user_cost_the_daemon_no_descriptor(
+    public_tmp, mount, user, other_user
+) -> None:
+    """Another user opens a 400-file directory 1,100 times, reads one batch of entries from each handle and
+    holds them all, against a root `allow_other` mount whose daemon may open 256 descriptors (lowered for that
+    pid alone): the daemon holds no descriptor for a handle, so root still lists every directory and reads
+    every chunk and file, and so does the user."""
+    vol, twin = public_tmp / "vol", public_tmp / "twin"
+    peers.write_tensorstore_volume(vol, unsharded_twin=twin, extra_unsharded_scale=False)
+    notes = vol / "notes"
+    notes.mkdir()
+    for i in range(400):
+        (notes / f"note-{i:03d}.txt").write_text(f"note {i}\n")
+    m = mount(vol, "-o", "allow_other", under=public_tmp)
+    resource.prlimit(daemon_of(m.path).pid, resource.RLIMIT_NOFILE, (DAEMON_FILES, DAEMON_FILES))
+    holder = subprocess.Popen(
+        [*other_user, "tests.dir_holder", m.path / "notes", "1100"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().split() == ["held", "1100", "failed", "0"]
+        chunks = sorted(os.listdir(twin / "4_4_40"))
+        assert sorted(os.listdir(m.path / "4_4_40")) == chunks
+        for name in chunks:
+            assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
+        assert sorted(os.listdir(m.path / "notes")) == sorted(os.listdir(notes))
+        assert (m.path / "notes" / "note-399.txt").read_text() == "note 399\n"
+        assert as_user(user, "ls", m.path / "notes").stdout.split() == sorted(os.listdir(notes))
+    finally:
+        holder.communicate(timeout=60)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardfs import logs
 from shardfs.logs import DEBUG_BURST, Logfmt, RateLimit, _value, log_to, ours_or_warning, redact
 from tests.conftest import SHARDFS
 from tests.test_daemon import wait_until
@@ -43,6 +44,34 @@ def test_burst_then_silence_then_the_count_of_what_was_dropped() -> None:
     assert "level=error event=eio suppressed=998 msg=" in Logfmt().format(first)
     second = record(logging.ERROR, "eio")
     assert limit.filter(second) and not hasattr(second, "suppressed")  # counted once
+
+
+def test_each_user_has_a_budget_of_their_own_and_budgets_are_bounded(monkeypatch) -> None:
+    """The user whose request a thread answers (logs.serving) has a budget of their own: another user's burst
+    leaves it whole, and the line names them. Past MAX_WINDOWS budgets, the users beyond share one, until
+    a window ends and frees those that dropped nothing."""
+    now = [0.0]
+    limit = RateLimit(burst=2, window=10, clock=lambda: now[0])
+    try:
+        logs.serving(1000)
+        assert [limit.filter(record(logging.ERROR, "eio")) for _ in range(5)] == [True, True, False, False, False]
+        logs.serving(0)
+        mine = record(logging.ERROR, "eio")
+        assert limit.filter(mine) and " uid=0 msg=" in Logfmt().format(mine)
+        logs.serving(None)  # the daemon's own work: a budget of its own, no uid named
+        own = record(logging.ERROR, "eio")
+        assert limit.filter(own) and "uid=" not in Logfmt().format(own)
+        monkeypatch.setattr(logs, "MAX_WINDOWS", 5)
+        for uid in (1, 2):
+            logs.serving(uid)
+            assert limit.filter(record(logging.ERROR, "eio"))
+        logs.serving(3)  # a sixth budget: shares the daemon's, which has one line left
+        assert [limit.filter(record(logging.ERROR, "eio")) for _ in range(2)] == [True, False]
+        now[0] = 10.0  # the window ended: budgets that dropped nothing are let go, and 3 gets its own
+        assert [limit.filter(record(logging.ERROR, "eio")) for _ in range(3)] == [True, True, False]
+        assert len(limit._windows) <= 5
+    finally:
+        logs.serving(None)
 
 
 def test_info_is_never_dropped_and_debug_has_a_burst_of_its_own() -> None:
@@ -154,7 +183,7 @@ def test_mount_f_shows_the_mount_line_on_the_terminal(raw_volume: tuple[Path, Pa
     try:
         wait_until(lambda: os.path.ismount(point))
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=60) == 0
         mounted = [line for line in proc.stderr.read().splitlines() if "event=mounted" in line]
         assert len(mounted) == 1, mounted
         assert f"mounted {raw_volume[0]} at {point}, view n5; FUSE 7." in mounted[0], mounted

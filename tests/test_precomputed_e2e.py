@@ -207,7 +207,7 @@ def test_cli_reads_the_tree_without_mounting(tmp_path) -> None:
     info = shardfs("info", source).stdout
     assert "4_4_40/: volume scale" in info and "shard files: 4 present of 4" in info
     missing = shardfs("cat", source, "4_4_40/0-1_0-1_0-1", check=False)
-    assert missing.returncode == 1 and "no such file" in missing.stderr
+    assert missing.returncode == 1 and "4_4_40/0-1_0-1_0-1: not in the virtual tree" in missing.stderr
     shutil.rmtree(twin)
 
 

@@ -9,14 +9,22 @@ import json
 import os
 import struct
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+import zarr
+
+from shardfs.fuse.listing import WORKERS
 from shardfs.shards.neuroglancer import LISTING_BLOCK, LISTING_BUDGET
+from shardfs.stores.location import parse_source
+from shardfs.stores.remote import READS_AT_ONCE, Access, RemoteStore
 from tests import peers
 from tests.http_server import RangeServer
 from tests.test_daemon import daemon_of
 
-PROMPT = 20  # seconds within which a bounded listing returns
+PROMPT = 60  # seconds within which a bounded listing returns: a ceiling only an unbounded one (256 GiB) reaches
 
 
 def listing(path: Path, mountpoint: Path) -> list[str]:
@@ -97,3 +105,133 @@ def test_a_shard_the_server_fails_on_is_left_out_of_listings(tmp_path, mount) ->
         skips = [line for line in m.log_text().splitlines() if "listing skips a shard" in line]
         assert len(skips) == 2 and all("level=warning" in line and "failed" in line for line in skips), skips
         assert {shard for shard in (no_head, no_get) for line in skips if shard in line} == {no_head, no_get}
+
+
+BUCKET = "bkt"
+TIMEOUT = 1  # --timeout: a listing's walk may take LISTING_TIMEOUTS of it
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """A volume scale `s0` of 2,048 one-voxel chunks in four shards, and their names."""
+    root = tmp_path_factory.mktemp("grid") / "src"
+    return root, peers.write_tensorstore_chunk_grid(root, (16, 16, 8))
+
+
+def test_directory_handles_held_over_http_cost_no_threads(grid, public_tmp, mount, other_user) -> None:
+    """Another user holds 20 handles of a 2,048-chunk directory over HTTP, each after one 4 KiB getdents,
+    against a root `allow_other` mount: the listing is made once by the mount's shared threads, and no handle
+    keeps any (a listing's own pool of 64 per handle took a daemon from 69 to 342 threads)."""
+    source, names = grid
+    with RangeServer(source).running() as server:
+        m = mount(server.url, "-o", "allow_other", under=public_tmp)
+        daemon = daemon_of(m.path)
+        idle = daemon.num_threads()
+        holder = subprocess.Popen(
+            [*other_user, "tests.dir_holder", m.path / "s0", "20"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            assert holder.stdout.readline().split() == ["held", "20", "failed", "0"]
+            grown = daemon.num_threads() - idle
+            assert grown <= READS_AT_ONCE + WORKERS, f"{idle} threads idle, {grown} more with 20 handles held"
+            assert sorted(listing(m.path / "s0", m.path)) == sorted(names)
+        finally:
+            holder.communicate(timeout=60)
+        assert daemon.num_threads() - idle <= READS_AT_ONCE + WORKERS
+
+
+def memory_mib(pid: int) -> int:
+    """The peak resident memory of a process (VmHWM), in MiB."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return int(status["VmHWM"].split()[0]) >> 10
+
+
+def settled(server: RangeServer) -> bool:
+    """Whether the server is asked for no more listings, a second after the last."""
+    before = server.lists
+    time.sleep(1)
+    return server.lists == before
+
+
+@pytest.fixture
+def kv_bucket(tmp_path: Path) -> tuple[Path, dict[int, bytes]]:
+    """(root served, values): a sharded key-value directory at BUCKET/kv."""
+    root = tmp_path / "served"
+    return root, peers.write_tensorstore_kv(root / BUCKET / "kv", {k: b"v%d" % k for k in range(50)})
+
+
+def test_a_listing_that_pages_forever_ends_with_what_it_found(kv_bucket, mount) -> None:
+    """An S3-style endpoint that answers every listing with a thousand new names and "more to come": `ls`
+    returns within its bound (LISTING_TIMEOUTS times --timeout for each walk) with the names found, said once
+    a walk; then no more listings are asked for, and the daemon stays small."""
+    root, values = kv_bucket
+    with RangeServer(root).running() as server:
+        m = mount(f"s3://{BUCKET}/kv", "--endpoint", server.url, "--anonymous", "--timeout", str(TIMEOUT))
+        pid = daemon_of(m.path).pid
+        server.endless_listing = "objects"
+        listed = listing(m.path, m.path)
+        assert len(listed) > 1000 and "info" in listed, listed[:5]
+        assert wait(lambda: settled(server))
+        assert "event=listing_bound" in m.log_text()
+        assert memory_mib(pid) < 400
+        assert (m.path / "7").read_bytes() == values[7]
+
+
+def test_a_mount_over_a_listing_that_pages_forever_finishes(tmp_path, mount) -> None:
+    """The same endpoint at mount time, under a zarr group whose children are found by listing: the mount
+    finishes with what the walk found, and serves the group."""
+    root = tmp_path / "served"
+    zarr.open_group(root / BUCKET / "grp", mode="w")
+    with RangeServer(root).running() as server:
+        server.endless_listing = "objects"
+        m = mount(f"s3://{BUCKET}/grp", "--endpoint", server.url, "--anonymous", "--timeout", str(TIMEOUT))
+        assert json.loads((m.path / "zarr.json").read_text())["node_type"] == "group"
+        assert "event=listing_bound" in m.log_text()
+        assert wait(lambda: settled(server))
+
+
+def test_df_over_a_listing_of_endless_empty_pages_stops(kv_bucket, mount) -> None:
+    """`df` counts the source's objects in the background: over pages that come empty forever it stops at its
+    walk's deadline, says so once, and asks for no more listings."""
+    root, _ = kv_bucket
+    with RangeServer(root).running() as server:
+        m = mount(f"s3://{BUCKET}/kv", "--endpoint", server.url, "--anonymous", "--timeout", str(TIMEOUT))
+        server.endless_listing = "empty"
+        os.statvfs(m.path)  # starts the count
+        assert wait(lambda: "event=listing_bound" in m.log_text())
+        assert wait(lambda: settled(server))
+        assert server.lists > 1
+
+
+def wait(condition: Callable[[], bool], seconds: float = 60) -> bool:
+    """Whether condition holds within seconds (a ceiling only a hang reaches)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_directory_lists_its_files_and_each_subdirectory_once(tmp_path) -> None:
+    """S3 directories are listed without a delimiter, a subdirectory skipped past (start-after) once a page of
+    its keys has been read: every file and subdirectory comes once, `1/` beside a file `10` and a directory
+    `10/`, and the 1,500 keys under `1/` cost one skip, not a page each."""
+    directory = tmp_path / BUCKET / "d"
+    (directory / "1").mkdir(parents=True)
+    for i in range(1500):
+        (directory / "1" / f"k{i:04d}").write_bytes(b"")
+    (directory / "10").write_bytes(b"ten")
+    (directory / "10x").mkdir()
+    (directory / "10x" / "x").write_bytes(b"")
+    (directory / "2" / "deep" / "er").mkdir(parents=True)
+    (directory / "2" / "deep" / "er" / "y").write_bytes(b"")
+    (directory / "a.txt").write_bytes(b"a")
+    with RangeServer(tmp_path).running() as server:
+        store = RemoteStore(parse_source(f"s3://{BUCKET}"), Access(anonymous=True, endpoint=server.url))
+        listed = list(store.list("d"))
+        assert sorted(listed) == [("1", True), ("10", False), ("10x", True), ("2", True), ("a.txt", False)]
+        assert server.lists == 2
+        assert sorted(store.list("d/2")) == [("deep", True)]
+        assert list(store.list("d/nothing")) == []

@@ -27,6 +27,9 @@ from tests.test_bounds import peak_and_now_kib
 from tests.test_daemon import daemon_of
 
 TIMEOUT = "2"  # seconds, for the failure tests: a hung request must be EIO well before a test's patience ends
+# A failure test's patience: half the default --timeout (30 s), so that a --timeout not applied is caught, and
+# many times TIMEOUT, so that a loaded machine cannot eat it. Each attempt's own length is checked in the log.
+PATIENCE = 15.0
 
 
 def chunk_names(twin: Path, scale: str) -> list[str]:
@@ -90,21 +93,21 @@ def test_one_get_per_chunk_once_warm(volume, server, mount) -> None:
 
 
 def test_sixteen_readers_overlap(volume, server, mount) -> None:
-    """With 50 ms per request, 16 readers finish in a fraction of the serial time: their reads overlap.
-    Lookups are stat'ed first, so that it is the reads, one GET each, that are measured."""
+    """With 0.5 s per request, 16 readers have their GETs at the server at once: their reads overlap (what the
+    server saw, not how long they took, which load can stretch). Lookups are stat'ed first, so that it is the
+    reads, one GET each, that are counted."""
     _, twin, _ = volume
     m = mount(server.url)
     names = chunk_names(twin, "4_4_40")
     for name in names:
         (m.path / "4_4_40" / name).stat()
-    server.latency = 0.05
+    server.latency = 0.5
+    server.most_in_flight = 0
     before = server.gets()
-    started = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda n: (m.path / "4_4_40" / n).read_bytes(), names))
-    elapsed = time.monotonic() - started
     assert server.gets() - before == len(names)
-    assert elapsed < len(names) * server.latency / 4, elapsed
+    assert server.most_in_flight >= 8, server.most_in_flight
 
 
 def read_errno(path: Path) -> int | None:
@@ -132,7 +135,7 @@ def test_server_errors_are_eio_never_enoent(volume, server, mount) -> None:
     server.always = 503
     started = time.monotonic()
     assert read_errno(m.path / "4_4_40" / names[0]) == errno.EIO
-    assert time.monotonic() - started < float(TIMEOUT) + 1
+    assert time.monotonic() - started < PATIENCE
     server.always = 403
     assert read_errno(m.path / "4_4_40" / names[-1]) == errno.EACCES
     server.always = None
@@ -157,7 +160,7 @@ def test_hung_server_is_eio_within_the_timeout(volume, server, mount) -> None:
     server.hang = True
     started = time.monotonic()
     assert read_errno(m.path / "4_4_40" / chunk_names(twin, "4_4_40")[0]) == errno.EIO
-    assert time.monotonic() - started < float(TIMEOUT) + 1
+    assert time.monotonic() - started < PATIENCE
     assert "failed" in m.log_text()
 
 
@@ -230,6 +233,28 @@ def test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata(tmp_path, moun
         assert "note: a web server cannot list directories" in shardfs("info", server.url).stdout
     assert named_children({"consolidated_metadata": {"metadata": {"a": {}, "a/b": {}, "c/d": {}}}}) == ["a", "c"]
     assert named_children({"attributes": {"multiscales": [{"datasets": [{"path": "s0"}, {"path": "../x"}]}]}}) == ["s0"]
+
+
+def test_arrays_nested_in_subgroups_are_listed_from_the_roots_consolidated_metadata(tmp_path, mount) -> None:
+    """The root's consolidated metadata names `sub/arr` and `sub/deeper/arr`; the subgroups have none of
+    their own. Over HTTP both are listed and in `shardfs info`, as over a store that lists."""
+    root = tmp_path / "c.zarr"
+    group = zarr.open_group(root, mode="w")
+    data = np.arange(12 * 10, dtype="int16").reshape(12, 10)
+    for path in ("top", "sub/arr", "sub/deeper/arr"):
+        group.create_array(path, shape=data.shape, dtype=data.dtype, chunks=(3, 5), shards=(6, 10))[...] = data
+    zarr.consolidate_metadata(root)
+    subgroup = json.loads((root / "sub" / "zarr.json").read_text())
+    assert not subgroup.get("consolidated_metadata"), "zarr-python now consolidates subgroups too"
+    with RangeServer(root).running() as server:
+        m = mount(server.url)
+        assert sorted(os.listdir(m.path / "sub")) == ["arr", "deeper", "zarr.json"]
+        assert sorted(os.listdir(m.path / "sub" / "deeper")) == ["arr", "zarr.json"]
+        info = shardfs("info", server.url).stdout
+        for path in ("top", "sub/arr", "sub/deeper/arr"):
+            assert f"{path}: zarr v3 array, sharded" in info, path
+        back = zarr.open_group(m.path, mode="r", use_consolidated=False)
+        assert np.array_equal(back["sub/deeper/arr"][...], data)
 
 
 def test_a_node_no_metadata_names_is_found_by_name_over_http(tmp_path, mount) -> None:
@@ -363,9 +388,9 @@ def test_timeout_gives_each_attempt_half(volume, mount) -> None:
         server.latency = 2.0
         started = time.monotonic()
         assert read_errno(m.path / "4_4_40" / names[-1]) == errno.EIO
-        assert time.monotonic() - started < 3.0, time.monotonic() - started
+        assert time.monotonic() - started < PATIENCE
         attempts = [float(t) for t in re.findall(r" in ([0-9.]+)s - HTTP error", m.log_text())]
-        assert attempts and all(1.4 < t < 1.9 for t in attempts), m.log_text()  # one attempt of 1.5 s, no retry
+        assert attempts and all(1.4 < t < 2.9 for t in attempts), m.log_text()  # half of --timeout each, not all
 
 
 def test_a_large_value_is_read_in_pieces_of_piece_size(tmp_path, mount) -> None:
@@ -387,6 +412,6 @@ def test_a_large_value_is_read_in_pieces_of_piece_size(tmp_path, mount) -> None:
     (tmp_path / "s0" / "0-256_0-256_0-48.gz").write_bytes(stored)
     with RangeServer(tmp_path).running() as server:
         m = mount(server.url, "--view", "zarr2")
-        assert (m.path / "s0" / "0.0.0.0").read_bytes() == voxels.tobytes()
+        assert (m.path / "s0" / "0/0/0/0").read_bytes() == voxels.tobytes()
         got = set(server.ranges) - {f"bytes=0-{(tmp_path / 'info').stat().st_size - 1}"}
         assert got == {f"bytes=0-{(8 << 20) - 1}", f"bytes={8 << 20}-{len(stored) - 1}"}, got

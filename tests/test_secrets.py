@@ -87,7 +87,7 @@ def foreground(*args: str | Path, stderr: Path) -> Iterator[subprocess.Popen]:
     finally:
         if os.path.ismount(point):
             shardfs("unmount", point)
-        assert proc.wait(timeout=20) == 0, stderr.read_text()
+        assert proc.wait(timeout=60) == 0, stderr.read_text()
 
 
 def assert_no_secret(text: str, secrets: list[str]) -> None:

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,7 +155,8 @@ def test_mount_helper_without_home_or_path(kv, tmp_path, helper_on_default_path,
         assert figures["shardfs_cache_budget_bytes", frozenset()] == 3 << 20  # cache_size=3M reached us
         assert "level=info event=mounted" in log.read_text()  # and so did log_file and log_level
         line = next(ln for ln in Path("/proc/mounts").read_text().splitlines() if f" {point} " in ln)
-        assert line.split()[2] == "fuse.shardfs" and {"ro", "allow_other"} <= set(line.split()[3].split(","))
+        assert line.split()[2] == "fuse.shardfs"  # and nosuid,nodev, though mount.fuse3 adds suid,dev for root:
+        assert {"ro", "nosuid", "nodev", "allow_other"} <= set(line.split()[3].split(","))
     finally:
         subprocess.run(["/usr/bin/umount", str(point)], env={}, capture_output=True, timeout=60)
     assert not os.path.ismount(point)
@@ -180,7 +180,7 @@ def test_metrics_and_stats_count_what_was_read(kv, half_broken, mount) -> None:
     m = mount(half_broken, "--metrics", f"{port}")  # localhost by default
 
     def metrics() -> dict[tuple[str, frozenset], float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as reply:
             return scrape(reply.read().decode())
 
     before = metrics()
@@ -322,12 +322,10 @@ def test_idle_metrics_connections_time_out_and_are_bounded(kv, mount) -> None:
     try:
         wait_until(lambda: daemon.num_threads() >= threads + lifecycle.METRICS_CONNECTIONS)
         assert daemon.num_threads() <= threads + lifecycle.METRICS_CONNECTIONS
-        started = time.monotonic()
-        idle[0].settimeout(30)
+        idle[0].settimeout(60)  # a ceiling only a connection kept for ever reaches (IDLE_TIMEOUT is 5 s)
         assert idle[0].recv(1) == b""  # closed by the daemon
-        assert time.monotonic() - started <= lifecycle.IDLE_TIMEOUT + 2
         wait_until(lambda: daemon.num_threads() == threads)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as reply:
             assert ("shardfs_served_bytes_total", frozenset()) in scrape(reply.read().decode())
     finally:
         for conn in idle:
@@ -440,7 +438,7 @@ def test_the_default_log_is_kept_only_when_something_was_said(kv, tmp_path) -> N
         daemon = daemon_of(point)
         assert log.exists()
         shardfs("unmount", point)
-        daemon.wait(timeout=10)
+        daemon.wait(timeout=60)
         assert log.exists() == kept, level
     assert "event=mounted" in log.read_text()
     log.unlink()
@@ -453,13 +451,29 @@ def test_a_stopped_daemon_blocks_neither_stats_nor_list(kv, mount) -> None:
     daemon = daemon_of(m.path)
     daemon.suspend()
     try:
-        started = time.monotonic()
+        done = shardfs("stats", m.path, check=False)  # a daemon waited on for ever: shardfs()'s 60 s ceiling
+        assert done.returncode == 1 and f"its daemon (pid {daemon.pid}) did not answer in" in done.stderr
+        listed = shardfs("list", check=False)
+        assert listed.returncode == 0 and any(
+            line.split()[:1] == [str(m.path)] and line.split()[2:] == ["-"] * 3 for line in listed.stdout.splitlines()
+        ), listed.stdout
+    finally:
+        daemon.resume()
+
+
+def test_a_stopped_daemon_whose_root_the_kernel_must_ask_for_blocks_neither_stats_nor_list(kv, mount) -> None:
+    """With attr_timeout=0 the kernel keeps no attributes of the mount's root: a look at the mountpoint asks the
+    stopped daemon, which never answers. `list` (which asks every shardfs mount on the machine) and `stats`
+    must not look: they hung for ever (`shardfs()` gives up at 60 s), now each names it after ASK_TIMEOUT."""
+    m = mount(kv[0], "-o", "attr_timeout=0,entry_timeout=0")
+    daemon = daemon_of(m.path)
+    daemon.suspend()
+    try:
         done = shardfs("stats", m.path, check=False)
         assert done.returncode == 1 and f"its daemon (pid {daemon.pid}) did not answer in" in done.stderr
         listed = shardfs("list", check=False)
         assert listed.returncode == 0 and any(
             line.split()[:1] == [str(m.path)] and line.split()[2:] == ["-"] * 3 for line in listed.stdout.splitlines()
         ), listed.stdout
-        assert time.monotonic() - started < 2 * stats_socket.ASK_TIMEOUT + 10
     finally:
         daemon.resume()

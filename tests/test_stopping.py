@@ -17,7 +17,19 @@ from tests.conftest import SHARDFS
 from tests.http_server import RangeServer
 from tests.test_daemon import wait_until
 
-PROMPT = 2.0  # seconds from SIGINT to the process's exit (the hung request would take --timeout, 30 s)
+# The hung request is given --timeout 600: a process that waited on it would take ten minutes. Stopping "at
+# once" is stopping before this ceiling, which no load reaches; the last words show it did not wait.
+HUNG = "600"
+PROMPT = 60.0
+
+
+# Run first in the child: SIGINT's default action back, then shardfs in its place (exec keeps it). A suite
+# started in the background (`&`, nohup) inherits SIGINT ignored, and Python leaves an ignored SIGINT ignored:
+# Ctrl-C would never reach the daemon, and the test would fail as if it were slow.
+WITH_CTRL_C = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+)
 
 
 @pytest.fixture
@@ -26,12 +38,18 @@ def server(raw_volume: tuple[Path, Path, np.ndarray]) -> Iterator[RangeServer]:
         yield s
 
 
+def mount_f(url: str, point: Path) -> subprocess.Popen[str]:
+    """`shardfs mount -f` as a terminal runs it, Ctrl-C delivered whatever this process ignores."""
+    command = [SHARDFS[0], "-c", WITH_CTRL_C, *SHARDFS[1:], "mount", "-f", url, str(point), "--timeout", HUNG]
+    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+
+
 def interrupt(proc: subprocess.Popen[str]) -> float:
-    """Send SIGINT; the seconds until the process exited (killed after 30 s, and the test fails)."""
+    """Send SIGINT; the seconds until the process exited (killed at PROMPT, and the test fails)."""
     start = time.monotonic()
     proc.send_signal(signal.SIGINT)
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=PROMPT)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
@@ -43,7 +61,7 @@ def test_ctrl_c_while_the_source_is_opened_stops_at_once(server, tmp_path) -> No
     point = tmp_path / "m"
     point.mkdir()
     server.hang = True
-    proc = subprocess.Popen([*SHARDFS, "mount", "-f", server.url, str(point)], stderr=subprocess.PIPE, text=True)
+    proc = mount_f(server.url, point)
     try:
         wait_until(lambda: server.in_flight > 0)
         took = interrupt(proc)
@@ -62,7 +80,7 @@ def test_ctrl_c_with_a_reader_stuck_unmounts_at_once(server, raw_volume, tmp_pat
     _, twin, _ = raw_volume
     point = tmp_path / "m"
     point.mkdir()
-    proc = subprocess.Popen([*SHARDFS, "mount", "-f", server.url, str(point)], stderr=subprocess.PIPE, text=True)
+    proc = mount_f(server.url, point)
     reader = None
     try:
         wait_until(lambda: os.path.ismount(point))

@@ -154,6 +154,6 @@ def test_the_grid_ends_where_the_array_does(sources, mount) -> None:
         for last, present in ((grid[d] - 1, True), (grid[d], False)):
             pos = [0, 0, 0]
             pos[d] = last
-            for path in (n5 / "filled" / "/".join(map(str, pos[::-1])), z2 / "le_zstd" / ".".join(map(str, pos))):
+            for path in (n5 / "filled" / "/".join(map(str, pos[::-1])), z2 / "le_zstd" / "/".join(map(str, pos))):
                 assert errno_of(path) == (0 if present else errno.ENOENT), path
     assert ts_read("n5", n5 / "filled")[-1, -1, -1] == contents["filled"][-1, -1, -1] == 7

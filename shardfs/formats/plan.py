@@ -44,10 +44,17 @@ class Array:
     opaque: bool
     clipped: bool  # edge chunks are stored clipped to the array (precomputed), not whole (zarr)
     chunk: Callable[[tuple[int, ...]], File | None]  # a stored chunk, or None if it was never written
-    stored: Callable[[], Iterable[tuple[int, ...]]]  # positions of the stored chunks, streamed
+    # Positions of the stored chunks that start with a prefix (all, with () or none given), streamed: a
+    # view's nested directory lists those below it without going through the whole array.
+    stored: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]]
+    # Whether stored(prefix) reads only what lies below the prefix (zarr: by shard file and directory), or
+    # everything and filters (precomputed: Morton order and hashed shards have no prefix to narrow by).
+    narrows: bool
     decode: Callable[[bytes, tuple[int, ...]], np.ndarray]  # stored bytes, stored shape → C-order array
     owner: Owner  # the array directory's: who may search the directories a view makes for it
     multiscale: dict[str, Any] = field(default_factory=dict)  # precomputed: resolution and voxel_offset (x, y, z)
+    dimension_names: tuple[str | None, ...] | None = None  # zarr v3's `dimension_names`, if it has them
+    separator: str = "/"  # between the indices of its chunk keys in the source (zarr's `c/1/2` or `1.2`)
 
 
 def grid_position(parts: list[str]) -> tuple[int, ...] | None:

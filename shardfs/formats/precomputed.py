@@ -337,6 +337,7 @@ class VolumeScale:
             clipped=True,
             chunk=self.chunk,
             stored=self.stored,
+            narrows=False,
             decode=self.decode,
             owner=self.store.owner(self.directory),
             multiscale={"resolution": self.scale.get("resolution", [1, 1, 1]), "voxel_offset": self.naming.offset},
@@ -361,7 +362,9 @@ class VolumeScale:
                 raise CorruptChunk(name, xyz, str(e)) from e
         return None
 
-    def stored(self) -> Iterator[tuple[int, ...]]:
+    def stored(self, prefix: tuple[int, ...] = ()) -> Iterator[tuple[int, ...]]:
+        """Positions of the stored chunks that start with prefix: the shard index or the directory is read
+        whole (Morton order has no prefix to narrow it by), and filtered."""
         lead = (0,) if self.channels > 1 else ()
         if self.kv is not None:
             codes: Iterator[int | None] = iter(self.kv.stored_keys())
@@ -369,8 +372,8 @@ class VolumeScale:
             codes = (self.naming.key(name.removesuffix(".gz")) for name, _ in self.store.list(self.directory))
         for code in codes:
             xyz = None if code is None else self.naming.morton.decode(code)
-            if xyz is not None:
-                yield (*lead, *xyz[::-1])
+            if xyz is not None and (pos := (*lead, *xyz[::-1]))[: len(prefix)] == prefix:
+                yield pos
 
     def decode(self, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
         x, y, z = shape[::-1][:3]
@@ -525,7 +528,11 @@ class Precomputed(Plan):
         if encoding not in encodings.KNOWN:
             known = ", ".join(encodings.KNOWN)
             why = f"{where}: field '{name}.encoding' is {encoding!r}, not a known encoding ({known})"
-            log.warning("%s; a typo? its chunks are served as stored", why, extra={"event": "unknown_encoding"})
+            log.warning(
+                "%s; a typo? its chunks are served as stored",
+                why,
+                extra={"event": "unknown_encoding", "in_report": True},
+            )
             self.kinds.append(f"warning: {why}")
 
     def _grid(self, scale: dict, where: str, name: str) -> VolumeChunks:

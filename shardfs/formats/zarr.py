@@ -278,8 +278,10 @@ class ZarrArray:
         }
 
     def describe(self) -> dict[str, Any]:
-        shards = sum(1 for _ in self._shard_files(()))
-        return {**self.details, "shard files": f"{shards} present of {math.prod(self.shard_grid)}"}
+        grid = math.prod(self.shard_grid)
+        if not self.store.can_list:  # none would be found: a count of 0 would say the shards are missing
+            return {**self.details, "shard files": f"{grid} in the grid; not counted (the server cannot list them)"}
+        return {**self.details, "shard files": f"{sum(1 for _ in self._shard_files(()))} present of {grid}"}
 
     def _shard_of(self, pos: tuple[int, ...]) -> tuple[int, ...]:
         """The shard position holding a chunk position, or a prefix of one."""
@@ -422,7 +424,7 @@ class ZarrArray:
         for i in sorted(below):
             yield self.keys.key((*prefix, i)).rsplit("/", 1)[-1], True
 
-    def present_under(self, prefix: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    def present_under(self, prefix: tuple[int, ...] = ()) -> Iterator[tuple[int, ...]]:
         """Global positions of the stored chunks whose position starts with prefix, shard by shard."""
         for path in self._shard_files(self._shard_of(prefix)):
             present = self._listed(path).positions
@@ -554,9 +556,8 @@ def files_below(store: Store, path: str) -> Iterator[str]:
 def named_children(meta: dict) -> list[str]:
     """The children a group's own metadata names, for a store that cannot list: the first component of each
     consolidated metadata key, else the paths of its OME-Zarr multiscales datasets (0.5 or 0.4 layout)."""
-    consolidated = (meta.get("consolidated_metadata") or {}).get("metadata")
-    if isinstance(consolidated, dict):
-        names = (key.split("/")[0] for key in consolidated if isinstance(key, str))
+    if isinstance((meta.get("consolidated_metadata") or {}).get("metadata"), dict):
+        names = (key.split("/")[0] for key in named_keys(meta))
     else:
         attributes = meta.get("attributes") or {}
         multiscales = (attributes.get("ome") or {}).get("multiscales") or attributes.get("multiscales") or []
@@ -566,6 +567,12 @@ def named_children(meta: dict) -> list[str]:
             for d in m.get("datasets") or [] if isinstance(d, dict) and isinstance(d.get("path"), str)
         )  # fmt: skip
     return sorted({name for name in names if name not in ("", ".", "..")})
+
+
+def named_keys(meta: dict) -> list[str]:
+    """The keys of a group's consolidated metadata: the paths of its descendants, relative to it."""
+    consolidated = (meta.get("consolidated_metadata") or {}).get("metadata")
+    return [key for key in consolidated if isinstance(key, str)] if isinstance(consolidated, dict) else []
 
 
 def path_key(origin: Iterable[int]) -> str:
@@ -581,6 +588,9 @@ class ZarrPlan(Plan):
     """The mount plan for a zarr v3 hierarchy: rewritten array metadata and sharded arrays."""
 
     consolidated: dict[str, dict] = field(default_factory=dict)  # groups with consolidated metadata, by path
+    # Every node a group's consolidated metadata names, by its path from the root: a subgroup has none of its
+    # own, so where the store cannot list, its children are known from its ancestor's.
+    consolidated_nodes: set[str] = field(default_factory=set)
 
     def walk(self) -> None:
         """Every node from the root down, depth first, without recursion: nesting is the source's to choose."""
@@ -638,9 +648,12 @@ class ZarrPlan(Plan):
         self.directories.add(directory)
         if isinstance(meta.get("consolidated_metadata"), dict):
             self.consolidated[directory] = meta
-        names = (name for name, is_dir in self.store.list(directory) if is_dir)
+            self.consolidated_nodes.update(posixpath.join(directory, key) for key in named_keys(meta))
+        names: Iterable[str] = (name for name, is_dir in self.store.list(directory) if is_dir)
         if not self.store.can_list:
-            names = named_children(meta)
+            prefix = f"{directory}/" if directory else ""
+            below = (path[len(prefix) :].split("/")[0] for path in self.consolidated_nodes if path.startswith(prefix))
+            names = sorted({*named_children(meta), *below} - {"", ".", ".."})
         children = (posixpath.join(directory, name) for name in names)
         return [child for child in children if self.store.kind(posixpath.join(child, "zarr.json")) == "file"]
 
@@ -716,7 +729,9 @@ class ZarrPlan(Plan):
             raise SourceError(f"{where}: field 'codecs' must be a list")
         if unknown := unknown_codecs(codecs):
             why = f"{where}: field 'codecs' names unknown codec(s) {unknown} (known: {', '.join(KNOWN_CODECS)})"
-            log.warning("%s; a typo? its files are served as stored", why, extra={"event": "unknown_codec"})
+            log.warning(
+                "%s; a typo? its files are served as stored", why, extra={"event": "unknown_codec", "in_report": True}
+            )
             self.kinds.append(f"warning: {why}")
         try:
             unsharded = unshard(codecs, tuple(chunk_shape))
@@ -724,7 +739,7 @@ class ZarrPlan(Plan):
             if unsharded is None:
                 self.kinds.append(f"{directory or '.'}: zarr v3 array, unsharded (passes through)")
                 source = SourceChunks(self.store, directory, keys, tuple(chunk_shape), tuple(shape))
-                self._for_views(directory, meta, codecs, tuple(chunk_shape), source.chunk, source.stored, where)
+                self._for_views(directory, meta, codecs, tuple(chunk_shape), source.chunk, source.stored, keys, where)
                 return
             levels, inner_codecs = unsharded
         except Unsupported as e:
@@ -741,12 +756,12 @@ class ZarrPlan(Plan):
         self.kinds.append(
             f"{directory or '.'}: zarr v3 array, sharded ({len(levels)} level(s), {math.prod(shape)} elements)"
         )
-        stored = functools.partial(array.present_under, ())
-        self._for_views(directory, meta, inner_codecs, array.inner, array.locate, stored, where)
+        self._for_views(directory, meta, inner_codecs, array.inner, array.locate, array.present_under, keys, where)
 
     def _for_views(
         self, directory: str, meta: dict, codecs: list, chunks: tuple[int, ...],
-        chunk: Callable[[tuple[int, ...]], File | None], stored: Callable[[], Iterable[tuple[int, ...]]], where: str,
+        chunk: Callable[[tuple[int, ...]], File | None], stored: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]],
+        keys: ChunkKeys, where: str,
     ) -> None:  # fmt: skip
         """Describe the array for --view n5/zarr2; one they cannot show is named in `shardfs info`."""
         try:
@@ -756,9 +771,14 @@ class ZarrPlan(Plan):
             self.kinds.append(f"not in other views: {where}: {e}")
             return
         attributes = meta.get("attributes") or {}
+        names = meta.get("dimension_names")
+        if not (isinstance(names, list) and len(names) == len(chunks)) or not all(
+            n is None or isinstance(n, str) for n in names
+        ):
+            names = None  # malformed names are the source's problem, not a reason to hide the array
         self.arrays[directory] = Array(
-            tuple(meta["shape"]), chunks, dtype, fill, attributes, compressor, opaque, False, chunk, stored, decode,
-            self.store.owner(directory),
+            tuple(meta["shape"]), chunks, dtype, fill, attributes, compressor, opaque, False, chunk, stored, True,
+            decode, self.store.owner(directory), dimension_names=names and tuple(names), separator=keys.separator,
         )  # fmt: skip
 
 
@@ -780,11 +800,15 @@ class SourceChunks:
             return None
         return RangeFile(file, 0, file.size)
 
-    def stored(self) -> Iterator[tuple[int, ...]]:
+    def stored(self, prefix: tuple[int, ...] = ()) -> Iterator[tuple[int, ...]]:
+        """Positions of the chunk files that start with prefix: with `/` keys, only its directory is walked."""
         grid = [-(-s // c) for s, c in zip(self.shape, self.chunks, strict=True)]
-        for path in files_below(self.store, self.directory):
+        below = self.keys.key(prefix) if prefix and self.keys.separator == "/" else ""
+        for path in files_below(self.store, posixpath.join(self.directory, below) if below else self.directory):
             parsed = self.keys.parse(path[len(self.directory) :].lstrip("/"))
-            if parsed is not None and parsed[1] and all(p < g for p, g in zip(parsed[0], grid, strict=True)):
+            if parsed is None or not parsed[1] or parsed[0][: len(prefix)] != prefix:
+                continue
+            if all(p < g for p, g in zip(parsed[0], grid, strict=True)):
                 yield parsed[0]
 
 

@@ -7,6 +7,7 @@ import errno
 import functools
 import itertools
 import logging
+import os
 import stat
 import threading
 import time
@@ -18,12 +19,14 @@ from shardfs import metrics
 from shardfs.codecs import start_request
 from shardfs.errors import CorruptChunk, over_max_file_size
 from shardfs.fuse import wire
+from shardfs.fuse.listing import Listing, ListingWorkers
 from shardfs.tree import Dir, Owner, Tree
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
 
 BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
+NAME_MAX = 255  # the longest name a Linux filesystem holds (STATFS says so); the kernel passes FUSE up to 1,024
 REQUEST_FILES = 4  # a request may decode as much as this many of the largest files (nested shards, a view)
 READDIR = metrics.OPS.labels("readdir")
 OPENED = metrics.OPS.labels("open")
@@ -120,38 +123,11 @@ def error(code: int) -> FuseError:
     return FuseError(code)
 
 
-class DirCursor:
-    """Where a streamed listing stands. The kernel asks again from the offset of the first entry that did
-    not fit; the cursor resumes there, re-offering that one entry, instead of listing from the start."""
-
-    def __init__(self, entries: Callable[[], Iterator[tuple[str, bool]]]) -> None:
-        self._entries = entries
-        self.restart()
-
-    def restart(self) -> None:
-        self._iter = itertools.chain([(".", True), ("..", True)], self._entries())
-        self._next = 0  # offset of the entry the iterator yields next
-        self._last: tuple[int, str, int] | None = None
-
-    def entries(self, offset: int) -> Iterator[tuple[str, int, int]]:
-        """(name, st_mode, offset of the next entry), from offset on."""
-        if self._last is not None and self._last[0] == offset:
-            yield self._last[1], self._last[2], offset + 1
-        elif offset != self._next:
-            self.restart()
-            for _ in itertools.islice(self._iter, offset):
-                self._next += 1
-        for name, is_dir in self._iter:
-            mode = stat.S_IFDIR if is_dir else stat.S_IFREG
-            self._last = (self._next, name, mode)
-            self._next += 1
-            yield name, mode, self._next
-
-
 class StoredBytes:
     """What `df` shows: the bytes and files the source stores, counted once, in a thread of its own started at
     the first STATFS (a mount waits for nothing, and one no one asks costs nothing). Until the count is done
-    STATFS answers what it has counted so far; it stops at MAX_FILES files (`df` then shows a lower bound).
+    STATFS answers what it has counted so far; it stops at MAX_FILES files, or where the source's listing
+    stops (a remote walk's bounds: `df` then shows a lower bound).
     A source that cannot be listed (HTTP) counts nothing: size 0."""
 
     MAX_FILES = 1_000_000
@@ -195,9 +171,7 @@ class TreeOps:
         self.shown = shown
         self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
         self._times = (*divmod(mtime_ns, 1_000_000_000),)
-        self._dirs: dict[int, DirCursor] = {}
-        self._handles = itertools.count(1)
-        self._lock = threading.Lock()
+        self.listings = ListingWorkers()
         self._modes = functools.lru_cache(maxsize=1024)(self._mode)
         self.stored = StoredBytes(tree.store.sizes)
 
@@ -215,7 +189,10 @@ class TreeOps:
     @errors_to_errno("getattr")
     def attributes(self, path: str) -> tuple[int, ...] | None:
         """The fuse_attr fields after ino of the node at path (pack with `attr`), or None if there is
-        none: a negative entry for the kernel to keep."""
+        none: a negative entry for the kernel to keep. A name longer than NAME_MAX is absent without asking the
+        source, which would answer ENAMETOOLONG: any user could fill the log with that, and no dataset has one."""
+        if len(os.fsencode(path.rpartition("/")[2])) > NAME_MAX:
+            return None
         try:
             node = self.tree.lookup(path)
         except (FileNotFoundError, NotADirectoryError):
@@ -239,40 +216,32 @@ class TreeOps:
         return data
 
     @errors_to_errno("opendir")
-    def opendir(self, path: str) -> int:
+    def opendir(self, path: str) -> None:
+        """A directory handle holds nothing: its listing is the directory's (`listed`), and an offset is
+        all the kernel needs to resume it."""
         if not isinstance(self.tree.lookup(path), Dir):
             raise error(errno.ENOTDIR)
-        with self._lock:
-            fh = next(self._handles)
-            self._dirs[fh] = DirCursor(lambda: self.tree.listdir(path))
-        return fh
 
-    def readdir(self, path: str, fh: int, offset: int) -> Iterator[tuple[str, int, int]]:
-        """Entries are made while the session packs them, so errors are mapped here, not by the decorator."""
-        cursor = self._dirs.get(fh)
-        if cursor is None:
-            raise error(errno.EBADF)
+    def listed(self, path: str) -> Listing | None:
+        """The directory's listing if it is made already (answering from it waits on nothing), else None."""
+        return self.tree.cache.get(("listing", path))  # type: ignore[return-value]
+
+    def listing(self, path: str, ino: Callable[[str], int]) -> Listing:
+        """The directory's listing, made here if it is not made yet (the session asks for that in a listing
+        worker), within its bounds; ino: the inode number an entry shows, by name. EIO if it cannot be made."""
         start_request(self.request_limit)
         start, reads, code = time.perf_counter(), metrics.STORE_READS.mine(), 0
         try:
-            yield from cursor.entries(offset)
+            make = lambda: Listing.of(self.tree.listdir(path), "/" + path, ino)  # noqa: E731
+            return self.tree.cache.get_or_make(("listing", path), make)
         except Exception as e:
             log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
-            cursor.restart()
             code = errno.EIO
             raise error(errno.EIO) from None
         finally:
             READDIR.observe(time.perf_counter() - start)
             if log.isEnabledFor(logging.DEBUG):
                 log_request("readdir", path, start, reads, code=code)
-
-    def releasedir(self, fh: int) -> None:
-        with self._lock:
-            self._dirs.pop(fh, None)
-
-    def open_dirs(self) -> int:
-        """How many directory handles are open (for tests and stats)."""
-        return len(self._dirs)
 
 
 def attr(ino: int, fields: tuple[int, ...]) -> bytes:

@@ -29,11 +29,12 @@ MS_RELATIME = 1 << 21
 MS_STRICTATIME = 1 << 24
 MNT_DETACH = 2
 # The mount flags `-o` may set or clear, as mount(8) and libfuse spell them: name → (flag, set or clear).
-# A FUSE mount is nosuid,nodev unless `suid`/`dev` are given (by root: fusermount3 refuses them to others).
+# Every shardfs mount is nosuid,nodev: it shows no device and no set-user-ID bit, so `suid` and `dev` (which
+# mount.fuse3 adds to every root fstab mount) are accepted and change nothing (see serve.IGNORED).
 VFS_FLAGS = {
-    "nosuid": (MS_NOSUID, True), "suid": (MS_NOSUID, False), "nodev": (MS_NODEV, True), "dev": (MS_NODEV, False),
-    "noexec": (MS_NOEXEC, True), "exec": (MS_NOEXEC, False), "sync": (MS_SYNCHRONOUS, True),
-    "async": (MS_SYNCHRONOUS, False), "dirsync": (MS_DIRSYNC, True), "noatime": (MS_NOATIME, True),
+    "nosuid": (MS_NOSUID, True), "nodev": (MS_NODEV, True), "noexec": (MS_NOEXEC, True), "exec": (MS_NOEXEC, False),
+    "sync": (MS_SYNCHRONOUS, True), "async": (MS_SYNCHRONOUS, False), "dirsync": (MS_DIRSYNC, True),
+    "noatime": (MS_NOATIME, True),
     "atime": (MS_NOATIME, False), "nodiratime": (MS_NODIRATIME, True), "diratime": (MS_NODIRATIME, False),
     "relatime": (MS_RELATIME, True), "norelatime": (MS_RELATIME, False), "strictatime": (MS_STRICTATIME, True),
 }  # fmt: skip
@@ -146,11 +147,19 @@ def _flags(options: MountOptions) -> list[tuple[str, bool]]:
 _watchers: list[tuple[socket.socket, subprocess.Popen[bytes]]] = []
 
 
+def _escaped(value: str) -> str:
+    """value as fusermount3 reads `fsname=` and `subtype=` (its only options that take escapes): a backslash
+    takes the next character as it is, so a comma stays in the value and a trailing backslash cannot swallow
+    the comma after it (`fsname=/data\\,subtype=shardfs` would be one fsname, the type plain `fuse`)."""
+    return value.replace("\\", "\\\\").replace(",", "\\,")
+
+
 def _mount_with_fusermount(mountpoint: Path, options: MountOptions) -> int:
     """fusermount3 is setuid root: it checks the user may mount there, mounts, and sends the fd back. It
     exits then, or with auto_unmount stays until our end of the socket closes."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    text = [f"fsname={options.fsname}", f"subtype={options.subtype}", "nosuid", "nodev", *options.vfs]
+    text = [f"fsname={_escaped(options.fsname)}", f"subtype={_escaped(options.subtype)}", "nosuid", "nodev"]
+    text += options.vfs
     text += ["ro"] if options.read_only else []
     text += [name for name, on in _flags(options) if on] + list(options.kernel)
     text += ["auto_unmount"] if options.auto_unmount else []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 from collections.abc import Callable
@@ -29,6 +30,9 @@ log = logging.getLogger("shardfs")
 # 7,800 files/s), while four still let reads that wait on a slow local disk overlap.
 DEFAULT_THREADS = 4
 MAX_THREADS = 100_000  # libfuse's most
+# Timeouts go to the kernel as 64-bit whole seconds (which it then caps at what it can count): a timeout is a
+# number of seconds from 0 up to below 2^64, anything else (nan, inf, negative, 1e30) is refused before mount.
+TIMEOUT_LIMIT = 2.0**64
 # libfuse 3.14's options that change nothing here (each accepted, as it was), and why.
 IGNORED = {
     "max_idle_threads": "every thread waits on the device; none idles",
@@ -40,6 +44,8 @@ IGNORED = {
     "ac_attr_timeout": "as auto_cache",
     "no_rofd_flush": "FLUSH is answered ENOSYS once and never sent again",
     "user": "libfuse wrote it to /etc/mtab only",
+    "suid": "the mount shows no set-user-ID bit: it stays nosuid (mount.fuse3 adds suid for root)",
+    "dev": "the mount shows no device: it stays nodev (mount.fuse3 adds dev for root)",
 }
 # libfuse 3.14's options that cannot work here: the mount is refused with the reason.
 REFUSED = {
@@ -73,12 +79,17 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
     def flag(name: str) -> bool:
         return bool(left.pop(name, False))
 
-    def number(name: str, default: float) -> float:
+    def seconds(name: str, default: float) -> float:
         value = left.pop(name, None)
+        if value is None:
+            return default
         try:
-            return default if value is None else float(str(value))
+            found = float(str(value))
         except ValueError:
-            raise refuse(f"invalid value {name}={value}") from None
+            found = math.nan
+        if not 0 <= found < TIMEOUT_LIMIT:  # nan compares false
+            raise refuse(f"invalid value {name}={value} (seconds, from 0 up to below 2^64)")
+        return found
 
     def integer(name: str, top: int, base: int = 10) -> int | None:
         """uid=, gid=, max_read= (decimal), umask= (octal, as libfuse read it): from 0 up to top, or refused."""
@@ -109,7 +120,7 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
         auto_unmount=flag("auto_unmount"),
         kernel=kernel if max_read is None else (*kernel, f"max_read={max_read}"),
     )
-    timeouts = Timeouts(number("entry_timeout", 1.0), number("attr_timeout", 1.0), number("negative_timeout", 0.0))
+    timeouts = Timeouts(seconds("entry_timeout", 1.0), seconds("attr_timeout", 1.0), seconds("negative_timeout", 0.0))
     threads = integer("max_threads", MAX_THREADS)
     kernel_cache = flag("kernel_cache")
     shown = Shown(integer("uid", 2**32 - 2), integer("gid", 2**32 - 2), integer("umask", 0o777, 8))
@@ -127,29 +138,42 @@ def serve(
     tree: Tree, mtime_ns: int, mountpoint: Path, options: dict[str, str | bool], on_ready: Callable[[str], None]
 ) -> None:
     """Mount and serve until unmounted, SIGTERM or SIGINT; FuseMountError if the mount cannot be made.
-    on_ready is told what the kernel granted, once the mount answers."""
+    on_ready is told what the kernel granted, once the mount answers. Every option is checked before
+    mount(2); whatever fails after it (a thread that cannot start) takes the mount away before it is
+    raised, so that no dead mount is left behind."""
     settings = settings_of(options, mountpoint)
     fd = mount(mountpoint, settings.mount)
+    ours = handed_number(mountpoint) is None  # a handed descriptor's mount is its parent's to end
+    session: Session | None = None
 
     def ready() -> None:
+        assert session is not None
         on_ready(session.granted_text())
 
-    session = Session(
-        fd, TreeOps(tree, mtime_ns, settings.shown), settings.threads, settings.timeouts, settings.kernel_cache,
-        ready, owner=settings.owner, debug=settings.debug,
-    )  # fmt: skip
-
-    def stop(signum: int, frame: object) -> None:
-        if handed_number(mountpoint) is None:  # a handed descriptor's mount is its parent's to end
+    def take_away() -> None:
+        if ours:
             with contextlib.suppress(OSError, FuseMountError):
                 unmount(mountpoint, lazy=True)
+
+    def stop(signum: int, frame: object) -> None:
+        take_away()
+        assert session is not None
         session.stop()
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        session.run()
+        session = Session(
+            fd, TreeOps(tree, mtime_ns, settings.shown), settings.threads, settings.timeouts,
+            settings.kernel_cache, ready, owner=settings.owner, debug=settings.debug,
+        )  # fmt: skip
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            session.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    except BaseException:
+        take_away()
+        raise
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if session.ended:  # else a thread still reads it: the number must not name another file meanwhile
+        if session is None or session.ended:  # else a thread still reads it: the number must not name another file
             os.close(fd)

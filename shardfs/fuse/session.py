@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from shardfs import logs
 from shardfs.fuse import wire
-from shardfs.fuse.adapter import BLOCK_SIZE, OPENED, FuseError, TreeOps, attr, count
+from shardfs.fuse.adapter import BLOCK_SIZE, NAME_MAX, OPENED, FuseError, TreeOps, attr, count
 from shardfs.fuse.wire import InitFlag, Op
 
 log = logging.getLogger("shardfs")
@@ -33,6 +34,7 @@ MAX_PAGES = 256  # reads of up to 1 MiB in one request
 KERNEL_BACKGROUND = 12  # the kernel's default of asynchronous requests (readahead) in flight: never fewer
 WANTED = InitFlag.ASYNC_READ | InitFlag.PARALLEL_DIROPS | InitFlag.MAX_PAGES
 ZERO_ATTR = bytes(wire.ATTR.size)
+READDIR_MOST = 32 << 10  # bytes of entries a READDIR answers: glibc asks st_blksize (1 MiB) after each seek
 STATFS_UNIT = 512  # f_frsize: `df` shows the source's size to within half a KiB
 # Opcodes answered ENOSYS: the kernel remembers most (FLUSH, FSYNC, xattrs, ACCESS, LSEEK, POLL, BMAP)
 # and never asks again; locks are then kept by the kernel alone.
@@ -251,6 +253,7 @@ class Session:
         _, opcode, unique, nodeid, uid, _, pid, *_ = wire.IN_HEADER.unpack_from(request)
         body = request[wire.IN_HEADER.size :]
         handler = self._handlers.get(opcode)
+        logs.serving(uid)
         if self.debug:
             log.debug(
                 "request %d: %s node %d, uid %d, pid %d, %d bytes", unique, _name(opcode), nodeid, uid, pid,
@@ -375,30 +378,41 @@ class Session:
         self._reply(unique, self.ops.read(self.nodes.path(nodeid), offset, size))
 
     def _opendir(self, unique: int, nodeid: int, body: memoryview) -> None:
-        self._reply(unique, wire.OPEN_OUT.pack(self.ops.opendir(self.nodes.path(nodeid)), 0, 0))
+        """Handle 0: a directory handle carries nothing (see `_readdir`)."""
+        self.ops.opendir(self.nodes.path(nodeid))
+        self._reply(unique, wire.OPEN_OUT.pack(0, 0, 0))
 
     def _readdir(self, unique: int, nodeid: int, body: memoryview) -> None:
-        fh, offset, size, *_ = wire.READ_IN.unpack_from(body)
-        parts, used = [], 0
+        """Answered at once from a listing already made; else a listing worker makes it and answers, in the
+        turn of the user who asked, and this thread goes back to reading requests."""
+        _, offset, size, *_ = wire.READ_IN.unpack_from(body)
         directory = self.nodes.path(nodeid)
-        for name, mode, next_offset in self.ops.readdir(directory, fh, offset):
-            ino = self.nodes.ino(f"{directory}/{name}" if directory else name)
-            entry = wire.dirent(ino, next_offset, os.fsencode(name), mode >> 12)
-            if used + len(entry) > size:
-                break  # not taken: the cursor offers it again at next_offset - 1
-            parts.append(entry)
-            used += len(entry)
-        self._reply(unique, b"".join(parts))
+        if self.ops.listed(directory) is not None:
+            self._dirents(unique, directory, offset, size)
+            return
+        uid = wire.IN_HEADER.unpack_from(body.obj)[4]  # type: ignore[arg-type]  # the header before body
+        self.ops.listings.submit(uid, lambda: self._dirents(unique, directory, offset, size))
+
+    def _dirents(self, unique: int, directory: str, offset: int, size: int) -> None:
+        """The entries of directory from offset that fit in size bytes, or the error the listing met."""
+        try:
+            listing = self.ops.listing(
+                directory, lambda name: self.nodes.ino(f"{directory}/{name}" if directory else name)
+            )
+        except FuseError as e:
+            self._error(unique, e.errno, counted=False)  # counted where it was raised
+            return
+        self._reply(unique, listing.page(offset, min(size, READDIR_MOST)))
 
     def _releasedir(self, unique: int, nodeid: int, body: memoryview) -> None:
-        self.ops.releasedir(wire.RELEASE_IN.unpack_from(body)[0])
-        self._ok(unique, nodeid, body)
+        """Nothing to let go of: a directory handle carries nothing."""
+        self._reply(unique)
 
     def _statfs(self, unique: int, nodeid: int, body: memoryview) -> None:
         """The source's stored bytes as size and used, nothing free (read-only), in 512-byte units."""
         nbytes, files = self.ops.stored.now()
         blocks = -(-nbytes // STATFS_UNIT)
-        self._reply(unique, wire.STATFS_OUT.pack(blocks, 0, 0, files, 0, BLOCK_SIZE, 255, STATFS_UNIT, 0))
+        self._reply(unique, wire.STATFS_OUT.pack(blocks, 0, 0, files, 0, BLOCK_SIZE, NAME_MAX, STATFS_UNIT, 0))
 
     def _not_a_link(self, unique: int, nodeid: int, body: memoryview) -> None:
         self._error(unique, errno.EINVAL)

@@ -28,7 +28,7 @@ from shardfs.errors import ServiceError, SourceError
 from shardfs.fuse import serve as session
 from shardfs.fuse.mount import FuseMountError, connection_of, handed_fd, handed_number
 from shardfs.logs import log_to, open_log, replay_early
-from shardfs.service import lifecycle, mountinfo, stats_socket
+from shardfs.service import holders, lifecycle, mountinfo, stats_socket
 from shardfs.service.rundir import own_dir
 from shardfs.source import Source
 from shardfs.stores.remote import WAITING
@@ -130,9 +130,10 @@ def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: b
             raise UsageError(f"{mountpoint}: mountpoint is not empty; pass --allow-non-empty to mount over it")
 
 
-def unmount(mountpoint: Path, any_type: bool = False) -> None:
+def unmount(mountpoint: Path, any_type: bool = False, lazy: bool = False) -> None:
     """Unmount the shardfs mount at mountpoint; anything else mounted there is refused unless any_type, so
-    that root's `shardfs unmount` with a mistyped path cannot take down a disk or another FUSE daemon."""
+    that root's `shardfs unmount` with a mistyped path cannot take down a disk or another FUSE daemon. A busy
+    mount is refused naming what holds it, unless lazy: then it is detached at once and goes when they let go."""
     if not is_stale(mountpoint):
         if not os.path.lexists(mountpoint):
             raise UsageError(f"{mountpoint}: does not exist")
@@ -141,7 +142,9 @@ def unmount(mountpoint: Path, any_type: bool = False) -> None:
     found = mountinfo.topmost(mountpoint)
     if not any_type and found is not None and found.fstype != mountinfo.SHARDFS_TYPE:
         raise MountError(f"{mountpoint}: a {found.fstype} mount, not shardfs; pass --any-type to unmount it anyway")
-    result = fusermount(False, mountpoint)
+    result = fusermount(lazy, mountpoint)
+    if result.returncode != 0 and "busy" in result.stderr:
+        raise MountError(f"{mountpoint}: {holders.said(mountpoint)}; close them, or pass --lazy to detach it now")
     if result.returncode != 0:
         raise MountError(result.stderr.strip() or f"{mountpoint}: unmount failed")
 

@@ -21,6 +21,7 @@ class Mounted:
     options: str  # the superblock's options: for FUSE, user_id=, group_id=, allow_other...
     source: str = ""  # for shardfs, its fsname: the dataset's path or URL (a URL's password shown as ***)
     device: str = ""  # major:minor of its superblock; for FUSE, 0:<connection number>
+    point: str = ""  # where it is mounted, as the kernel names it (its real path, once resolved)
 
     @property
     def daemon_uid(self) -> int | None:
@@ -30,8 +31,17 @@ class Mounted:
 
 
 def topmost(mountpoint: Path) -> Mounted | None:
-    """The last (so the visible) mount at mountpoint's real path, or None when nothing is mounted there."""
-    where = os.path.realpath(mountpoint)
+    """The last (so the visible) mount at mountpoint's real path, or None when nothing is mounted there. The
+    path is first resolved without a look at mountpoint itself (its directory resolved, its own name kept): a
+    look asks the daemon for its root's attributes, which a stopped or wedged daemon never answers, and
+    `list` and `stats` would hang on it. Only a path nothing is mounted at as named (a link to a mountpoint)
+    is resolved whole."""
+    absolute = os.path.abspath(mountpoint)
+    found = _last_at(os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute)))
+    return found if found is not None else _last_at(os.path.realpath(mountpoint))
+
+
+def _last_at(where: str) -> Mounted | None:
     found = None
     for point, mounted in _mounts():
         if point == where:
@@ -54,7 +64,7 @@ def _mounts() -> Iterator[tuple[str, Mounted]]:
         fields, _, fs = line.partition(" - ")
         fstype, source, options, *_ = fs.split()
         _, _, device, _, point, *_ = fields.split()
-        yield _unescape(point), Mounted(fstype, options, _unescape(source), device)
+        yield _unescape(point), Mounted(fstype, options, _unescape(source), device, _unescape(point))
 
 
 def _unescape(field: str) -> str:

@@ -91,10 +91,10 @@ def _answers(path: Path) -> bool:
         return True
 
 
-def mount_owner(mountpoint: Path) -> int | None:
-    """The uid of the shardfs daemon mounted at mountpoint (the topmost mount there), or None."""
+def shardfs_at(mountpoint: Path) -> mountinfo.Mounted | None:
+    """The shardfs mount at mountpoint (the topmost mount there), or None."""
     found = mountinfo.topmost(mountpoint)
-    return found.daemon_uid if found is not None and found.fstype == mountinfo.SHARDFS_TYPE else None
+    return found if found is not None and found.fstype == mountinfo.SHARDFS_TYPE else None
 
 
 def read(mountpoint: Path) -> str:
@@ -105,9 +105,10 @@ def read(mountpoint: Path) -> str:
 def ask(mountpoint: Path) -> tuple[int, str]:
     """The pid of the daemon mounted at mountpoint and its figures, once its directory and credentials
     check out."""
-    uid = mount_owner(mountpoint)
+    found = shardfs_at(mountpoint)
     missing = ServiceError(f"{mountpoint}: no shardfs daemon serves this mountpoint")
-    if uid is None:
+    uid = None if found is None else found.daemon_uid
+    if found is None or uid is None:
         raise missing
     directory = runtime_dir(uid)
     if os.path.lexists(directory) and not trusted_dir(directory, uid):
@@ -115,7 +116,9 @@ def ask(mountpoint: Path) -> tuple[int, str]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(ASK_TIMEOUT)  # a stopped or wedged daemon must not hang `stats` or `list`
         try:
-            conn.connect(str(socket_path(directory, mountpoint)))
+            # named by the kernel's path: resolving mountpoint would look at the mount, which a stopped daemon
+            # never answers (its root's attributes are asked for once the kernel's copy expires)
+            conn.connect(str(socket_path(directory, Path(found.point), real=True)))
         except OSError:
             raise missing from None
         pid, peer, _ = UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))

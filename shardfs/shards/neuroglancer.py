@@ -398,14 +398,15 @@ class ShardedKV:
             raise CorruptChunk(chunk.shard, chunk.key, str(e)) from e
 
     def shards(self) -> Iterator[tuple[int, str]]:
-        """Each shard present, once, with what it is called (its `.shard`, or its pair), streamed from the
-        directory."""
+        """Each shard present, once, with what it is called (its `.shard`, or its pair), in the order of their
+        numbers: a directory lists in one order whatever the store (a local directory's own order, a bucket's
+        by key, HTTP's probes by number), so `ls -f`, rsync and tar see the same tree from each."""
         if not self.store.can_list:
             yield from self._probed()
             return
-        for name, is_dir in self.store.list(self.directory):
-            found = None if is_dir else self.spec.shard_file(name)
-            if found is not None and self._listed_by(*found):
+        named = (self.spec.shard_file(name) for name, is_dir in self.store.list(self.directory) if not is_dir)
+        for found in sorted(found for found in named if found is not None):
+            if self._listed_by(*found):
                 yield found[0], self._called(*found)
 
     def _listed_by(self, shard: int, suffix: str) -> bool:
@@ -502,8 +503,8 @@ class ShardedKV:
         are left out, so that every listed name can be looked up. Corrupt or unreadable shards are logged
         and skipped, and so is what is past the budget: a listing shows what can be read."""
         budget = ListingBudget()
-        at_once = self.store.reads_at_once
-        pool = ThreadPoolExecutor(at_once, thread_name_prefix="shardfs-listing") if at_once > 1 else None
+        pool = self.store.reads()
+        at_once = self.store.reads_at_once if pool is not None else 1
         try:
             opening = (Read(0, partial(self._listed_shard, shard), self.directory) for shard in self._listed())
             shards = _in_order(pool, at_once, opening, budget)
@@ -518,9 +519,6 @@ class ShardedKV:
                             "still found by name)", self.store.where(self.directory), LISTING_BUDGET,
                             self.spec.shard_index_size, self.store.where(e.shard),
                             extra={"event": "listing_budget", "shard": e.shard})  # fmt: skip
-        finally:
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)  # what is being read finishes; the rest is not
 
     def _listed(self) -> Iterator[int]:
         """The shards a listing opens: those the directory lists, or where it cannot be listed (HTTP) every
@@ -584,18 +582,22 @@ def _in_order(pool: Executor | None, at_once: int, reads: Iterator[Read], budget
     submitted, once the results before it have been yielded if it does not fit (their names give back): a
     listing stops where one reading one index at a time would (BudgetSpent)."""
     pending: deque[Future[T]] = deque()
-    for read in reads:
-        while pending and (len(pending) >= at_once or read.cost > budget.left):
+    try:
+        for read in reads:
+            while pending and (len(pending) >= at_once or read.cost > budget.left):
+                yield pending.popleft().result()
+            budget.spend(read.cost, read.shard)
+            if read.call is None:
+                continue
+            if pool is None:
+                yield read.call()  # type: ignore[misc]
+            else:
+                pending.append(pool.submit(read.call))  # type: ignore[arg-type]
+        while pending:
             yield pending.popleft().result()
-        budget.spend(read.cost, read.shard)
-        if read.call is None:
-            continue
-        if pool is None:
-            yield read.call()  # type: ignore[misc]
-        else:
-            pending.append(pool.submit(read.call))  # type: ignore[arg-type]
-    while pending:
-        yield pending.popleft().result()
+    finally:  # a listing ended early: what is being read finishes, the rest is not read (the pool is shared)
+        for future in pending:
+            future.cancel()
 
 
 def _adjacent(rows: np.ndarray, index_size: int, size: int) -> tuple[int, int] | None:

@@ -11,8 +11,9 @@ import math
 import struct
 from dataclasses import dataclass
 
-import crc32c
 import numpy as np
+
+from shardfs.codecs import crc32c
 
 EMPTY = (1 << 64) - 1
 
@@ -43,7 +44,7 @@ class IndexLayout:
     def decode(self, raw: bytes) -> bytes:
         """The verified offset/nbytes table, as stored; ValueError on a checksum mismatch."""
         table = raw[: 16 * self.entries]
-        if self.checksum and crc32c.crc32c(table) != int.from_bytes(raw[-4:], "little"):
+        if self.checksum and crc32c(table) != int.from_bytes(raw[-4:], "little"):
             raise ValueError("shard index checksum (crc32c) does not match")
         return table
 

@@ -26,9 +26,8 @@ import threading
 import time
 from pathlib import Path
 
-import crc32c
-
 from shardfs import metrics
+from shardfs.codecs import crc32c
 from shardfs.errors import CacheDirRefused
 
 log = logging.getLogger("shardfs")
@@ -95,7 +94,7 @@ class DiskCache:
             header, data = os.pread(fd, HEADER.size, 0), os.pread(fd, length, HEADER.size)
             if len(header) + len(data) != HEADER.size + length:
                 raise DamagedEntry("shorter than it was")
-            if HEADER.unpack(header) != (MAGIC, key, length, crc32c.crc32c(data)):
+            if HEADER.unpack(header) != (MAGIC, key, length, crc32c(data)):
                 raise DamagedEntry("header or checksum does not match")
             with contextlib.suppress(OSError):
                 _touch(fd)  # recently used: evicted last
@@ -110,7 +109,7 @@ class DiskCache:
             return
         key = _key(url, version, start, stop)
         try:
-            self._write(key.hex(), HEADER.pack(MAGIC, key, len(data), crc32c.crc32c(data)), data)
+            self._write(key.hex(), HEADER.pack(MAGIC, key, len(data), crc32c(data)), data)
         except OSError as e:  # a full or read-only disk costs the cache, never the read
             self._cannot_write(e)
             return

@@ -18,6 +18,7 @@ import os
 import stat
 import weakref
 from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -128,6 +129,10 @@ class Store(Protocol):
     can_list: bool  # False where directories cannot be listed (HTTP): they list as empty
     piece_size: int  # bytes read at a time when a value is decoded as it is read
     reads_at_once: int  # reads a listing keeps in flight: 1 where a read waits on nothing but itself
+
+    def reads(self) -> Executor | None:
+        """The threads every listing's reads run in (one set per store, sized once), or None where a read
+        is run by the thread that wants it."""
 
     def open(self, path: str) -> StoredFile:
         """The current version of a regular file; FileNotFoundError if there is none."""
@@ -258,6 +263,9 @@ class LocalStore:
             os.close(parent)
 
     # -- the Store protocol -------------------------------------------------------------------------------------------
+
+    def reads(self) -> None:
+        return None
 
     def open(self, path: str) -> StoredFile:
         _, version, owner = self._file(path)

@@ -18,6 +18,7 @@ further than one byte past the range asked, so no answer costs more memory than 
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import itertools
 import logging
@@ -25,7 +26,8 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -46,8 +48,16 @@ log = logging.getLogger("shardfs")
 
 DEFAULT_TIMEOUT = 30.0
 READS_AT_ONCE = 64  # requests a listing keeps in flight: its round trips overlap, within a bound
+# One paginated walk (a directory's listing, `df`'s count) ends, with what it has, at the first of these: a
+# server that answers "more to come" forever, with objects or without, is then one more slow listing.
+LISTING_PAGE = 1000  # objects one request asks for (S3's and GCS's most)
+LISTING_REQUESTS = 10_000  # requests one walk may make: 10 million objects where every page is full
+LISTING_BYTES = 64 << 20  # bytes of object names one walk may gather
+LISTING_TIMEOUTS = 4  # one walk may take this many --timeout (2 minutes by default)
+SKIP = "\U0010ffff"  # sorts after every character: `d/` + SKIP sorts after every key below `d/`
 OPENED = 65536  # objects whose size and version are remembered: a few MB, and a shard is opened once
 T = TypeVar("T")
+Listed = Generator[tuple[str, bool], None, str | None]  # entries, then where a listing goes on
 
 
 class _Waiting:
@@ -191,6 +201,7 @@ class RemoteStore:
         self._owner = Owner(os.getuid(), os.getgid(), 0o555)
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
+        self._reads: tuple[int, ThreadPoolExecutor] | None = None
         self._opened: LRUCache[str, StoredFile | FileNotFoundError] = LRUCache(OPENED)
         self._said_unversioned = False
         self._suffixes = True  # until the server refuses a suffix range
@@ -204,6 +215,18 @@ class RemoteStore:
                 made = self._client
                 if made is None or made[0] != os.getpid():
                     made = self._client = (os.getpid(), make_client(self.remote, self.access))
+        return made[1]
+
+    def reads(self) -> Executor:
+        """The threads every listing's reads run in, READS_AT_ONCE for the process, however many listings are
+        under way: made where first used, as the client is."""
+        made = self._reads
+        if made is None or made[0] != os.getpid():
+            with self._lock:
+                made = self._reads
+                if made is None or made[0] != os.getpid():
+                    pool = ThreadPoolExecutor(READS_AT_ONCE, thread_name_prefix="shardfs-listing-read")
+                    made = self._reads = (os.getpid(), pool)
         return made[1]
 
     def _call(self, what: str, path: str, request: Callable[[], T]) -> T:
@@ -397,15 +420,37 @@ class RemoteStore:
         return offset  # an object has no holes that can be asked about
 
     def list(self, path: str) -> Iterator[tuple[str, bool]]:
-        """A directory's entries, one delimited listing of its prefix."""
+        """A directory's entries, from one bounded walk (`Walk`) of the keys below it, in the server's order:
+        its objects, and each subdirectory once. A subdirectory's keys are read past while they fit in a page;
+        past a page of them, a request that starts after them skips the rest (object_store's delimited
+        listing gathers every page before it answers, so it cannot be bounded)."""
         if not self.can_list or not is_key(path):
             return
-        prefix = f"{path.strip('/')}/" if path.strip("/") else None
-        found = self._call("list", path, lambda: obstore.list_with_delimiter(self._store(), prefix))
-        for sub in found["common_prefixes"]:
-            yield sub.rstrip("/").rpartition("/")[2], True
-        for meta in found["objects"]:
-            yield meta["path"].rpartition("/")[2], False
+        prefix = f"{path.strip('/')}/" if path.strip("/") else ""
+        walk, offset, said = Walk(self, path, "list"), None, [""]
+        while True:
+            offset = yield from self._listed_until(walk, prefix, offset, said)
+            if offset is None:
+                return
+
+    def _listed_until(self, walk: Walk, prefix: str, offset: str | None, said: list[str]) -> Listed:
+        """The entries from offset on, each subdirectory once (said: the last one listed); returns the offset
+        that skips the rest of a subdirectory whose keys fill a page, or None at the end (of the listing, or
+        of the walk's bounds)."""
+        run = 0  # keys of the subdirectory said[0] read in a row
+        for page in walk.pages(prefix or None, offset):
+            for meta in page:
+                name, slash, _ = meta["path"][len(prefix) :].partition("/")
+                if not slash:
+                    yield name, False
+                    continue
+                if name != said[0]:  # a server that lists a subdirectory again costs requests, not names
+                    said[0], run = name, 0
+                    yield name, True
+                run += 1
+                if run >= walk.page:
+                    return f"{prefix}{name}/{SKIP}"
+        return None
 
     def kind(self, path: str) -> str | None:
         if not path.strip("/"):
@@ -419,9 +464,8 @@ class RemoteStore:
             pass
         if not self.can_list:
             return None
-        prefix = f"{path.strip('/')}/"
-        first = self._call("list", path, lambda: next(iter(obstore.list(self._store(), prefix, chunk_size=1)), []))
-        return "dir" if first else None
+        walk = Walk(self, path, "list", page=1, seconds=self.access.timeout)  # a lookup waits one request's time
+        return "dir" if any(walk.pages(f"{path.strip('/')}/", None)) else None
 
     def owner(self, path: str) -> Owner:
         return self._owner
@@ -437,12 +481,71 @@ class RemoteStore:
         return []
 
     def sizes(self) -> Iterator[int]:
-        """Every object's size under the source's prefix, a listing page at a time; nothing over HTTP."""
+        """Every object's size under the source's prefix, a listing page at a time, within one walk's bounds;
+        nothing over HTTP."""
         if not self.can_list:
             return
-        for page in obstore.list(self._store()):
+        for page in Walk(self, "", "list").pages(None, None):
             for meta in page:
                 yield meta["size"]
+
+
+class Walk:
+    """The bounds of one paginated listing: LISTING_REQUESTS requests, LISTING_BYTES bytes of names and
+    LISTING_TIMEOUTS times --timeout, whichever comes first. Its pages end at the first bound reached, which
+    is logged once, so that a listing answers with what it found."""
+
+    def __init__(
+        self, store: RemoteStore, path: str, what: str, page: int = LISTING_PAGE, seconds: float | None = None
+    ) -> None:
+        self.store, self.path, self.what, self.page = store, path, what, page
+        self.started = time.monotonic()
+        self.seconds = LISTING_TIMEOUTS * store.access.timeout if seconds is None else seconds
+        self.requests = self.nbytes = 0
+        self._said = False
+
+    def pages(self, prefix: str | None, offset: str | None) -> Iterator[list[dict[str, Any]]]:
+        """The objects below prefix after offset, a page at a time. Each page is awaited with the time left:
+        pages that come empty forever end at the deadline as any other, the request under way abandoned
+        (obstore drops it when its future is cancelled)."""
+        if self.ended():
+            return
+        loop = asyncio.new_event_loop()
+        stream = obstore.list(self.store._store(), prefix, offset=offset, chunk_size=self.page)
+
+        async def step() -> list[dict[str, Any]] | None:
+            try:
+                return await asyncio.wait_for(anext(stream), max(self.started + self.seconds - time.monotonic(), 0))
+            except StopAsyncIteration:
+                return None
+            except TimeoutError:
+                return []  # the deadline: ended() says so
+
+        try:
+            while not self.ended():
+                page = self.store._call(self.what, self.path, lambda: loop.run_until_complete(step()))
+                if page is None:
+                    return
+                self.requests += 1
+                self.nbytes += sum(len(meta["path"]) for meta in page)
+                yield page
+        finally:
+            if not loop.is_running():  # else Ctrl-C left it to a request thread that ends with the process
+                loop.close()
+
+    def ended(self) -> bool:
+        """Whether a bound is reached; logged the first time."""
+        took = time.monotonic() - self.started
+        if self.requests < LISTING_REQUESTS and self.nbytes < LISTING_BYTES and took < self.seconds:
+            return False
+        if not self._said:
+            self._said = True
+            log.warning(
+                "%s: a listing stops after %d requests, %d bytes of names and %.0f s (at most %d, %d and %.0f s): it "
+                "shows what it found", self.store.where(self.path), self.requests, self.nbytes, took, LISTING_REQUESTS,
+                LISTING_BYTES, self.seconds, extra={"event": "listing_bound", "path": self.path},
+            )  # fmt: skip
+        return True
 
 
 class NoSuffixRanges(Exception):
@@ -542,4 +645,15 @@ def _wrong_length(attributes: Any, start: int, asked: int, n: int) -> str:
 
 
 def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    """The library's message in one line; where the server's answer was an S3/GCS XML error (its first line
+    only the XML declaration), with its code and message, which say what is wrong (NoSuchBucket)."""
+    text = str(e).strip()
+    if not text:
+        return type(e).__name__
+    first = text.splitlines()[0]
+    if code := re.search(r"<Code>([^<]{1,100})</Code>", text):
+        said = re.search(r"<Message>([^<]{1,300})</Message>", text)
+        first = (
+            re.sub(r":?\s*<\?xml[^>]*\?>$", "", first) + f": {code.group(1)}" + (f" ({said.group(1)})" if said else "")
+        )
+    return first

@@ -4,12 +4,15 @@ decoded and re-laid; and the files that carry either without decoding twice."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import numcodecs
 import numpy as np
 
+from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk
 from shardfs.formats.plan import Array, Compressor
 from shardfs.stores.local import Owner
@@ -75,6 +78,55 @@ def numcodecs_config(compressor: Compressor) -> dict[str, Any]:
 def encode(compressor: Compressor, values: np.ndarray) -> bytes:
     """Compress values as the source's compressor did (blosc shuffles by their item size)."""
     return bytes(numcodecs.get_codec(numcodecs_config(compressor)).encode(np.ascontiguousarray(values)))
+
+
+def stored_under(array: Array, cache: ByteCache, key: tuple, prefix: tuple[int, ...]) -> Iterable[tuple[int, ...]]:
+    """Positions of an array's stored chunks that start with prefix. A source that cannot narrow a listing by
+    prefix (precomputed) is read whole once, into the byte-bounded cache as one array of positions, which
+    each directory of a nested listing filters: reading it whole per directory made `find` quadratic. More
+    positions than one cached value may hold are filtered as they stream, every time."""
+    if array.narrows:
+        return array.stored(prefix)
+    positions = stored_positions(array, cache, key)
+    if positions is None:
+        return (pos for pos in array.stored(()) if pos[: len(prefix)] == prefix)
+    if prefix:
+        positions = positions[(positions[:, : len(prefix)] == prefix).all(axis=1)]
+    return map(tuple, positions.tolist())
+
+
+def stored_positions(array: Array, cache: ByteCache, key: tuple) -> np.ndarray | None:
+    """Every stored position of the array, (n, ndim) int64, read once into the byte-bounded cache; None if
+    there are more than one cached value may hold."""
+    return cache.get_or_make(key, lambda: _positions(array, cache.max_value))
+
+
+def _positions(array: Array, limit: int) -> np.ndarray | None:
+    """Every stored position of the array, (n, ndim) int64, or None past limit bytes."""
+    ndim = len(array.shape)
+    blocks, pending = [], []
+    for count, pos in enumerate(array.stored(()), 1):
+        pending.append(pos)
+        if count * ndim * 8 > limit:
+            return None
+        if len(pending) == 65536:  # a tuple costs ten times its row of int64: packed as they come
+            blocks.append(np.array(pending, np.int64))
+            pending = []
+    blocks.append(np.array(pending, np.int64).reshape(-1, ndim))
+    return np.concatenate(blocks)
+
+
+def next_level(at: tuple[int, ...], ndim: int, paths: Iterable[tuple[int, ...]]) -> Iterator[tuple[str, bool]]:
+    """(name, is_dir) of the entries of directory `at` of chunk files nested one directory per dimension
+    (`0/1/2`), given the grid paths of the chunks stored: the next index of those below it."""
+    depth = len(at)
+    for i in sorted({path[depth] for path in paths if path[:depth] == at}):
+        yield str(i), depth + 1 < ndim
+
+
+def number(value: Fraction) -> int | float:
+    """An exact ratio as JSON writes it: whole numbers as integers."""
+    return int(value) if value.denominator == 1 else float(value)
 
 
 def nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:

@@ -5,7 +5,7 @@ the same bytes in memory, and its block at grid position (i, j, k) is the file `
 big-endian header (mode 0, ndim, the block's dimensions) and then the data, big-endian too, compressed.
 
 Zero-copy, the header then the stored bytes, wherever those are the block's: one-byte or big-endian
-values, raw or under gzip, zstd or blosc, and no edge to clip (precomputed stores edges clipped already,
+values, raw or under gzip or blosc, and no edge to clip (precomputed stores edges clipped already,
 zarr does not). Everything else is decoded, clipped, made big-endian and written raw, whose size the
 metadata gives, so listing never decodes.
 """
@@ -24,15 +24,29 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
 from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
-from shardfs.views.chunks import PrefixedFile, decoded, edge_shape, encode, nbytes, numcodecs_config
+from shardfs.views.axes import Axes, axes_of, pyramids
+from shardfs.views.chunks import (
+    PrefixedFile,
+    decoded,
+    edge_shape,
+    encode,
+    nbytes,
+    next_level,
+    number,
+    numcodecs_config,
+    stored_positions,
+)
 
 VERSION = "4.0.0"
 DATA_TYPES = {"uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64", "float32", "float64"}
 
 
 def compression(array: Array) -> dict[str, Any] | None:
-    """The N5 compression that reads the stored bytes as they are, or None if none does."""
+    """The N5 compression that reads the stored bytes as they are, or None if none does. Not zstd: N5 has
+    it only as an extension, which Neuroglancer's n5 source (raw, gzip, blosc) and BigDataViewer lack."""
     if array.opaque or (array.dtype.itemsize > 1 and array.dtype.byteorder != ">"):
+        return None
+    if array.compressor is not None and array.compressor.name == "zstd":
         return None
     if array.compressor is None:
         return {"type": "raw"}
@@ -53,9 +67,10 @@ class Dataset:
         self.ndim = len(array.shape)
         self.grid = [-(-s // c) for s, c in zip(array.shape, array.chunks, strict=True)][::-1]  # N5 order
         self.zero_copy = compression(array)
-        # N5 has no fill value: a reader takes a missing block for zeros. Where the source's fill value is
-        # not zero, every block of the grid is shown, those never written made of the fill value.
-        self.filled = array.fill_value != 0
+        # N5 has no fill value: a reader takes a missing block for zero bytes. Where the source's fill value is
+        # other bytes (NaN, and -0.0, which equals 0), every block of the grid is shown, those never written made
+        # of the fill value.
+        self.filled = any(np.asarray(array.fill_value, array.dtype).tobytes())
         self.attributes = {
             **array.attributes,
             "dimensions": list(array.shape[::-1]),
@@ -100,13 +115,19 @@ class Dataset:
         at = self._grid_path(rel)
         if at is None or len(at) == self.ndim:
             return
-        depth = len(at)
         if self.filled:
-            below: set[int] | range = range(self.grid[depth])
-        else:
-            below = {pos[::-1][depth] for pos in self.array.stored() if list(pos[::-1][:depth]) == at}
-        for i in sorted(below):
-            yield str(i), depth + 1 < self.ndim
+            yield from ((str(i), len(at) + 1 < self.ndim) for i in range(self.grid[len(at)]))
+            return
+        # N5 directories run fastest dimension first, against C order: no source narrows a listing by them,
+        # so each directory filters the positions read once.
+        positions = stored_positions(self.array, self.cache, ("n5-stored", self.directory))
+        if positions is None:
+            yield from next_level(tuple(at), self.ndim, (pos[::-1] for pos in self.array.stored(())))
+            return
+        below = positions[:, ::-1]
+        if at:
+            below = below[(below[:, : len(at)] == at).all(axis=1)]
+        yield from next_level(tuple(at), self.ndim, map(tuple, below.tolist()))
 
     def block(self, pos: tuple[int, ...]) -> File:
         stored = self.array.chunk(pos)
@@ -139,6 +160,7 @@ def n5_view(plan: Plan) -> Plan:
     """The N5 container of a source's arrays: groups stay groups, arrays become datasets."""
     view = Plan(plan.store, plan.cache, format="n5")
     attributes: dict[str, dict[str, Any]] = {path: dict(attrs) for path, attrs in plan.groups.items()}
+    axes = axes_of(plan)
     for path, array in plan.arrays.items():
         if array.dtype.name not in DATA_TYPES or not array.shape:
             view.kinds.append(f"not in the N5 view: {path or '.'}: N5 has no {array.dtype.name} or 0-d datasets")
@@ -149,35 +171,43 @@ def n5_view(plan: Plan) -> Plan:
         dataset = Dataset(array, plan.cache, path)
         view.providers[path] = dataset
         attributes[path] = {**attributes.get(path, {}), **dataset.attributes}
+        if path in axes:
+            attributes[path].update(axis_attributes(axes[path]))
         view.kinds.append(f"{path or '.'}: N5 dataset, {dataset.describe()['blocks']}")
-    if plan.format == "precomputed":
-        _multiscale(plan, attributes)
+    for group, levels in pyramids(plan).items():
+        _pyramid(attributes, group, [path for path in levels if path in view.providers], axes)
     attributes[""] = {**attributes.get("", {}), "n5": VERSION}
     for path, attrs in attributes.items():
         view.files[posixpath.join(path, "attributes.json")] = json.dumps(attrs, indent=1).encode()
     return view
 
 
-def _multiscale(plan: Plan, attributes: dict[str, dict[str, Any]]) -> None:
-    """What BigDataViewer and n5-viewer read of a scale pyramid: root `scales`, and per dataset
-    `downsamplingFactors` (relative to the first scale) and `pixelResolution` in nm."""
-    scales = [(path, a) for path, a in plan.arrays.items() if path in attributes]
-    if not scales:
+def axis_attributes(axes: Axes) -> dict[str, Any]:
+    """A dataset's axes as N5 readers take them, fastest dimension first: `axes`, `units` and `resolution`
+    (Neuroglancer's n5 source and tensorstore's n5 driver), and n5-viewer's `pixelResolution` (BigDataViewer,
+    also read by Neuroglancer) where one unit serves every axis that has one."""
+    out: dict[str, Any] = {}
+    if names := axes.labels():
+        out["axes"] = names[::-1]
+    if si := axes.si():
+        units, sizes = si[0][::-1], [number(Fraction(s)) for s in si[1][::-1]]
+        out["units"], out["resolution"] = units, sizes
+        if len(spatial := {u for u in units if u}) == 1:
+            out["pixelResolution"] = {"unit": spatial.pop(), "dimensions": sizes}
+    return out
+
+
+def _pyramid(attributes: dict[str, dict[str, Any]], group: str, levels: list[str], axes: dict[str, Axes]) -> None:
+    """What BigDataViewer, n5-viewer and Neuroglancer read of a scale pyramid, fastest dimension first: each
+    level's `downsamplingFactors` (relative to the first), and the group's `scales` (all of them) with the
+    first level's axes and resolution. Every list has an entry per dimension, the channel's too:
+    Neuroglancer refuses lists of another length. (Both viewers open the group itself as a multiscale
+    where the levels are named s0, s1, ...)"""
+    sizes = [axes[path].scale if path in axes else None for path in levels]
+    if not levels or None in sizes or len({len(size) for size in sizes}) != 1:
         return
-    base = scales[0][1].multiscale["resolution"]
-    factors = []
-    for path, array in scales:
-        resolution = array.multiscale["resolution"]
-        factor = [_number(Fraction(r) / Fraction(b or 1)) for r, b in zip(resolution, base, strict=True)]
-        factor += [1] * (len(array.shape) - 3)  # the channel dimension, last in N5 order
-        factors.append(factor)
-        attributes[path].update(
-            downsamplingFactors=factor,
-            pixelResolution={"unit": "nm", "dimensions": list(resolution)},
-        )
-    pixels = {"unit": "nm", "dimensions": base}
-    attributes[""] = {**attributes.get("", {}), "scales": factors, "pixelResolution": pixels}
-
-
-def _number(value: Fraction) -> int | float:
-    return int(value) if value.denominator == 1 else float(value)
+    base = sizes[0][::-1]
+    factors = [[number(Fraction(s) / Fraction(b)) for s, b in zip(size[::-1], base, strict=True)] for size in sizes]
+    for path, factor in zip(levels, factors, strict=True):
+        attributes[path]["downsamplingFactors"] = factor
+    attributes[group] = {**attributes.get(group, {}), **axis_attributes(axes[levels[0]]), "scales": factors}

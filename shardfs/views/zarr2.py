@@ -5,6 +5,9 @@ gzip, zstd or blosc (or nothing) is served zero-copy under `.zarray`'s `compress
 (crc32c, chained compressors) are decoded and served raw. A precomputed volume becomes an OME-Zarr 0.4
 multiscale of [c, z, y, x] arrays: a raw chunk is already that in memory, so inside chunks are zero-copy;
 edge chunks are padded to the whole chunk with the fill value, as zarr requires, and other encodings decoded.
+
+Chunk keys are `i/j/k` in OME-Zarr (its readers open every array with `/`) and the source's own
+separator elsewhere; axis names go to xarray's `_ARRAY_DIMENSIONS`.
 """
 
 from __future__ import annotations
@@ -13,25 +16,30 @@ import json
 import math
 import posixpath
 from collections.abc import Iterator
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
-from shardfs.tree import File, LazyFile, Node
-from shardfs.views.chunks import decoded, edge_shape, nbytes, numcodecs_config
+from shardfs.tree import Dir, File, LazyFile, Node
+from shardfs.views.axes import axes_of
+from shardfs.views.chunks import decoded, edge_shape, nbytes, next_level, number, numcodecs_config, stored_under
 
 
 class Zarr2Array:
-    """One array as a zarr v2 array with keys `i.j.k` (a tree Provider). `lead` extra leading dimensions
-    of size 1 (the channel of a one-channel precomputed volume) are added to every shape and position."""
+    """One array as a zarr v2 array (a tree Provider) with chunk keys `i.j.k`, or with separator `/` nested
+    one directory per dimension, `i/j/k`. `lead` extra leading dimensions of size 1 (the channel of a
+    one-channel precomputed volume) are added to every shape and position."""
 
     kind = "zarr v2 array"
 
-    def __init__(self, array: Array, cache: ByteCache, directory: str, lead: int = 0) -> None:
+    def __init__(self, array: Array, cache: ByteCache, directory: str, separator: str, lead: int = 0) -> None:
         self.array, self.cache, self.directory, self.lead = array, cache, directory, lead
         self.ndim = lead + len(array.shape)
+        self.separator = separator
+        self.nested = separator == "/" and self.ndim > 0
         self.zero_copy = not array.opaque
         self.meta = {
             "zarr_format": 2,
@@ -42,7 +50,7 @@ class Zarr2Array:
             "fill_value": _json_number(array.fill_value),
             "order": "C",
             "filters": None,
-            "dimension_separator": ".",
+            "dimension_separator": separator,
         }
         self.grid = tuple(-(-s // c) for s, c in zip(self.meta["shape"], self.meta["chunks"], strict=True))
 
@@ -55,33 +63,47 @@ class Zarr2Array:
     def hides(self, rel: str) -> bool:
         return False
 
-    def _position(self, rel: str) -> tuple[int, ...] | None:
-        """The grid position a chunk key names (`i.j.k`, or `0` for a 0-d array), or None if rel is not one."""
-        at = grid_position(rel.split(".") if self.ndim else [rel if rel == "0" else ""])
-        return None if at is None or len(at) != max(self.ndim, 1) else at[: self.ndim]
+    def _path(self, rel: str) -> tuple[int, ...] | None:
+        """The grid position a chunk key names (`0` for a 0-d array), or with `/` the position prefix a
+        directory of keys names; None if rel is neither."""
+        if not self.ndim:
+            return () if rel == "0" else None
+        at = grid_position(rel.split(self.separator))
+        if at is None or len(at) > self.ndim or (len(at) < self.ndim and not self.nested):
+            return None
+        return at
 
     def key_of(self, rel: str) -> int | None:
-        pos = self._position(rel)
-        return None if pos is None else grid_index(pos, self.grid)
+        at = self._path(rel)
+        return None if at is None or len(at) < self.ndim else grid_index(at, self.grid)
 
     def rel_of(self, key: int) -> str | None:
         pos = grid_at(key, self.grid)
-        return None if pos is None else ".".join(map(str, pos)) if self.ndim else "0"
+        return None if pos is None else self.separator.join(map(str, pos)) if self.ndim else "0"
 
     def child(self, rel: str) -> Node | None:
-        pos = self._position(rel)
-        if pos is None:
+        at = self._path(rel)
+        if at is None:
             return None
-        inside = (p * c < s for p, c, s in zip(pos, self.meta["chunks"], self.meta["shape"], strict=True))
-        if any(pos[: self.lead]) or not all(inside):
+        if any(at[: self.lead]) or any(p >= g for p, g in zip(at, self.grid, strict=False)):
             raise FileNotFoundError(rel)
-        return self.chunk(pos[self.lead :])
+        # A directory inside the grid is answered without looking, as the N5 view's are; listings show only
+        # directories that hold chunks.
+        if len(at) < self.ndim:
+            return Dir(self.array.owner)
+        return self.chunk(at[self.lead :])
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
-        if rel:
+        at = self._path(rel) if rel else ()
+        if at is None or len(at) >= max(self.ndim, 1) or any(at[: self.lead]):
             return
-        for pos in self.array.stored():
-            yield ".".join(map(str, [0] * self.lead + list(pos))) if self.ndim else "0", False
+        below = stored_under(self.array, self.cache, ("zarr2-stored", self.directory), at[self.lead :])
+        paths = ((0,) * self.lead + tuple(pos) for pos in below)
+        if self.nested:
+            yield from next_level(at, self.ndim, paths)
+        else:
+            for pos in paths:
+                yield self.separator.join(map(str, pos)) if self.ndim else "0", False
 
     def chunk(self, pos: tuple[int, ...]) -> File:
         stored = self.array.chunk(pos)
@@ -129,18 +151,20 @@ def ome_04(attributes: dict[str, Any]) -> dict[str, Any]:
 
 
 def precomputed_multiscale(plan: Plan) -> dict[str, Any]:
-    """OME-Zarr 0.4 `multiscales` for a precomputed volume: axes c, z, y, x in nm, one dataset per
-    scale with its resolution as scale and voxel_offset (in nm) as translation."""
+    """OME-Zarr 0.4 `multiscales` for a precomputed volume: axes c, z, y, x in nm, one dataset per scale,
+    with its resolution as scale. Precomputed places a voxel's corner (voxel i spans voxel_offset + i to
+    voxel_offset + i + 1, times the resolution); OME-Zarr places its centre, so the translation is
+    (voxel_offset + 0.5) x resolution, each scale by its own voxel."""
     datasets = []
     for path, array in plan.arrays.items():
         resolution, offset = array.multiscale["resolution"][::-1], array.multiscale["voxel_offset"][::-1]
-        origin = [o * r for o, r in zip(offset, resolution, strict=True)]
+        centre = [(o + Fraction(1, 2)) * Fraction(r) for o, r in zip(offset, resolution, strict=True)]
         datasets.append(
             {
                 "path": path,
                 "coordinateTransformations": [
                     {"type": "scale", "scale": [1, *resolution]},
-                    {"type": "translation", "translation": [0, *origin]},
+                    {"type": "translation", "translation": [0, *map(number, centre)]},
                 ],
             }
         )
@@ -149,19 +173,39 @@ def precomputed_multiscale(plan: Plan) -> dict[str, Any]:
     return {"multiscales": [{"version": "0.4", "name": "", "axes": axes, "datasets": datasets}]}
 
 
+OME_KEYS = ("ome", "multiscales", "labels", "image-label", "plate", "well")
+
+
+def separator(plan: Plan, path: str) -> str:
+    """The chunk key separator of an array in the view: `/` in OME-Zarr (which requires it since 0.2, and
+    whose readers open every array with it: ome-zarr-py's store turns `.` keys into `/`), else the source
+    array's own, so its chunk files keep their names less zarr v3's `c/`."""
+    if plan.format == "precomputed":
+        return "/"
+    above = [""] + [path[:i] for i, c in enumerate(path) if c == "/"]
+    ome = any(key in plan.groups.get(group, {}) for group in above for key in OME_KEYS)
+    return "/" if ome else plan.arrays[path].separator
+
+
 def zarr2_view(plan: Plan) -> Plan:
-    """The zarr v2 hierarchy of a source's arrays: `.zgroup`/`.zarray` with `.zattrs` beside."""
+    """The zarr v2 hierarchy of a source's arrays: `.zgroup`/`.zarray` with `.zattrs` beside, where the
+    axes' names are xarray's `_ARRAY_DIMENSIONS` (Neuroglancer reads them too)."""
     view = Plan(plan.store, plan.cache, format="zarr2")
     groups = {path: ome_04(attrs) for path, attrs in plan.groups.items()}
     if plan.format == "precomputed":
         groups = {"": precomputed_multiscale(plan)}
+    axes = axes_of(plan)
     for path, array in plan.arrays.items():
         lead = 1 if plan.format == "precomputed" and len(array.shape) == 3 else 0
-        served = Zarr2Array(array, plan.cache, path, lead)
+        served = Zarr2Array(array, plan.cache, path, separator(plan, path), lead)
         view.providers[path] = served
+        attributes = dict(ome_04(array.attributes))  # a copy: the source's attributes are the plan's
+        if path in axes and (names := axes[path].labels()):
+            attributes["_ARRAY_DIMENSIONS"] = ["c"] * lead + names
         view.files[posixpath.join(path, ".zarray")] = json.dumps(served.meta, indent=1).encode()
-        view.files[posixpath.join(path, ".zattrs")] = json.dumps(ome_04(array.attributes), indent=1).encode()
-        view.kinds.append(f"{path or '.'}: zarr v2 array, {served.describe()['chunk files']}")
+        view.files[posixpath.join(path, ".zattrs")] = json.dumps(attributes, indent=1).encode()
+        first = served.separator.join("0" * served.ndim) or "0"  # the first chunk's file: it shows the separator
+        view.kinds.append(f"{path or '.'}: zarr v2 array, chunk files like {first}, {served.describe()['chunk files']}")
     for path, attrs in groups.items():
         view.files[posixpath.join(path, ".zgroup")] = json.dumps({"zarr_format": 2}).encode()
         view.files[posixpath.join(path, ".zattrs")] = json.dumps(attrs, indent=1).encode()

@@ -1,0 +1,162 @@
+"""Directory listings as the kernel reads them: a page at a time, from an offset it keeps.
+
+A directory's entries are listed once into a `Listing`: sorted by name, kept compactly in the mount's
+byte-bounded cache. A directory offset is an entry's number in it: resuming anywhere is an index, the same
+offset names the same entry on every daemon serving the same source (a new daemon lists the directory again
+and gets the same order), and an open directory handle holds nothing at all: no thread, no descriptor, no
+memory. Listings are made by `ListingWorkers`, a few threads per mount, taking turns between the users
+that wait: the session's threads never wait on a listing, so reads go on while directories are listed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import stat
+import threading
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from shardfs.fuse import wire
+
+log = logging.getLogger("shardfs")
+
+LISTED_NAMES = 1 << 20  # the most entries a directory lists
+LISTED_BYTES = 32 << 20  # the most bytes of names a directory lists
+LISTING_SECONDS = 300.0  # the longest a directory's listing may take
+WORKERS = 4  # threads per mount that make listings; one user may keep all but one busy
+DOTS = 2  # "." and "..", first in every listing
+DT_DIR, DT_REG = stat.S_IFDIR >> 12, stat.S_IFREG >> 12
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """A directory's entries, sorted by name, as the kernel reads them: fuse_dirent records end to end ("."
+    and ".." first; each one's d_off the number of the next), and where each starts. A page from any offset
+    is then one slice, whatever the directory's size, and costs the daemon no work per entry. complete:
+    False where a bound cut it short (said in the log when it was made)."""
+
+    dirents: bytearray  # never changed once made
+    starts: array  # of 'Q': where each entry starts in dirents, and where the last ends
+    complete: bool = True
+
+    @classmethod
+    def of(cls, entries: Iterable[tuple[str, bool]], where: str, ino: Callable[[str], int]) -> Listing:
+        """The first LISTED_NAMES entries (LISTED_BYTES of names) found within LISTING_SECONDS, sorted, each
+        name once; ino: the inode number an entry shows, by name. A listing cut short is logged once."""
+        started = time.monotonic()
+        found: list[bytes] = []  # each name with its kind after it, a byte below any a name may hold
+        nbytes, complete = 0, True
+        for name, is_dir in entries:
+            if name in (".", ".."):  # every listing's own two, whatever a server names
+                continue
+            found.append(os.fsencode(name) + (b"\1" if is_dir else b"\0"))
+            nbytes += len(found[-1])
+            if len(found) >= LISTED_NAMES or nbytes >= LISTED_BYTES or time.monotonic() - started > LISTING_SECONDS:
+                complete = False
+                log.warning(
+                    "%s: a listing shows at most %d entries, %d bytes of names, listed within %.0f s; this one "
+                    "stops after %d entries (each name past them is still found by name)", where, LISTED_NAMES,
+                    LISTED_BYTES, LISTING_SECONDS, len(found), extra={"event": "listing_bound"},
+                )  # fmt: skip
+                break
+        found.sort(reverse=True)
+        found += (b"..\1", b".\1")  # first, since they are taken from the end
+        dirents, starts = bytearray(), array("Q")
+        last = None
+        while found:  # each name let go as it is packed: the names are held once, not twice
+            item = found.pop()
+            name = item[:-1]
+            if name == last:
+                continue  # listed twice (a name both a file and a directory): a file
+            last = name
+            starts.append(len(dirents))
+            number = ino(os.fsdecode(name)) if len(starts) > DOTS else wire.UNKNOWN_INO
+            dirents += wire.dirent(number, len(starts), name, DT_DIR if item[-1] else DT_REG)
+        starts.append(len(dirents))
+        return cls(dirents, starts, complete)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.dirents) + 8 * len(self.starts)
+
+    def __len__(self) -> int:
+        """Entries, "." and ".." included."""
+        return len(self.starts) - 1
+
+    def page(self, offset: int, size: int) -> bytes:
+        """The entries from offset on that fit in size bytes, packed."""
+        if not 0 <= offset < len(self):
+            return b""
+        start = self.starts[offset]
+        stop = self.starts[bisect.bisect_right(self.starts, start + size, offset) - 1]
+        return bytes(memoryview(self.dirents)[start:stop])
+
+    def entry(self, offset: int) -> tuple[bytes, bool]:
+        """(name, is_dir) of the entry at offset."""
+        at = self.starts[offset]
+        _, _, namelen, kind = wire.DIRENT.unpack_from(self.dirents, at)
+        at += wire.DIRENT.size
+        return bytes(memoryview(self.dirents)[at : at + namelen]), kind == DT_DIR
+
+
+class ListingWorkers:
+    """A few threads that make listings, started at the first one asked for. Each user's requests wait in a
+    queue of their own; the workers take the users in turn, and no user's requests run on every worker at
+    once, so one user listing many large directories cannot keep another's listing waiting behind them all."""
+
+    def __init__(self, workers: int = WORKERS) -> None:
+        self.workers = workers
+        self._queues: dict[int, deque[Callable[[], None]]] = {}
+        self._running: dict[int, int] = {}  # a user's requests being made now
+        self._turns: deque[int] = deque()  # users with requests waiting, in the order they take turns
+        self._wake = threading.Condition()
+        self._started = 0
+
+    def submit(self, uid: int, job: Callable[[], None]) -> None:
+        """Run job in a worker, in uid's turn."""
+        with self._wake:
+            queue = self._queues.setdefault(uid, deque())
+            if not queue:
+                self._turns.append(uid)
+            queue.append(job)
+            if self._started < self.workers:
+                self._started += 1
+                threading.Thread(target=self._work, name=f"shardfs-listing-{self._started}", daemon=True).start()
+            self._wake.notify()
+
+    def _next(self) -> tuple[int, Callable[[], None]]:
+        """The next job, of the first user in turn who may take another worker; waits until there is one."""
+        with self._wake:
+            while True:
+                for _ in range(len(self._turns)):
+                    uid = self._turns.popleft()
+                    if self._running.get(uid, 0) < max(self.workers - 1, 1):
+                        queue = self._queues[uid]
+                        job = queue.popleft()
+                        if queue:
+                            self._turns.append(uid)
+                        else:
+                            del self._queues[uid]
+                        self._running[uid] = self._running.get(uid, 0) + 1
+                        return uid, job
+                    self._turns.append(uid)
+                self._wake.wait()
+
+    def _work(self) -> None:
+        while True:
+            uid, job = self._next()
+            try:
+                job()
+            except Exception:  # a job answers its own errors: this one is a bug, and the worker goes on
+                log.exception("a listing failed", extra={"event": "bug"})
+            finally:
+                with self._wake:
+                    self._running[uid] -= 1
+                    if not self._running[uid]:
+                        del self._running[uid]
+                    self._wake.notify_all()

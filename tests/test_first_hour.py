@@ -1,0 +1,149 @@
+"""The frictions of a fresh trial (issue 31): each one a user met, through the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from moto.server import ThreadedMotoServer
+from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
+
+from tests import peers
+from tests.conftest import shardfs
+from tests.http_server import RangeServer
+from tests.test_cli import one_line_error
+
+
+@pytest.fixture(scope="module")
+def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes]]:
+    root = tmp_path_factory.mktemp("first") / "kv"
+    return root, peers.write_tensorstore_kv(root, {k: bytes([k]) * (k + 1) for k in range(40)})
+
+
+BLOCK_CRC32C = """
+import importlib.abc, sys
+class Refuse(importlib.abc.MetaPathFinder):  # as if only shardfs's own dependencies were installed
+    def find_spec(self, name, path=None, target=None):
+        if name == "crc32c":
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, Refuse())
+import pkgutil, shardfs
+for module in pkgutil.walk_packages(shardfs.__path__, "shardfs."):
+    if module.name != "shardfs.__main__":
+        importlib.import_module(module.name)
+"""
+
+
+def test_no_deprecation_warning_on_import() -> None:
+    """numcodecs warns on import when the old `crc32c` package is what it finds; shardfs needs only
+    google-crc32c, which numcodecs takes without a word. Every module imports with warnings as errors."""
+    done = subprocess.run(
+        [sys.executable, "-W", "error::DeprecationWarning", "-c", BLOCK_CRC32C], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+
+
+def test_a_mistyped_command_or_option_is_told_the_nearest(kv) -> None:
+    one_line_error(shardfs("mout", kv[0], "/mnt", check=False), 2, "did you mean 'mount'?")
+    one_line_error(shardfs("ls", kv[0], "--cach-size", "1G", check=False), 2, "did you mean '--cache-size'?")
+    one_line_error(shardfs("ls", kv[0], "--frobnicate", check=False), 2, "unrecognized arguments: --frobnicate")
+
+
+def test_ls_long_shows_the_sizes_the_mount_shows(kv, mount) -> None:
+    root, values = kv
+    m = mount(root)
+    lines = shardfs("ls", "-l", root).stdout.splitlines()
+    assert len(lines) == len(os.listdir(m.path))
+    for line in lines:
+        size, name = line.split()
+        shown = os.stat(m.path / name.rstrip("/"))
+        assert size == ("-" if name.endswith("/") else str(shown.st_size)), line
+    assert f"{len(values[7]):>12} 7" in lines
+
+
+def test_cat_of_a_missing_path_names_it_whole(kv) -> None:
+    done = shardfs("cat", kv[0], "no/such/chunk", check=False)
+    one_line_error(done, 1, "no/such/chunk: not in the virtual tree of", str(kv[0]))
+
+
+def test_unmount_of_a_busy_mount_names_what_holds_it_and_lazy_detaches(kv, mount) -> None:
+    m = mount(kv[0])
+    holder = subprocess.Popen(["sleep", "600"], cwd=m.path)
+    try:
+        refused = shardfs("unmount", m.path, check=False)
+        one_line_error(refused, 1, f"pid {holder.pid} (sleep: working directory)", "--lazy")
+        assert os.path.ismount(m.path)
+        shardfs("unmount", "--lazy", m.path)
+        assert not os.path.ismount(m.path)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_anonymous_refused_says_to_drop_it(kv) -> None:
+    with RangeServer(kv[0]).running() as server:
+        server.always = 403
+        done = shardfs("ls", server.url, "--anonymous", check=False)
+    one_line_error(done, 2, "cannot be reached", "drop --anonymous")
+
+
+def test_check_deep_decodes_every_chunk(tmp_path) -> None:
+    """An index can be sound while a chunk's data is not: plain `check` passes, `--deep` names the chunk."""
+    root = tmp_path / "img.zarr"
+    array = zarr.create_array(
+        root, shape=(40, 40), chunks=(20, 20), dtype="uint16", fill_value=0,
+        serializer=ShardingCodec(chunk_shape=(10, 10), codecs=[BytesCodec(), GzipCodec()]), compressors=None,
+    )  # fmt: skip
+    array[...] = np.arange(1600, dtype=np.uint16).reshape(40, 40)
+    shard = root / "c" / "1" / "0"
+    data = bytearray(shard.read_bytes())
+    offset, nbytes = np.frombuffer(data, "<u8", 2, len(data) - 4 - 4 * 16)  # the first inner chunk's entry
+    data[int(offset) + int(nbytes) // 2] ^= 0xFF  # inside its deflate stream: gzip's own crc32 catches it
+    shard.write_bytes(bytes(data))
+    shallow = shardfs("check", root, check=False)
+    assert shallow.returncode == 0, shallow.stdout
+    deep = shardfs("check", "--deep", root, check=False)
+    assert deep.returncode == 1, deep.stdout
+    assert "  ./chunk [2, 0]: does not decode:" in deep.stdout, deep.stdout
+    assert deep.stdout.splitlines()[-1].endswith("0 corrupt, 1 chunk(s) that do not decode")
+
+
+def test_check_says_each_warning_once(tmp_path) -> None:
+    root = tmp_path / "typo.zarr"
+    zarr.create_array(root, shape=(4,), chunks=(2,), dtype="uint8")
+    meta = (root / "zarr.json").read_text().replace('"bytes"', '"bytez"')
+    (root / "zarr.json").write_text(meta)
+    done = shardfs("check", root, check=False)
+    assert done.stdout.count("unknown codec(s) ['bytez']") == 1, done.stdout  # in the report, which says it
+    assert "bytez" not in done.stderr, done.stderr
+
+
+def test_a_missing_bucket_is_named_by_its_error_code(monkeypatch) -> None:
+    """The server's XML error says what is wrong; its first line is only the XML declaration."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        done = shardfs("ls", "s3://nosuchbucket/vol", "--endpoint", f"http://{host}:{port}", check=False)
+    finally:
+        server.stop()
+    one_line_error(done, 2, "s3://nosuchbucket/vol: cannot be reached", "NoSuchBucket (The specified bucket")
+
+
+def test_info_over_http_does_not_call_unlisted_shards_missing(tmp_path) -> None:
+    """A web server cannot list: `info` says so, not "0 present" of shards that are all there."""
+    root = tmp_path / "a.zarr"
+    array = peers.create_tensorstore_zarr3(root, [40, 36], "uint16", [20, 18], [5, 6])
+    array.write(np.ones((40, 36), np.uint16)).result()
+    with RangeServer(root, suffix_ranges=True).running() as server:
+        said = shardfs("info", f"zarr3://{server.url}").stdout
+    assert "shard files: 4 in the grid; not counted (the server cannot list them)" in said, said
+    assert "0 present" not in said

@@ -1,0 +1,132 @@
+"""The FUSE protocol at its boundaries (issue 33, classes 1 and 3). Over a packet socket pair, playing the kernel:
+what each timeout tells it (attr_timeout apart from entry_timeout, fractions as nanoseconds), INIT's reply for
+every minor where its layout changes and the oldest one taken, FORGET and BATCH_FORGET of nodes looked up more
+than once. Through the kernel: STATFS's fields as `df -i` and `stat -f` show them, and a `/dev/fd/N` that is a
+character device other than /dev/fuse."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from shardfs.fuse import wire
+from shardfs.fuse.serve import settings_of
+from shardfs.service.daemon import fuse_options
+from tests.conftest import SHARDFS
+from tests.test_cli import one_line_error
+from tests.test_daemon import wait_until
+from tests.test_fuse_session import EVERYTHING, ask, init, kernel_socket
+
+ROOT = wire.ROOT_ID
+
+
+def lookup(kernel, name: str, unique: int = 10, parent: int = ROOT) -> tuple[int, bytes]:
+    return ask(kernel, wire.Op.LOOKUP, name.encode() + b"\0", unique, parent)
+
+
+def test_each_timeout_reaches_the_kernel_as_given_to_the_nanosecond(raw_volume) -> None:
+    """`-o entry_timeout=2.5,attr_timeout=7.25,negative_timeout=0.5` (as the CLI hands them over, through the
+    options' own parser): a LOOKUP's entry says 2 s + 500,000,000 ns for the name and 7 s + 250,000,000 ns for
+    the attributes, a GETATTR 7.25 s, an absence 0.5 s. Nothing waits: what the kernel is told is read."""
+    options = fuse_options("src", {"entry_timeout": "2.5", "attr_timeout": "7.25", "negative_timeout": "0.5"})
+    timeouts = settings_of(options, Path("/m")).timeouts
+    with kernel_socket(raw_volume[0], timeouts) as (kernel, _):
+        assert init(kernel, 7, 38, EVERYTHING)[0] == 0
+        code, reply = lookup(kernel, "info")
+        nodeid, _, entry_s, attr_s, entry_ns, attr_ns = wire.ENTRY_OUT.unpack_from(reply)
+        assert code == 0 and (entry_s, entry_ns, attr_s, attr_ns) == (2, 500_000_000, 7, 250_000_000)
+        code, reply = ask(kernel, wire.Op.GETATTR, bytes(16), 11, nodeid)
+        assert code == 0 and wire.ATTR_OUT.unpack_from(reply)[:2] == (7, 250_000_000)
+        code, reply = lookup(kernel, "absent", 12)
+        assert code == 0 and wire.ENTRY_OUT.unpack_from(reply) == (0, 0, 0, 0, 500_000_000, 0)
+    defaults = settings_of(fuse_options("src", {}), Path("/m")).timeouts  # a day each, as the README says
+    assert (defaults.entry, defaults.attr, defaults.negative) == (86400, 86400, 86400)
+
+
+@pytest.mark.parametrize("minor, size", [(12, wire.COMPAT_22_INIT_OUT_SIZE), (22, 24), (23, wire.INIT_OUT.size)])
+def test_init_answers_each_minor_in_the_layout_it_reads(raw_volume, minor, size) -> None:
+    """7.12 is the oldest minor taken (entry_out and attr_out have had today's sizes since); up to 7.22 init_out
+    is 24 bytes, from 7.23 it is 64: each kernel gets its own layout, its own minor, and its readahead back."""
+    with kernel_socket(raw_volume[0]) as (kernel, session):
+        code, reply = init(kernel, 7, minor, EVERYTHING)
+        assert code == 0 and len(reply) == size
+        major, got, readahead, _ = wire.INIT_IN.unpack_from(reply)
+        assert (major, got, readahead, session.minor) == (7, minor, 1 << 17, minor)
+        code, reply = lookup(kernel, "info")  # and it is served in that minor's entry_out and attr
+        assert code == 0 and len(reply) == wire.ENTRY_OUT.size + wire.ATTR.size
+
+
+def test_init_of_a_kernel_older_than_7_12_is_refused(raw_volume) -> None:
+    with kernel_socket(raw_volume[0]) as (kernel, _):
+        assert init(kernel, 7, 11, EVERYTHING)[0] == errno.EPROTO
+
+
+def forget(kernel, nodeid: int, times: int) -> None:
+    kernel.send(
+        wire.IN_HEADER.pack(wire.IN_HEADER.size + 8, wire.Op.FORGET, 90, nodeid, 0, 0, 0, 0, 0)
+        + wire.FORGET_IN.pack(times)
+    )
+
+
+def batch_forget(kernel, pairs: list[tuple[int, int]]) -> None:
+    body = wire.BATCH_FORGET_IN.pack(len(pairs), 0) + b"".join(wire.FORGET_ONE.pack(*pair) for pair in pairs)
+    header = wire.IN_HEADER.pack(wire.IN_HEADER.size + len(body), wire.Op.BATCH_FORGET, 91, 0, 0, 0, 0, 0, 0)
+    kernel.send(header + body)
+
+
+def held(kernel, nodeid: int) -> bool:
+    """Whether the session still holds nodeid: a GETATTR answered (one thread: it follows any FORGET sent before)."""
+    code = ask(kernel, wire.Op.GETATTR, bytes(16), 80, nodeid)[0]
+    assert code in (0, errno.ESTALE)
+    return code == 0
+
+
+def test_forget_counts_down_every_lookup_the_kernel_made(raw_volume) -> None:
+    """The kernel looked each node up several times and lets go of them in counts above one: a node stays
+    until its last lookup is forgotten, by FORGET or BATCH_FORGET alike, then is dropped."""
+    with kernel_socket(raw_volume[0]) as (kernel, session):
+        assert init(kernel, 7, 38, EVERYTHING)[0] == 0
+        ids = {}
+        for name in ("info", "8_8_40", "4_4_40"):
+            for i in range(3):
+                ids[name] = wire.ENTRY_OUT.unpack_from(lookup(kernel, name, 20 + i)[1])[0]
+        assert held(kernel, ids["info"])
+        forget(kernel, ids["info"], 2)
+        assert held(kernel, ids["info"])
+        forget(kernel, ids["info"], 1)
+        assert not held(kernel, ids["info"])
+        batch_forget(kernel, [(ids["8_8_40"], 2), (ids["4_4_40"], 3)])
+        assert held(kernel, ids["8_8_40"]) and not held(kernel, ids["4_4_40"])
+        batch_forget(kernel, [(ids["4_4_40"], 1), (ids["8_8_40"], 1)])  # a stale id first, then the last lookup
+        assert not held(kernel, ids["8_8_40"])
+        assert len(session.nodes) == 1  # the root alone
+
+
+def test_df_i_and_stat_f_show_the_sources_files_and_the_mounts_units(raw_volume, mount) -> None:
+    """`df -i`: as many inodes as the source holds files, all used, none free; `stat -f`: a name of at most
+    255 bytes, 512-byte fundamental blocks (so `df` is exact to half a KiB), 1 MiB I/O blocks."""
+    source = raw_volume[0]
+    files = sum(1 for p in source.rglob("*") if p.is_file() and not p.is_symlink())
+    m = mount(source)
+    df = ["df", "--output=itotal,iused,iavail", m.path]  # the columns of `df -i`
+    wait_until(lambda: subprocess.run(df, capture_output=True, text=True).stdout.split()[-3] == str(files), 60)
+    assert subprocess.run(df, capture_output=True, text=True, check=True).stdout.split()[-3:] == [
+        str(files),
+        str(files),
+        "0",
+    ]
+    units = subprocess.run(["stat", "-f", "-c", "%l %S %s", m.path], capture_output=True, text=True, check=True)
+    assert units.stdout.split() == ["255", "512", str(1 << 20)]
+
+
+@pytest.mark.parametrize("device", ["/dev/null", "/dev/zero", "/dev/urandom"])
+def test_dev_fd_n_of_another_character_device_is_refused_in_one_line(raw_volume, device) -> None:
+    """A character device is not /dev/fuse for being one: the mount is refused, exit 2, nothing read from it."""
+    with open(device, "rb") as fd:
+        handed = f"/dev/fd/{fd.fileno()}"
+        command = [*SHARDFS, "mount", str(raw_volume[0]), handed]
+        done = subprocess.run(command, pass_fds=[fd.fileno()], capture_output=True, text=True, timeout=60)
+    one_line_error(done, 2, handed, "not a /dev/fuse descriptor")
