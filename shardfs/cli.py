@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
-from shardfs import __version__
+from shardfs import __version__, csi
 from shardfs.check import check
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
 from shardfs.logs import DEBUG_BURST, LogFileError, log_to_terminal, redact, redact_userinfo
@@ -30,7 +30,9 @@ from shardfs.service.daemon import (
     mount,
     parse_options,
     unmount,
+    waits_for_daemon,
 )
+from shardfs.service.handover import HANDED_OVER
 from shardfs.service.summary import identity, summary
 from shardfs.source import Source, is_remote, open_source
 from shardfs.stores.disk_cache import DiskCache
@@ -240,6 +242,7 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     with_source("info", "what was detected: kinds, scales, sharding, shard files")
     ch = with_source("check", "read every shard index, verify checksums, count chunks; non-zero exit if any is corrupt")
     ch.add_argument("--deep", action="store_true", help="also read and decode every chunk (reads the whole dataset)")
+    csi.add_arguments(command("csi", "serve as a Kubernetes CSI node plugin (see README, Kubernetes)"))
     return p, set(sub.choices)
 
 
@@ -311,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "unmount":
             unmount(args.mountpoint.absolute(), args.any_type, args.lazy)
             return 0
+        if args.command == "csi":
+            return csi.run(args)
         if args.command == "list":
             list_mounts(time.time())
             return 0
@@ -397,7 +402,7 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         extra["allow_other"] = True
     options = fuse_options(name, extra, remote)
     log_file = args.log_file.absolute() if args.log_file else None
-    mount(
+    handed_over = mount(
         source,
         local,
         args.mountpoint.absolute(),
@@ -410,18 +415,23 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         str(name),
         args.view,
     )
-    return 0
+    return HANDED_OVER if handed_over else 0  # systemd restarts the unit on this status (RestartForceExitStatus=)
 
 
 def list_mounts(now: float) -> None:
     """One line a shardfs mount, from the kernel's mount table; view, pid and uptime from its daemon's stats
-    socket ('-' where it cannot be asked: another user's private mount, or a daemon that died)."""
+    socket ('-' where it cannot be asked: another user's private mount, or a daemon that died). A mount that
+    no daemon serves but whose connection is kept (systemd's store, a keeper) is `daemon being replaced`."""
     rows = [("MOUNTPOINT", "SOURCE", "VIEW", "PID", "UPTIME")]
     for point, mounted in mountinfo.shardfs_mounts():
         try:
             pid, text = stats_socket.ask(Path(point))
             view, uptime = identity(text, now)
             rows.append((point, mounted.source, view, str(pid), uptime))
+        except stats_socket.NoDaemon:
+            rows.append(
+                (point, mounted.source, "-", "-", "daemon being replaced" if waits_for_daemon(Path(point)) else "-")
+            )
         except (ServiceError, OSError):
             rows.append((point, mounted.source, "-", "-", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]

@@ -162,6 +162,11 @@ DECODE_ERRORS = Counter(
 OVER_MAX_FILE_SIZE = Counter(
     "shardfs_over_max_file_size", "Reads refused because the file is larger than --max-file-size", registry=REGISTRY
 )
+RESENT = Counter(
+    "shardfs_fuse_resent_requests",
+    "Requests the kernel sent again after a restart (read by the daemon before and never answered)",
+    registry=REGISTRY,
+)
 
 
 class CacheCollector(Collector):

@@ -23,6 +23,7 @@ from shardfs.cli import mount_argv, parser
 from shardfs.logs import BURST
 from shardfs.service import daemon as daemon_module
 from shardfs.service import lifecycle, stats_socket
+from shardfs.service.handover import HANDED_OVER
 from shardfs.service.rundir import runtime_dir
 from tests import peers
 from tests.conftest import REPO, SHARDFS, assert_eio, scrape, shardfs
@@ -78,6 +79,30 @@ def exec_start(conf: dict[str, str]) -> list[str]:
     return [str(CONSOLE_SCRIPT), *words[1:]]
 
 
+def unit_line(key: str, conf: dict[str, str]) -> list[str]:
+    """A command line of the unit as systemd runs it: `-` (failure ignored) dropped, `$$` a literal `$`, ${VAR}
+    from the EnvironmentFile (one word each)."""
+    line = next(ln for ln in UNIT.read_text().splitlines() if ln.startswith(f"{key}="))
+    words = shlex.split(line.removeprefix(f"{key}=").removeprefix("-"))
+    return [conf.get(w[2:-1], "") if w.startswith("${") else w.replace("$$", "$") for w in words]
+
+
+def test_the_unit_keeps_the_mount_across_restarts_and_stop_post_clears_only_a_timed_out_stop(kv, mount) -> None:
+    """The fd store is on, a hand-over (exit 75) restarts the unit, and ExecStopPost, which runs after every
+    end of the daemon, restarts included, unmounts only after a stop that timed out (SIGKILL: nobody else
+    would): after a crash or a hand-over the next daemon takes the mount up."""
+    unit = UNIT.read_text().splitlines()
+    assert "FileDescriptorStoreMax=2" in unit and "Restart=on-failure" in unit
+    assert f"RestartForceExitStatus={HANDED_OVER}" in unit and f"SuccessExitStatus={HANDED_OVER}" in unit
+    m = mount(kv[0])
+    stop_post = unit_line("ExecStopPost", {"MOUNTPOINT": str(m.path)})
+    for result in ("success", "exit-code", "signal", "core-dump", "watchdog"):
+        done = subprocess.run(stop_post, env={**os.environ, "SERVICE_RESULT": result}, timeout=60)
+        assert done.returncode == 0 and os.path.ismount(m.path), result
+    subprocess.run(stop_post, env={**os.environ, "SERVICE_RESULT": "timeout"}, timeout=60, check=True)
+    assert not os.path.ismount(m.path)
+
+
 def test_type_notify_ready_once_live_and_stopping_on_sigterm(kv, tmp_path) -> None:
     source, stored = kv
     point = tmp_path / "m"
@@ -89,6 +114,8 @@ def test_type_notify_ready_once_live_and_stopping_on_sigterm(kv, tmp_path) -> No
         env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify")}
         proc = subprocess.Popen(exec_start(conf), env=env, stderr=subprocess.PIPE, text=True)
         try:
+            pushed = [notify.recv(4096).decode() for _ in range(4)]  # the descriptors for its fd store first
+            assert [m.splitlines()[0] for m in pushed] == ["FDSTOREREMOVE=1", "FDSTORE=1"] * 2, pushed
             message = notify.recv(4096).decode()
             live_when_ready = os.path.ismount(point)
             assert "READY=1" in message.splitlines() and live_when_ready
@@ -249,6 +276,7 @@ def test_another_user_can_neither_block_a_mount_nor_fake_its_stats(kv, other_use
 TRUST_CHECKS = """
 import json, os, subprocess, sys
 from shardfs.service import stats_socket
+from shardfs.service.handover import HANDED_OVER
 from shardfs.service.rundir import runtime_dir
 source, point, log, *other_user = sys.argv[1:]
 shardfs = [sys.executable, "-m", "shardfs"]

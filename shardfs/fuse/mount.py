@@ -57,6 +57,9 @@ class MountOptions:
     vfs: tuple[str, ...] = ()  # names in VFS_FLAGS, in the order given
     auto_unmount: bool = False
     kernel: tuple[str, ...] = ()  # `name=value` options for the kernel as given: max_read=, SELinux contexts
+    # (uid, gid) the kernel lets in without allow_other (user_id=, group_id=): root mounting for the user whose
+    # daemon serves it (a CSI plugin, a Slurm prolog); None: the caller.
+    owner: tuple[int, int] | None = None
 
 
 def mount(mountpoint: Path, options: MountOptions) -> int:
@@ -122,7 +125,8 @@ def _mount_as_root(mountpoint: Path, options: MountOptions) -> int:
     fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
     try:
         root_mode = stat.S_IFMT(os.stat(mountpoint).st_mode)
-        data = [f"fd={fd}", f"rootmode={root_mode:o}", f"user_id={os.getuid()}", f"group_id={os.getgid()}"]
+        uid, gid = options.owner or (os.getuid(), os.getgid())
+        data = [f"fd={fd}", f"rootmode={root_mode:o}", f"user_id={uid}", f"group_id={gid}"]
         data += [name for name, on in _flags(options) if on] + list(options.kernel)
         flags = MS_NOSUID | MS_NODEV | (MS_RDONLY if options.read_only else 0)
         for name in options.vfs:

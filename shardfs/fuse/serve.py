@@ -3,7 +3,9 @@
 Options become mount(2) data, kernel timeouts or session settings, with the meanings libfuse 3.14 gave them.
 Its options that change nothing here are accepted (and named in the log at INFO, with why); one that cannot
 work, or that nobody knows, refuses the mount in one line, as libfuse did. SIGTERM and SIGINT unmount
-(lazily, as libfuse does).
+(lazily, as libfuse does). Given somewhere to keep the connection (a `Carrier`), the descriptor and its
+record are handed there once mounted, a connection kept there is taken up instead of mounting, and SIGUSR2
+hands the mount over to the next daemon: this one ends, and the mount stays.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from shardfs.fuse.adapter import Shown, TreeOps
 from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, handed_number, mount, unmount
+from shardfs.fuse.record import Carrier, Kept, Record
 from shardfs.fuse.session import Session, Timeouts
 from shardfs.tree import Tree
 
@@ -135,16 +138,31 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
 
 
 def serve(
-    tree: Tree, mtime_ns: int, mountpoint: Path, options: dict[str, str | bool], on_ready: Callable[[str], None]
-) -> None:
+    tree: Tree, mtime_ns: int, mountpoint: Path, options: dict[str, str | bool], on_ready: Callable[[str], None],
+    carrier: Carrier | None = None, kept: Kept | None = None,
+) -> bool:  # fmt: skip
     """Mount and serve until unmounted, SIGTERM or SIGINT; FuseMountError if the mount cannot be made.
     on_ready is told what the kernel granted, once the mount answers. Every option is checked before
     mount(2); whatever fails after it (a thread that cannot start) takes the mount away before it is
-    raised, so that no dead mount is left behind."""
+    raised, so that no dead mount is left behind. carrier: where the connection is kept for the next daemon;
+    kept: the connection taken from it, served instead of mounting. True if the mount was handed over
+    (SIGUSR2), False if it ended."""
     settings = settings_of(options, mountpoint)
-    fd = mount(mountpoint, settings.mount)
+    record = None
+    if kept is not None:
+        fd, record = kept.fd, kept.record
+    else:
+        fd = mount(mountpoint, settings.mount)
+        if carrier is not None:
+            record = Record.new()
+            try:
+                carrier.keep(Kept(fd, record))
+            except Exception as e:  # the mount still serves; it just ends with this daemon
+                log.error("the mount is not restart-safe: %s", e, extra={"event": "handover"})
+                carrier = None
     ours = handed_number(mountpoint) is None  # a handed descriptor's mount is its parent's to end
     session: Session | None = None
+    handed_over = False
 
     def ready() -> None:
         assert session is not None
@@ -160,12 +178,31 @@ def serve(
         assert session is not None
         session.stop()
 
+    def hand_over(signum: int, frame: object) -> None:
+        """Leave the mount to the next daemon: what this one read and has not answered, the kernel resends
+        to it. A kernel that cannot resend would leave those callers waiting for ever: refused."""
+        nonlocal handed_over
+        assert session is not None
+        if carrier is None:
+            log.error("SIGUSR2: nothing keeps this mount's connection; not handed over", extra={"event": "handover"})
+        elif not session.resend:
+            log.error(
+                "SIGUSR2: this kernel cannot resend requests (FUSE_HAS_RESEND, Linux 6.9): not handed over",
+                extra={"event": "handover"},
+            )  # fmt: skip
+        else:
+            log.warning("SIGUSR2: handing the mount over to the next daemon", extra={"event": "handover"})
+            handed_over = True
+            session.stop()
+
     try:
         session = Session(
             fd, TreeOps(tree, mtime_ns, settings.shown), settings.threads, settings.timeouts,
-            settings.kernel_cache, ready, owner=settings.owner, debug=settings.debug,
+            settings.kernel_cache, ready, owner=settings.owner, debug=settings.debug, record=record,
+            kept=kept is not None,
         )  # fmt: skip
-        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        signals = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR2: hand_over}
+        previous = {sig: signal.signal(sig, handler) for sig, handler in signals.items()}
         try:
             session.run()
         finally:
@@ -177,3 +214,4 @@ def serve(
     finally:
         if session is None or session.ended:  # else a thread still reads it: the number must not name another file
             os.close(fd)
+    return handed_over

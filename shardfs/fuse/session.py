@@ -8,6 +8,10 @@ read-only tree be served fast: lookups in one directory in parallel (PARALLEL_DI
 Node ids name paths while the kernel holds them: a chunk file's id is its name packed into 64 bits; the rest
 are counted in a table (a lookup counts one more, FORGET counts them down, and a node is dropped at zero).
 Unmounting makes every read fail with ENODEV: each thread then ends.
+
+A session given a connection's record (fuse/record.py) outlives its daemon: INIT's terms and the table are
+written there, and a session started on a kept descriptor restores both instead of waiting for INIT, then
+asks the kernel to resend what the daemon before read and never answered (FUSE_NOTIFY_RESEND).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from typing import Protocol
 from shardfs import logs
 from shardfs.fuse import wire
 from shardfs.fuse.adapter import BLOCK_SIZE, NAME_MAX, OPENED, FuseError, TreeOps, attr, count
-from shardfs.fuse.wire import InitFlag, Op
+from shardfs.fuse.record import Record, Terms
+from shardfs.fuse.wire import InitFlag, InitFlag2, Op
+from shardfs.metrics import RESENT
 
 log = logging.getLogger("shardfs")
 
@@ -54,6 +60,9 @@ ANY_USER = UNANSWERED | {
     Op.RELEASEDIR,
 }  # fmt: skip
 PACKED = 1 << 63  # set in the node id of a numbered path (see Nodes); never in a table's
+# A table id restored from a record: the kernel's count of its lookups is the daemon before's, unknown here,
+# so it is never counted down to nothing (the table keeps it; directories are few).
+UNKNOWN_COUNT = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -87,10 +96,12 @@ class Nodes:
     grows with directories, not with the files the kernel has seen. Every other path (directories, metadata,
     files passed through, a key too large to pack) gets an id from a table, with the kernel's lookup count
     of it, and is dropped at zero. Table ids are never reused, so a stale id from the kernel is an error,
-    not another file."""
+    not another file. With a record, the table is journalled there, and restored from it at start: the
+    kernel may hold table ids across a restart of the daemon."""
 
-    def __init__(self, keys: Keys) -> None:
+    def __init__(self, keys: Keys, record: Record | None = None) -> None:
         self._keys = keys
+        self._record = record
         self._shift = 63 - max(len(keys.numbered) - 1, 0).bit_length()  # bits of the key, below the number's
         self._paths: dict[int, str] = {wire.ROOT_ID: ""}
         self._ids: dict[str, int] = {"": wire.ROOT_ID}
@@ -98,6 +109,10 @@ class Nodes:
         self._next = wire.ROOT_ID + 1
         self._lock = threading.Lock()
         self._last = (0, "")  # the last numbered path looked up: a read mostly follows its file's lookup
+        if record is not None:
+            for nodeid, path in record.table().items():
+                self._paths[nodeid], self._ids[path], self._counts[nodeid] = path, nodeid, UNKNOWN_COUNT
+            self._next = max(self._next, record.highest + 1)
 
     def __len__(self) -> int:
         """Paths in the table."""
@@ -139,6 +154,8 @@ class Nodes:
                 self._next += 1
                 self._ids[path] = nodeid
                 self._paths[nodeid] = path
+                if self._record is not None:
+                    self._record.added(nodeid, path)
             if nodeid != wire.ROOT_ID:
                 self._counts[nodeid] = self._counts.get(nodeid, 0) + 1
             return nodeid
@@ -153,7 +170,10 @@ class Nodes:
                 self._counts[nodeid] = left
             elif nodeid in self._counts:
                 del self._counts[nodeid]
-                del self._ids[self._paths.pop(nodeid)]
+                path = self._paths.pop(nodeid)
+                del self._ids[path]
+                if self._record is not None:
+                    self._record.dropped(nodeid, path, self._paths)
 
 
 class Session:
@@ -161,24 +181,29 @@ class Session:
     is answered: the mount then answers requests (`granted_text` says on what terms). owner (`allow_root`):
     only that user's and root's requests are served, others answered EACCES, and every open is asked for
     (no no_open) so that a page cached for root is not read by another user. debug: every request and
-    answer logged at DEBUG."""
+    answer logged at DEBUG. record: where INIT's terms and the node table are kept for the next daemon.
+    kept: fd is a connection a daemon before served (its record given): INIT's terms are restored, not
+    waited for, and what that daemon read and never answered is asked for again."""
 
     def __init__(
         self, fd: int, ops: TreeOps, threads: int = 10, timeouts: Timeouts | None = None,
         kernel_cache: bool = True, on_ready: Callable[[], None] | None = None, owner: int | None = None,
-        debug: bool = False,
+        debug: bool = False, record: Record | None = None, kept: bool = False,
     ) -> None:  # fmt: skip
         self.fd = fd
         self.owner = owner
         self.debug = debug
         self.ops = ops
         self.threads = threads
-        self.nodes = Nodes(ops.tree)
+        self.record = record
+        self.kept = kept
+        self.nodes = Nodes(ops.tree, record)
         self.kernel_cache = kernel_cache
         self.on_ready = on_ready
         self.no_open = False  # until INIT says whether the kernel takes ENOSYS for OPEN as "none needed"
         self.granted = InitFlag(0)
         self.interrupts = 0  # INTERRUPTs received, for tests and stats
+        self.resend = False  # whether the kernel offered FUSE_HAS_RESEND
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._running = 0
@@ -198,10 +223,43 @@ class Session:
 
     def run(self) -> None:
         """Serve until unmounted (returns once every thread has ended) or stopped."""
+        terms = self.record.terms() if self.kept and self.record is not None else None
+        if terms is not None:
+            self._restore(terms)
+        elif self.kept:  # the daemon before died before answering INIT: if it had read it, it comes again
+            self._resend(quiet=True)
         self._running = self.threads
         for i in range(self.threads):
             threading.Thread(target=self._serve, name=f"fuse-{i}", daemon=True).start()
+        if terms is not None and self.on_ready is not None:
+            self.on_ready()
         self._done.wait()
+
+    def _restore(self, terms: Terms) -> None:
+        """Take up a kept connection on the terms its INIT settled; have the kernel resend what was read and
+        never answered, if it can (Linux 6.9 and later: FUSE_HAS_RESEND offered). A kernel that cannot
+        keeps those requests waiting for an answer that never comes, uninterruptibly: their callers hang
+        until the connection ends."""
+        self.minor = terms.minor
+        self.granted = InitFlag(terms.granted & 0xFFFFFFFF)
+        self.no_open = terms.no_open
+        self.resend = terms.resend
+        if terms.resend:
+            self._resend()
+        else:
+            log.warning(
+                "this kernel cannot resend requests (FUSE_HAS_RESEND, Linux 6.9): those the daemon before read"
+                " and never answered hang until the mount ends", extra={"event": "no_resend"},
+            )  # fmt: skip
+
+    def _resend(self, quiet: bool = False) -> None:
+        """FUSE_NOTIFY_RESEND: every request read and not answered goes back in the queue. quiet: a kernel
+        that does not know it (EINVAL) is not worth a word."""
+        try:
+            os.write(self.fd, wire.OUT_HEADER.pack(wire.OUT_HEADER.size, wire.Notify.RESEND, 0))
+        except OSError as e:
+            if not quiet:
+                log.error("could not ask the kernel to resend requests: %s", e, extra={"event": "no_resend"})
 
     @property
     def ended(self) -> bool:
@@ -251,6 +309,8 @@ class Session:
 
     def _dispatch(self, request: memoryview) -> None:
         _, opcode, unique, nodeid, uid, _, pid, *_ = wire.IN_HEADER.unpack_from(request)
+        if unique & wire.UNIQUE_RESEND:
+            RESENT.inc()
         body = request[wire.IN_HEADER.size :]
         handler = self._handlers.get(opcode)
         logs.serving(uid)
@@ -313,10 +373,17 @@ class Session:
             self._error(unique, errno.EPROTO)
             return
         offered = InitFlag(flags)
+        offered2 = 0
+        if InitFlag.INIT_EXT in offered and len(body) >= wire.INIT_IN.size + wire.INIT_IN_FLAGS2.size:
+            (offered2,) = wire.INIT_IN_FLAGS2.unpack_from(body, wire.INIT_IN.size)
         self.granted = WANTED & offered
         self.no_open = InitFlag.NO_OPEN_SUPPORT in offered and self.owner is None
+        self.resend = InitFlag2.HAS_RESEND in InitFlag2(offered2)
         self.minor = minor
         background = min(max(self.threads, KERNEL_BACKGROUND), 0xFFFF)
+        if self.record is not None:  # before the answer: a connection kept from here on has its terms
+            terms = Terms(minor, int(self.granted), max_readahead, MAX_WRITE, MAX_PAGES, 1, self.no_open, self.resend)
+            self.record.settle(terms)
         reply = wire.INIT_OUT.pack(
             wire.KERNEL_MAJOR, minor, max_readahead, self.granted, background, background * 3 // 4,
             MAX_WRITE, 1, MAX_PAGES, 0, 0,
@@ -328,7 +395,9 @@ class Session:
     def granted_text(self) -> str:
         """What INIT settled, for the mount's log line: `FUSE 7.38, granted ASYNC_READ|..., no_open, 10 threads`."""
         granted = "|".join(flag.name or "" for flag in InitFlag if flag in self.granted) or "nothing"
-        return f"FUSE 7.{self.minor}, granted {granted}{', no_open' if self.no_open else ''}, {self.threads} threads"
+        kept = ", a kept connection taken up" if self.kept else ""
+        no_open = ", no_open" if self.no_open else ""
+        return f"FUSE 7.{self.minor}, granted {granted}{no_open}, {self.threads} threads{kept}"
 
     def _child(self, nodeid: int, body: memoryview) -> str:
         parent = self.nodes.path(nodeid)

@@ -1,6 +1,6 @@
 """The kernel's FUSE protocol, as `linux/fuse.h` (7.38) defines it: opcodes, flags and the structs a
-read-only filesystem reads and writes. Native byte order; every struct is padded to 8 bytes as the
-kernel's are."""
+read-only filesystem reads and writes; and from 7.40, the resending of unanswered requests. Native byte
+order; every struct is padded to 8 bytes as the kernel's are."""
 
 from __future__ import annotations
 
@@ -104,6 +104,19 @@ class InitFlag(enum.IntFlag):
     INIT_RESERVED = 1 << 31
 
 
+class InitFlag2(enum.IntFlag):
+    """fuse_init_in's flags2 (bits 32 and up of the flags, sent when INIT_EXT is set): the ones read here."""
+
+    HAS_RESEND = 1 << (39 - 32)  # 7.40 (Linux 6.9): the kernel takes NOTIFY_RESEND
+
+
+class Notify(enum.IntEnum):
+    """What a message with unique 0 tells the kernel (fuse_notify_code), sent as the out header's error."""
+
+    RESEND = 7  # put every request read and not answered back in the queue, their unique | UNIQUE_RESEND
+
+
+UNIQUE_RESEND = 1 << 63  # set in a resent request's unique; its answer echoes the unique as read
 FOPEN_KEEP_CACHE = 1 << 1
 FOPEN_CACHE_DIR = 1 << 3
 

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,8 +28,9 @@ from shardfs.cache import return_freed_memory
 from shardfs.errors import ServiceError, SourceError
 from shardfs.fuse import serve as session
 from shardfs.fuse.mount import FuseMountError, connection_of, handed_fd, handed_number
+from shardfs.fuse.record import Carrier, Kept
 from shardfs.logs import log_to, open_log, replay_early
-from shardfs.service import holders, lifecycle, mountinfo, stats_socket
+from shardfs.service import handover, holders, lifecycle, mountinfo, stats_socket
 from shardfs.service.rundir import own_dir
 from shardfs.source import Source
 from shardfs.stores.remote import WAITING
@@ -89,6 +91,24 @@ def is_stale(mountpoint: Path) -> bool:
     return False
 
 
+def waits_for_daemon(mountpoint: Path, patience: float = 1.0) -> bool:
+    """Whether a shardfs mount at mountpoint waits for a daemon (systemd or a keeper holds its connection, and
+    no daemon serves it yet): its statfs neither answers nor fails (a dead mount's fails at once, ENOTCONN)
+    within patience. The thread asking is left behind: the kernel ends its wait when this process exits."""
+    found = mountinfo.topmost(mountpoint)
+    if found is None or found.fstype != mountinfo.SHARDFS_TYPE:
+        return False
+    answered = threading.Event()
+
+    def ask() -> None:
+        with contextlib.suppress(OSError):
+            os.statvfs(mountpoint)
+        answered.set()
+
+    threading.Thread(target=ask, daemon=True).start()
+    return not answered.wait(patience)
+
+
 def fusermount(lazy: bool, mountpoint: Path) -> subprocess.CompletedProcess[str]:
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool:
@@ -109,6 +129,11 @@ def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: b
         except FuseMountError as e:
             raise UsageError(str(e)) from None
         return
+    if waits_for_daemon(mountpoint):
+        raise MountError(
+            f"{mountpoint}: a mount here waits for its next daemon (its connection is kept): start it as the one"
+            " before was started (the same -o keeper, or its systemd unit), or `shardfs unmount` it"
+        )
     if is_stale(mountpoint):
         log.warning("clearing the stale mount at %s", mountpoint, extra={"event": "stale_mount"})
         cleared = fusermount(True, mountpoint)
@@ -134,12 +159,12 @@ def unmount(mountpoint: Path, any_type: bool = False, lazy: bool = False) -> Non
     """Unmount the shardfs mount at mountpoint; anything else mounted there is refused unless any_type, so
     that root's `shardfs unmount` with a mistyped path cannot take down a disk or another FUSE daemon. A busy
     mount is refused naming what holds it, unless lazy: then it is detached at once and goes when they let go."""
-    if not is_stale(mountpoint):
+    # The mount table first: a mount whose daemon is being replaced answers no statfs or stat until it is.
+    found = mountinfo.topmost(mountpoint)
+    if found is None:
         if not os.path.lexists(mountpoint):
             raise UsageError(f"{mountpoint}: does not exist")
-        if not os.path.ismount(mountpoint):
-            raise MountError(f"{mountpoint}: not mounted")
-    found = mountinfo.topmost(mountpoint)
+        raise MountError(f"{mountpoint}: not mounted")
     if not any_type and found is not None and found.fstype != mountinfo.SHARDFS_TYPE:
         raise MountError(f"{mountpoint}: a {found.fstype} mount, not shardfs; pass --any-type to unmount it anyway")
     result = fusermount(lazy, mountpoint)
@@ -182,10 +207,15 @@ def serve(
     metrics_at: tuple[str, int] | None = None,
     name: str = "",
     view: str = "native",
-) -> None:
-    """Serve the tree at mountpoint until unmounted, SIGTERM or SIGINT (which unmount). name and view: what is
-    served, as `shardfs stats` and the mount's log line say it."""
-    where = shown_mountpoint(mountpoint)  # /dev/fd/N: the directory the kernel shows it at, if it can be seen
+    carrier: Carrier | None = None,
+    kept: Kept | None = None,
+) -> bool:
+    """Serve the tree at mountpoint until unmounted, SIGTERM or SIGINT (which unmount), or handed over to the
+    next daemon (SIGUSR2; then True). name and view: what is served, as `shardfs stats` and the mount's log
+    line say it. carrier and kept: see service/handover.py."""
+    # /dev/fd/N: the directory the kernel shows it at, if it can be seen; a kept connection's mountpoint is
+    # not looked at (it answers nothing until this daemon serves it)
+    where = handover.mount_name(mountpoint) if kept is not None else shown_mountpoint(mountpoint)
     metrics.MOUNT.info({"source": name, "mountpoint": str(where or mountpoint), "view": view})
 
     def ready(granted: str) -> None:
@@ -204,20 +234,24 @@ def serve(
         if where is None:
             remove_stats_socket = _no_stats(mountpoint)
         else:
-            remove_stats_socket = stats_socket.serve(where, figures, real=where != mountpoint)
+            remove_stats_socket = stats_socket.serve(where, figures, real=where != mountpoint or kept is not None)
     except ServiceError as e:
         raise MountError(str(e)) from None
     metrics.watch_cache(tree.cache)
     try:
-        session.serve(tree, mtime_ns, mountpoint, options, ready)
+        handed_over = session.serve(tree, mtime_ns, mountpoint, options, ready, carrier, kept)
     except FuseMountError as e:
         raise MountError(str(e)) from None
     finally:
         remove_stats_socket()
+    if handed_over:
+        log.info("handed %s over to the next daemon", mountpoint, extra={"event": "handed_over"})
+        return True
     if (waiting := WAITING.said()) is not None:  # left to end with the process, which does not wait for them
         log.warning("%s", waiting, extra={"event": "stopping"})
     lifecycle.tell_systemd(Notification.STOPPING)
     log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
+    return False
 
 
 def mount(
@@ -232,21 +266,24 @@ def mount(
     keep: Sequence[int] = (),
     name: str = "",
     view: str = "native",
-) -> None:
+) -> bool:
     """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise.
+    In the foreground, returns True once the mount has been handed over to the next daemon (SIGUSR2).
 
     source is an opened Source, or (for a remote one) how to open it: obstore's runtime does not survive a
     fork, so a remote source is opened by the daemon itself, which reports a refusal back as SourceError.
     local is the source's directory, if it has one, which the mountpoint must keep clear of. keep: other
     descriptors the daemon needs (--cache-dir's directory), left open when it detaches. name and view: the
-    source as messages show it, and the view served."""
-    prepare_mountpoint(mountpoint, local, allow_non_empty)
+    source as messages show it, and the view served. A connection kept for this mountpoint (by systemd or a
+    keeper: service/handover.py) is taken up, not mounted again."""
+    carrier, kept = handover.choose(mountpoint, options, foreground)
+    if kept is None:
+        prepare_mountpoint(mountpoint, local, allow_non_empty)
     mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
     if foreground:
         lifecycle.block_signals()  # before a remote source is opened: obstore's threads start with it
         log_to(log_file)
-        serve(_opened(source).tree, mtime_ns, mountpoint, options, None, metrics_at, name, view)
-        return
+        return serve(_opened(source).tree, mtime_ns, mountpoint, options, None, metrics_at, name, view, carrier, kept)
     chosen = log_file is not None
     handed = handed_number(mountpoint)
     log_file = log_file or default_log_file(shown_mountpoint(mountpoint) or Path(f"{mountpoint}-{os.getpid()}"))
@@ -261,7 +298,7 @@ def mount(
             raise SourceError(answer.removeprefix(REFUSED))
         if answer != "ready":
             raise MountError(answer or f"{mountpoint}: the daemon exited before mounting; see {log_file}")
-        return
+        return False
     # The daemon: a session of its own, stdio off the caller's terminal and pipes, logs to the file.
     os.close(ready_r)
     os.setsid()
@@ -272,7 +309,8 @@ def mount(
         descriptors = source.tree.store.descriptors()
     # Nothing the caller left open keeps its pipes or files alive; the pipe, the log, the source's root and
     # keep stay.
-    keep = sorted({2, ready_w, log_fd, *descriptors, *keep, *([] if handed is None else [handed])})
+    kept_fds = [] if kept is None else kept.fds
+    keep = sorted({2, ready_w, log_fd, *descriptors, *keep, *([] if handed is None else [handed]), *kept_fds})
     for low, high in itertools.pairwise([*keep, os.sysconf("SC_OPEN_MAX")]):
         os.closerange(low + 1, high)
     _detach_stdio(log_fd)
@@ -291,7 +329,7 @@ def mount(
             with contextlib.suppress(OSError):
                 os.write(ready_w, f"{REFUSED}{e}".encode())
             os._exit(2)
-        serve(tree, mtime_ns, mountpoint, options, ready, metrics_at, name, view)
+        handed_over = serve(tree, mtime_ns, mountpoint, options, ready, metrics_at, name, view, carrier, kept)
     except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
         known = isinstance(e, MountError)  # says why in its message; anything else is a bug: a traceback
         log.error("mount failed: %s", e, exc_info=not known, extra={"event": "mount_failed"})
@@ -302,7 +340,7 @@ def mount(
     if not chosen and os.fstat(2).st_size == 0:  # nothing was said: the default log is not kept, one a mount
         with contextlib.suppress(OSError):
             log_file.unlink()
-    os._exit(0)
+    os._exit(handover.HANDED_OVER if handed_over else 0)
 
 
 def _no_stats(mountpoint: Path) -> Callable[[], None]:

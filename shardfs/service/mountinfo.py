@@ -49,6 +49,16 @@ def _last_at(where: str) -> Mounted | None:
     return found
 
 
+def exactly_at(point: str) -> Mounted | None:
+    """The topmost mount at point as given, with nothing resolved: no path inside a mount is looked at, so
+    that a mount whose daemon hangs cannot hang the caller (a CSI plugin being asked to unmount it)."""
+    found = None
+    for at, mounted in _mounts():
+        if at == point:
+            found = mounted
+    return found
+
+
 def at_device(device: str) -> str | None:
     """Where the mount of device (`0:39`) is, as this process sees it; None if nowhere."""
     return next((point for point, mounted in _mounts() if mounted.device == device), None)

@@ -91,6 +91,10 @@ def _answers(path: Path) -> bool:
         return True
 
 
+class NoDaemon(ServiceError):
+    """No daemon listens for the mount: it died, or is being replaced."""
+
+
 def shardfs_at(mountpoint: Path) -> mountinfo.Mounted | None:
     """The shardfs mount at mountpoint (the topmost mount there), or None."""
     found = mountinfo.topmost(mountpoint)
@@ -106,7 +110,7 @@ def ask(mountpoint: Path) -> tuple[int, str]:
     """The pid of the daemon mounted at mountpoint and its figures, once its directory and credentials
     check out."""
     found = shardfs_at(mountpoint)
-    missing = ServiceError(f"{mountpoint}: no shardfs daemon serves this mountpoint")
+    missing = NoDaemon(f"{mountpoint}: no shardfs daemon serves this mountpoint")
     uid = None if found is None else found.daemon_uid
     if found is None or uid is None:
         raise missing

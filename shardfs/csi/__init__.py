@@ -1,0 +1,43 @@
+"""`shardfs csi`: a Kubernetes CSI v1 node plugin that publishes shardfs volumes into pods (see README,
+"Kubernetes"). Its command line is here, free of gRPC, so that `shardfs --help` works without grpcio."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DRIVER = "csi.shardfs.io"  # the CSIDriver's name: deploy/kubernetes/ names it too
+NOBODY = 65534
+
+
+def user_group(text: str) -> tuple[int, int]:
+    """'UID:GID' (numbers: the plugin's image may know no such names), neither of them root."""
+    uid, _, gid = text.partition(":")
+    if not (uid.isdigit() and gid.isdigit()) or int(uid) == 0 or int(gid) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not UID:GID of a user other than root")
+    return int(uid), int(gid)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--endpoint", required=True, metavar="unix:///PATH",
+        help="the unix socket kubelet and the sidecars call (as the CSI_ENDPOINT they are given)",
+    )  # fmt: skip
+    p.add_argument("--node-id", required=True, metavar="NAME", help="this node's name, as NodeGetInfo answers it")
+    p.add_argument("--driver-name", default=DRIVER, metavar="NAME", help="the CSIDriver's name")
+    p.add_argument(
+        "--daemon-user", type=user_group, default=(NOBODY, NOBODY), metavar="UID:GID",
+        help="the unprivileged user each volume's daemon runs as (default: 65534:65534, nobody)",
+    )  # fmt: skip
+    p.add_argument(
+        "--run-dir", type=Path, default=Path("/run/shardfs-csi"), metavar="DIR",
+        help="the plugin's own directory (a fusectl mount, where /sys/fs/fuse/connections has none)",
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from shardfs.csi.server import run as serve
+    except ImportError as e:
+        raise SystemExit(f"shardfs csi: {e}; install shardfs[csi] (grpcio)") from None
+    return serve(args.endpoint, args.node_id, args.driver_name, args.daemon_user, args.run_dir)

@@ -1,0 +1,339 @@
+"""Publishing a volume at a pod's target path, and taking it down, as the CSI node plugin does it.
+
+Publish: the plugin (root) opens /dev/fuse and mounts it at the target with `fd=` (the mount(2) shardfs
+makes as root), gives the descriptor to its keeper (shardfs/service/keeper.py) under the target's path,
+starts a daemon that takes it from there and makes itself an unprivileged user (see daemon.py), sends it
+the volume, and answers kubelet once the daemon has answered the kernel's INIT. The daemon sends back its
+connection's record (fuse/record.py), kept beside the descriptor: a daemon that ends while its volume is
+published is replaced by one that takes the connection up (see Node._watch).
+
+Unpublish never touches a path inside the mount (its daemon may hang, and so would the caller): the mount
+is found in /proc/self/mountinfo by the target's path as given, detached (a lazy unmount, which never
+waits), its FUSE connection aborted if anything still holds it after a moment (a reader stuck on a hung
+daemon would hold it for ever), the daemon ended, and the target removed.
+
+Every daemon is this process's child, and in Kubernetes this process is its container's first one, so the
+daemons end with the plugin: a shardfs mount at a target that this plugin did not make is a dead one from
+its last life, and publishing there clears it first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import functools
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shardfs.csi import NOBODY, handoff
+from shardfs.csi.volume import Volume, kernel_mount
+from shardfs.errors import ServiceError
+from shardfs.fuse.mount import FuseMountError, connection_of, mount, unmount
+from shardfs.service import keeper, mountinfo
+
+log = logging.getLogger("shardfs.csi")
+
+FUSECTL = Path("/sys/fs/fuse/connections")
+READY_TIMEOUT = 100.0  # seconds a daemon may take to open its source and answer INIT: within kubelet's 2 minutes
+GONE_WAIT = 2.0  # seconds a detached mount's connection may take to end by itself before it is aborted
+END_WAIT = 5.0  # seconds a daemon may take to exit once asked, before it is killed
+RESTARTS, RESTART_WINDOW = 3, 60.0  # daemons replaced within that many seconds before a volume is let die
+DAEMON_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
+
+
+class NodeError(Exception):
+    """A refusal kubelet is told: code is a gRPC status name (INVALID_ARGUMENT, ...), the message says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Published:
+    volume_id: str
+    volume: Volume
+    daemon: subprocess.Popen[bytes]  # the one serving now: replaced when one ends (see Node._watch)
+    connection: int | None
+    restarts: list[float] = field(default_factory=list)  # when daemons were replaced lately (monotonic)
+
+
+class Node:
+    """The volumes published on this node, by target path."""
+
+    def __init__(self, run_dir: Path, uid: int = NOBODY, gid: int = NOBODY, home: str = "/nonexistent") -> None:
+        """Daemons run as uid:gid with HOME=home (where the AWS and gcloud tools keep a user's credentials)."""
+        self.uid, self.gid = uid, gid
+        self.env = {**DAEMON_ENV, "HOME": home}
+        self.published: dict[str, Published] = {}
+        self._busy: set[str] = set()
+        self._lock = threading.Lock()
+        self._run_dir = run_dir
+        self._own_fusectl: Path | None = None
+
+    @functools.cached_property
+    def keeper(self) -> Path:
+        """The socket of this process's keeper (shardfs/service/keeper.py), started when first needed: it holds
+        every published volume's /dev/fuse descriptor, which its daemon takes from it (as root, before it
+        becomes its user: the keeper answers root and its own user only)."""
+        self._run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self._run_dir, 0o700)
+        path = self._run_dir / f"keeper.{os.getpid()}.sock"
+        holder = keeper.Keeper(path)
+        threading.Thread(target=holder.serve, name="shardfs-csi-keeper", daemon=True).start()
+        return path
+
+    @functools.cached_property
+    def fusectl(self) -> Path:
+        """Where the FUSE connections are: /sys/fs/fuse/connections, or where that is not mounted (as in most
+        containers) a fusectl mount of this process's own, made when first needed."""
+        found = mountinfo.exactly_at(str(FUSECTL))
+        if found is not None and found.fstype == "fusectl":
+            return FUSECTL
+        own = self._run_dir / f"fusectl.{os.getpid()}"
+        own.mkdir(parents=True, exist_ok=True)
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        if libc.mount(b"fusectl", os.fsencode(own), b"fusectl", 0, None) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, f"cannot mount fusectl at {own}: {os.strerror(code)}")
+        self._own_fusectl = own
+        return own
+
+    def close(self) -> None:
+        """The keeper's socket and the private fusectl mount, if made, are taken down; the daemons stay with
+        their mounts (and the keeper's copies of their descriptors go with this process)."""
+        if "keeper" in self.__dict__:
+            self.keeper.unlink(missing_ok=True)
+        if self._own_fusectl is not None:
+            with contextlib.suppress(OSError):
+                unmount(self._own_fusectl, lazy=True)
+                self._own_fusectl.rmdir()
+
+    @contextlib.contextmanager
+    def _only(self, target: str) -> Iterator[None]:
+        """One operation at a time on a target; another one meanwhile is ABORTED, as CSI has it (kubelet retries)."""
+        with self._lock:
+            if target in self._busy:
+                raise NodeError("ABORTED", f"{target}: an operation on it is in progress")
+            self._busy.add(target)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy.discard(target)
+
+    def publish(self, volume_id: str, target: str, volume: Volume) -> None:
+        target = _real(target)
+        with self._only(target):
+            mounted = mountinfo.exactly_at(target)
+            known = self.published.get(target)
+            if mounted is not None and known is not None and known.daemon.poll() is None:
+                if known.volume_id != volume_id or not known.volume.same_mount(volume):
+                    raise NodeError("ALREADY_EXISTS", f"{target}: volume {known.volume_id} is published here otherwise")
+                return  # published twice: the same mount
+            if mounted is not None and mounted.fstype != mountinfo.SHARDFS_TYPE:
+                raise NodeError("FAILED_PRECONDITION", f"{target}: a {mounted.fstype} mount is there, not shardfs")
+            self._take_down(target)  # a dead daemon's mount, if any
+            try:
+                Path(target).mkdir(mode=0o750, exist_ok=True)
+            except OSError as e:
+                raise NodeError("INVALID_ARGUMENT", f"{target}: cannot be made ({e.strerror})") from None
+            self._publish(volume_id, target, volume)
+            log.info("published %s at %s", volume_id, target, extra={"event": "published"})
+
+    def _publish(self, volume_id: str, target: str, volume: Volume) -> None:
+        try:
+            fd = mount(Path(target), kernel_mount(volume, (self.uid, self.gid)))
+        except (FuseMountError, OSError) as e:
+            raise NodeError("INTERNAL", str(e)) from None
+        try:
+            connection = connection_of(fd) or _connection(target)
+            keeper.keep(self.keeper, target, [fd])
+        except ServiceError as e:
+            self._end(target, connection, None)
+            raise NodeError("INTERNAL", str(e)) from None
+        finally:
+            os.close(fd)  # the keeper's copy is the one the daemon takes
+        daemon, answer = self._started(target, volume)
+        if answer == handoff.READY:
+            published = self.published[target] = Published(volume_id, volume, daemon, connection)
+            threading.Thread(
+                target=self._watch, args=(target, published), name="shardfs-csi-reaper", daemon=True
+            ).start()
+            return
+        self._end(target, connection, daemon)
+        with contextlib.suppress(OSError):
+            os.rmdir(target)
+        if answer.startswith(handoff.REFUSED):
+            raise NodeError("FAILED_PRECONDITION", f"volume {volume_id}: {answer.removeprefix(handoff.REFUSED)}")
+        why = answer.removeprefix(handoff.FAILED) or f"its daemon exited ({daemon.wait()})"
+        raise NodeError("INTERNAL", f"volume {volume_id}: {why}")
+
+    def _started(self, target: str, volume: Volume) -> tuple[subprocess.Popen[bytes], str]:
+        """A daemon for target, and its answer (READY, or why not)."""
+        daemon, sock = self._start_daemon(target, volume)
+
+        def kept(fds: list[int]) -> None:  # the connection and its record: what a next daemon takes up
+            try:
+                keeper.keep(self.keeper, target, fds)
+            except ServiceError as e:
+                log.error("%s: not kept for a next daemon: %s", target, e, extra={"event": "handover"})
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+        try:
+            return daemon, handoff.answer_of(sock, READY_TIMEOUT, kept)
+        except TimeoutError:
+            return daemon, f"{handoff.FAILED}its daemon did not answer in {READY_TIMEOUT:.0f} s"
+        finally:
+            sock.close()
+
+    def _start_daemon(self, target: str, volume: Volume) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        """The daemon, in a session of its own (a signal to the plugin's group is not for it), logging to the
+        plugin's stderr, which takes target's descriptor from the keeper; and the plugin's end of its socket,
+        the volume sent."""
+        ours, theirs = handoff.pair()
+        with theirs:
+            daemon = subprocess.Popen(
+                [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno()),
+                 str(self.keeper), target],
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), cwd="/",
+                env=self.env, start_new_session=True,
+            )  # fmt: skip
+        handoff.hand(ours, volume.to_json())
+        return daemon, ours
+
+    def _watch(self, target: str, published: Published) -> None:
+        """A daemon that ends while its volume is published (it crashed, or was killed) is replaced: the next
+        one takes the connection and its record from the keeper and serves it without mounting or INIT, and
+        the kernel resends what the one before read and never answered (Linux 6.9+), so readers see no error.
+        Where that cannot be (no record kept yet, a daemon that keeps failing), the keeper's copy is dropped:
+        readers get ENOTCONN rather than wait for ever on a connection nobody serves."""
+        while True:
+            code = published.daemon.wait()
+            try:
+                with self._only(target):
+                    if self.published.get(target) is not published:
+                        return  # unpublished, or published again: not this watch's to replace
+                    if self._replaced(target, published, code):
+                        continue
+                    log.error("%s: its daemon ended (%s) while published; the mount is dead until published again",
+                              target, code, extra={"event": "daemon_ended"})  # fmt: skip
+                    with contextlib.suppress(ServiceError):
+                        keeper.drop(self.keeper, target)
+                    return
+            except NodeError:  # another call on target is in progress: it takes the mount up or down
+                return
+
+    def _replaced(self, target: str, published: Published, code: int) -> bool:
+        now = time.monotonic()
+        published.restarts = [t for t in published.restarts if now - t < RESTART_WINDOW]
+        try:
+            held = keeper.take(self.keeper, target)
+        except ServiceError:
+            held = []
+        for fd in held:
+            os.close(fd)
+        if len(held) != 2 or len(published.restarts) >= RESTARTS:
+            return False
+        published.restarts.append(now)
+        log.warning("%s: its daemon ended (%s); a new one takes the connection up", target, code,
+                    extra={"event": "daemon_replaced"})  # fmt: skip
+        try:
+            daemon, answer = self._started(target, published.volume)
+        except OSError as e:  # it could not even start
+            log.error("%s: no new daemon: %s", target, e, extra={"event": "handover"})
+            return False
+        if answer and answer != handoff.READY:  # it said why it cannot serve: another would fare no better
+            log.error("%s: the new daemon did not serve: %s", target, answer, extra={"event": "handover"})
+            _stop(daemon)
+            return False
+        published.daemon = daemon  # serving, or ended before it could say so (killed too): the watch goes on
+        return True
+
+    def unpublish(self, volume_id: str, target: str) -> None:
+        target = _real(target)
+        with self._only(target):
+            mounted = mountinfo.exactly_at(target)
+            if mounted is not None and mounted.fstype != mountinfo.SHARDFS_TYPE:
+                raise NodeError("FAILED_PRECONDITION", f"{target}: a {mounted.fstype} mount is there, not shardfs")
+            self._take_down(target)
+            try:
+                os.rmdir(target)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise NodeError("INTERNAL", f"{target}: cannot be removed ({e.strerror})") from None
+            log.info("unpublished %s from %s", volume_id, target, extra={"event": "unpublished"})
+
+    def _take_down(self, target: str) -> None:
+        """Every shardfs mount at target (one over another, if a retry stacked them), and its daemon."""
+        known = self.published.pop(target, None)
+        for _ in range(16):  # the most stacked mounts taken down; more is a loop that must not spin for ever
+            mounted = mountinfo.exactly_at(target)
+            if mounted is None or mounted.fstype != mountinfo.SHARDFS_TYPE:
+                break
+            connection = _device_connection(mounted.device)
+            self._end(target, connection, known.daemon if known and known.connection == connection else None)
+        if known is not None and known.daemon.poll() is None:
+            _stop(known.daemon)
+
+    def _end(self, target: str, connection: int | None, daemon: subprocess.Popen[bytes] | None) -> None:
+        """Detach the mount at target, abort its connection if still held, stop its daemon: never waits long."""
+        try:
+            unmount(Path(target), lazy=True)
+        except OSError as e:
+            if e.errno != errno.EINVAL:  # EINVAL: nothing mounted there any more
+                raise NodeError("INTERNAL", f"{target}: cannot be unmounted ({e.strerror})") from None
+        if "keeper" in self.__dict__:  # else none was started (an Epilog's process): nothing is held
+            with contextlib.suppress(ServiceError):
+                keeper.drop(self.keeper, target)
+        if connection is not None:
+            held = self.fusectl / str(connection)
+            deadline = time.monotonic() + GONE_WAIT
+            while held.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with contextlib.suppress(FileNotFoundError):  # gone by itself meanwhile
+                (held / "abort").write_text("1")
+                log.warning("%s: connection %d aborted (still held after it was unmounted)", target, connection,
+                            extra={"event": "aborted"})  # fmt: skip
+        if daemon is not None:
+            _stop(daemon)
+
+
+def _stop(daemon: subprocess.Popen[bytes]) -> None:
+    daemon.terminate()
+    try:
+        daemon.wait(END_WAIT)
+    except subprocess.TimeoutExpired:
+        daemon.kill()  # a stopped or hung daemon: SIGKILL reaches it anyway
+        daemon.wait()
+
+
+def _real(target: str) -> str:
+    """target with its parent's links resolved, as mountinfo shows mountpoints; the target itself, which may be
+    a mount whose daemon hangs, is not looked at."""
+    parent, name = os.path.split(os.path.normpath(target))
+    return os.path.join(os.path.realpath(parent), name)
+
+
+def _connection(target: str) -> int | None:
+    mounted = mountinfo.exactly_at(target)
+    return None if mounted is None else _device_connection(mounted.device)
+
+
+def _device_connection(device: str) -> int | None:
+    """A FUSE mount's connection number: the minor of its device, `0:N`."""
+    major, _, minor = device.partition(":")
+    return int(minor) if major == "0" and minor.isdigit() else None

@@ -1,0 +1,155 @@
+"""What a CSI volume asks for, read from NodePublishVolume: its attributes (what `shardfs mount` takes), the
+PersistentVolume's mountOptions and the publish secret. Everything is checked here, in the privileged plugin,
+so that a mistake is refused in one line naming the attribute before anything is mounted.
+
+The attributes are shown to anyone who can read the PersistentVolume or the pod, so a credential never goes
+there: a source URL with a `user:password@` is refused, and the secret's keys are the only way in."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from shardfs.cli import DEFAULT_CACHE, DEFAULT_MAX_FILE, LOG_LEVELS, byte_size, endpoint_url, seconds
+from shardfs.fuse.mount import FuseMountError, MountOptions
+from shardfs.fuse.serve import settings_of
+from shardfs.logs import redact_userinfo
+from shardfs.service.daemon import fuse_options
+from shardfs.source import is_remote
+from shardfs.stores.remote import DEFAULT_TIMEOUT
+
+# Keys Kubernetes adds itself (podInfoOnMount's pod name, namespace, uid and service account, `ephemeral`):
+# said, not asked, so never refused.
+KUBERNETES_KEYS = "csi.storage.k8s.io/"
+MOUNT_OPTIONS = Path("mountOptions")  # what a refusal of the options names, as settings_of names a mountpoint
+# Mount options a volume may not set: the plugin finds its mounts by their type and unmounts them itself.
+PLUGINS_OWN = {
+    "subtype": "its mounts are fuse.shardfs",
+    "fsname": "the source, without credentials",
+    "auto_unmount": "the plugin unmounts",
+}
+VIEWS = ("native", "n5", "zarr2")
+TRUE_FALSE = {"true": True, "false": False}
+# The publish secret's keys: set in the daemon's own environment, where the AWS and GCS credential chains
+# look (see shardfs/stores/credentials.py), and nowhere else.
+SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_SERVICE_ACCOUNT_KEY")
+
+
+class BadVolume(ValueError):
+    """A volume attribute, mount option or secret that cannot work; the message names it."""
+
+
+@dataclass(frozen=True)
+class Volume:
+    """One published volume as its daemon needs it: sent to the daemon as JSON over its socket."""
+
+    source: str
+    view: str = "native"
+    cache_size: int = field(default_factory=lambda: byte_size(DEFAULT_CACHE))
+    max_file_size: int = field(default_factory=lambda: byte_size(DEFAULT_MAX_FILE))
+    anonymous: bool = False
+    endpoint: str | None = None
+    region: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    requester_pays: bool = False
+    log_level: str = "WARNING"
+    options: dict[str, str | bool] = field(default_factory=dict)  # the `-o` options the session is served with
+    secrets: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Volume:
+        return cls(**data)
+
+    def same_mount(self, other: Volume) -> bool:
+        """Whether other asks for what this mount serves (the secrets aside: a rotated key is the same volume)."""
+        return {**self.to_json(), "secrets": None} == {**other.to_json(), "secrets": None}
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() not in TRUE_FALSE:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return TRUE_FALSE[text.lower()]
+
+
+def _choice(choices: Sequence[str]) -> Callable[[str], str]:
+    def check(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
+        return text
+
+    return check
+
+
+# Attribute name → (the Volume field it sets, how its text is read): the `shardfs mount` options, as
+# Kubernetes spells attributes.
+ATTRIBUTES: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "source": ("source", str),
+    "view": ("view", _choice(VIEWS)),
+    "cacheSize": ("cache_size", byte_size),
+    "maxFileSize": ("max_file_size", byte_size),
+    "anonymous": ("anonymous", _boolean),
+    "endpoint": ("endpoint", endpoint_url),
+    "region": ("region", str),
+    "timeout": ("timeout", seconds),
+    "requesterPays": ("requester_pays", _boolean),
+    "logLevel": ("log_level", _choice(LOG_LEVELS)),
+}
+
+
+def volume_of(
+    attributes: Mapping[str, str], mount_flags: Sequence[str], secrets: Mapping[str, str], others: bool = True
+) -> Volume:
+    """The volume asked for; BadVolume naming the attribute, option or secret key that cannot work. others:
+    whether users other than the daemon's may read it (a pod's, whoever it is; not a Slurm job's)."""
+    unknown = sorted(k for k in attributes if k not in ATTRIBUTES and not k.startswith(KUBERNETES_KEYS))
+    if unknown:
+        raise BadVolume(f"volume attribute {unknown[0]}: unknown (known: {', '.join(ATTRIBUTES)})")
+    if not attributes.get("source"):
+        raise BadVolume("volume attribute source: missing (the dataset's URL or path)")
+    for name, text in attributes.items():
+        if name in ATTRIBUTES and redact_userinfo(text) != text:
+            raise BadVolume(f"volume attribute {name}: holds a user:password@; put credentials in the publish secret")
+    given: dict[str, Any] = {}
+    for name, text in attributes.items():
+        if name in ATTRIBUTES:
+            key, read = ATTRIBUTES[name]
+            try:
+                given[key] = read(text)
+            except argparse.ArgumentTypeError as e:
+                raise BadVolume(f"volume attribute {name}: {e}") from None
+    if bad := sorted(set(secrets) - set(SECRET_KEYS)):
+        raise BadVolume(f"publish secret key {bad[0]}: unknown (known: {', '.join(SECRET_KEYS)})")
+    options = mount_options(given["source"], mount_flags, others)
+    return Volume(**given, options=options, secrets=dict(secrets))
+
+
+def mount_options(source: str, mount_flags: Sequence[str], others: bool = True) -> dict[str, str | bool]:
+    """The `-o` options a volume is mounted and served with: shardfs's defaults for immutable data, the
+    PersistentVolume's mountOptions (FUSE and mount(8) options, as `shardfs mount -o` takes them), and, if
+    others, `allow_other`: a pod's processes are not the daemon's user. Read-only whatever is asked."""
+    extra: dict[str, str | bool] = {}
+    for flag in mount_flags:
+        for item in filter(None, flag.split(",")):
+            name, eq, value = item.partition("=")
+            if name in PLUGINS_OWN:
+                raise BadVolume(f"mountOptions: {name} is the plugin's to set ({PLUGINS_OWN[name]})")
+            extra[name] = value if eq else True
+    if others:
+        extra["allow_other"] = True
+    options = fuse_options(redact_userinfo(source), extra, is_remote(source))
+    try:
+        settings_of(options, MOUNT_OPTIONS)
+    except FuseMountError as e:
+        raise BadVolume(str(e)) from None
+    return options
+
+
+def kernel_mount(volume: Volume, owner: tuple[int, int]) -> MountOptions:
+    """What mount(2) is given for the volume, served by owner's daemon: the same options its session reads."""
+    return replace(settings_of(volume.options, MOUNT_OPTIONS).mount, owner=owner)

@@ -1,0 +1,192 @@
+"""What a FUSE connection's next daemon must know, kept beside its /dev/fuse descriptor: a memfd.
+
+INIT happens once per connection, so a daemon that adopts a kept descriptor restores what was negotiated
+(`Terms`) instead of waiting for an INIT that never comes. And the kernel goes on holding node ids across
+the restart: a chunk file's id names its key (fuse/session.py Nodes), but a table id (a directory, metadata,
+a file passed through) means only what the table said, so the table is journalled here as it changes and
+rebuilt from the journal by the next daemon.
+
+Layout (native byte order): a header at 0 (magic, the journal's start and end, the length of the terms),
+the terms as JSON at TERMS_AT, the journal from JOURNAL_AT: entries of (node id, path length, path), a
+length of DROPPED meaning the id was dropped (a rewritten journal begins with the highest id ever
+journalled, dropped: ids are never reused). Every change writes its bytes first and then, in one pwrite,
+the header field that makes them count: a daemon killed at any point leaves a record that reads as before
+or as after. Once the journal holds more dropped than live bytes it is rewritten after its end, the header
+moved to it in one write, and the old bytes' pages given back (fallocate PUNCH_HOLE).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import stat
+import struct
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+from shardfs.fuse.mount import FUSE_DEVICE
+
+MAGIC = b"shardfs1"
+HEADER = struct.Struct("=8sQQI")  # magic, journal start, journal end, terms length
+SPAN = struct.Struct("=QQ")  # journal start and end, written together
+SPAN_AT = 8
+TERMS_LENGTH_AT = 24
+TERMS_AT = 64
+JOURNAL_AT = 4096
+ENTRY = struct.Struct("=QI")  # node id, path length (DROPPED: the id was dropped)
+DROPPED = 0xFFFFFFFF
+COMPACT_AFTER = 1 << 20  # journal bytes before dropped entries are worth rewriting away
+FALLOC_FL_KEEP_SIZE = 1
+FALLOC_FL_PUNCH_HOLE = 2
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+class RecordError(Exception):
+    """A descriptor handed over as a record is not one."""
+
+
+@dataclass(frozen=True)
+class Terms:
+    """What INIT settled: the protocol minor answered, the flags granted (flags2 above bit 32), the sizes
+    answered, whether FUSE no_open is in force, and whether the kernel offered FUSE_HAS_RESEND (it then
+    takes FUSE_NOTIFY_RESEND)."""
+
+    minor: int
+    granted: int
+    max_readahead: int
+    max_write: int
+    max_pages: int
+    time_gran: int
+    no_open: bool
+    resend: bool
+
+
+class Record:
+    """A connection's record on a memfd (see the module's docstring). Not thread-safe: its one writer, the
+    node table, writes under its own lock."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        try:
+            magic, start, end, _ = HEADER.unpack(os.pread(fd, HEADER.size, 0))
+        except (OSError, struct.error) as e:
+            raise RecordError(f"descriptor {fd}: not a shardfs record ({e})") from None
+        if magic != MAGIC:
+            raise RecordError(f"descriptor {fd}: not a shardfs record (magic {magic!r})")
+        self._start, self._end = start, end
+        self._live = 0  # bytes of entries still live, counted by table()
+        self.highest = 0  # the highest id ever journalled, dropped or not (set by table()): never to be reused
+
+    @classmethod
+    def new(cls) -> Record:
+        """An empty record, on a memfd of its own (close-on-exec)."""
+        fd = os.memfd_create("shardfs-record", os.MFD_CLOEXEC)
+        os.pwrite(fd, HEADER.pack(MAGIC, JOURNAL_AT, JOURNAL_AT, 0), 0)
+        return cls(fd)
+
+    def terms(self) -> Terms | None:
+        """What INIT settled, or None if the connection's INIT was never answered."""
+        (length,) = struct.unpack("=I", os.pread(self.fd, 4, TERMS_LENGTH_AT))
+        if not length:
+            return None
+        try:
+            return Terms(**json.loads(os.pread(self.fd, length, TERMS_AT)))
+        except (ValueError, TypeError) as e:
+            raise RecordError(f"descriptor {self.fd}: its terms do not read ({e})") from None
+
+    def settle(self, terms: Terms) -> None:
+        """Record what INIT settled: before INIT is answered, so that no kept connection lacks it."""
+        text = json.dumps(asdict(terms)).encode()
+        if TERMS_AT + len(text) > JOURNAL_AT:
+            raise RecordError("the terms do not fit the record's header")
+        os.pwrite(self.fd, text, TERMS_AT)
+        os.pwrite(self.fd, struct.pack("=I", len(text)), TERMS_LENGTH_AT)
+
+    def table(self) -> dict[int, str]:
+        """The node table as journalled: id → path, ids dropped left out."""
+        data = os.pread(self.fd, self._end - self._start, self._start)
+        table: dict[int, str] = {}
+        at = 0
+        while at + ENTRY.size <= len(data):
+            nodeid, length = ENTRY.unpack_from(data, at)
+            at += ENTRY.size
+            self.highest = max(self.highest, nodeid)
+            if length == DROPPED:
+                table.pop(nodeid, None)
+            else:
+                table[nodeid] = os.fsdecode(data[at : at + length])
+                at += length
+        self._live = sum(ENTRY.size + len(os.fsencode(path)) for path in table.values())
+        return table
+
+    def added(self, nodeid: int, path: str) -> None:
+        name = os.fsencode(path)
+        self._append(ENTRY.pack(nodeid, len(name)) + name)
+        self._live += ENTRY.size + len(name)
+        self.highest = max(self.highest, nodeid)
+
+    def dropped(self, nodeid: int, path: str, live: dict[int, str]) -> None:
+        """nodeid (of path) is gone from the table; live is the table as it is now, for a rewrite."""
+        self._append(ENTRY.pack(nodeid, DROPPED))
+        self._live -= ENTRY.size + len(os.fsencode(path))
+        if self._end - self._start > max(COMPACT_AFTER, 2 * self._live):
+            self._rewrite(live)
+
+    def _append(self, entry: bytes) -> None:
+        os.pwrite(self.fd, entry, self._end)
+        self._end += len(entry)
+        os.pwrite(self.fd, SPAN.pack(self._start, self._end), SPAN_AT)
+
+    def _rewrite(self, live: dict[int, str]) -> None:
+        parts = [ENTRY.pack(self.highest, DROPPED)]  # keeps the highest id known, so that none is reused
+        for nodeid, path in live.items():
+            if not path:  # the root: its id is fixed, never journalled
+                continue
+            name = os.fsencode(path)
+            parts += [ENTRY.pack(nodeid, len(name)), name]
+        data = b"".join(parts)
+        old_start, start = self._start, self._end
+        os.pwrite(self.fd, data, start)
+        self._start, self._end = start, start + len(data)
+        os.pwrite(self.fd, SPAN.pack(self._start, self._end), SPAN_AT)
+        self._live = len(data)
+        # The old journal's whole pages go back to the system; the file's size (offsets) stays.
+        first = -(-old_start // JOURNAL_AT) * JOURNAL_AT
+        last = start // JOURNAL_AT * JOURNAL_AT
+        if last > first:
+            _libc.fallocate(self.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, ctypes.c_long(first),
+                            ctypes.c_long(last - first))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A connection between daemons: its /dev/fuse descriptor and its record."""
+
+    fd: int
+    record: Record
+
+    @classmethod
+    def of(cls, fds: list[int]) -> Kept:
+        """The connection handed over as [/dev/fuse, record] (both made close-on-exec); RecordError if the
+        descriptors are not that."""
+        if len(fds) != 2:
+            raise RecordError(f"a kept connection is 2 descriptors (/dev/fuse, its record), not {len(fds)}")
+        st = os.fstat(fds[0])
+        if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:
+            raise RecordError(f"descriptor {fds[0]}: not /dev/fuse")
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        return cls(fds[0], Record(fds[1]))
+
+    @property
+    def fds(self) -> list[int]:
+        return [self.fd, self.record.fd]
+
+
+class Carrier(Protocol):
+    """Where a connection waits between daemons: systemd's file-descriptor store, a keeper."""
+
+    def keep(self, kept: Kept) -> None: ...

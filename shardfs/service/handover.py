@@ -1,0 +1,130 @@
+"""Where a mount's connection waits while its daemon is replaced: systemd's file-descriptor store, or a keeper.
+
+Under systemd (a unit with `FileDescriptorStoreMax=`, see systemd/shardfs@.service) the daemon pushes the
+/dev/fuse descriptor and its record into the unit's store (sd_notify `FDSTORE=1` with `FDNAME=`); systemd
+holds them while the unit restarts and passes them to the next ExecStart as LISTEN_FDS/LISTEN_FDNAMES.
+Elsewhere `-o keeper[=SOCKET]` hands them to a keeper process (service/keeper.py, started if none answers).
+Either way the next `shardfs mount` of the same mountpoint finds the connection and takes it up without
+mounting: nothing touches the mountpoint first, since no daemon would answer for it yet.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import logging
+import os
+import select
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from shardfs.errors import ServiceError
+from shardfs.fuse.record import Carrier, Kept, RecordError
+from shardfs.service import keeper
+
+log = logging.getLogger("shardfs")
+
+FUSE_NAME = "shardfs-fuse"  # FDNAME of the /dev/fuse descriptor in systemd's store
+RECORD_NAME = "shardfs-record"  # FDNAME of its record
+LISTEN_FDS_START = 3  # sd_listen_fds(3): passed descriptors begin here
+HANDED_OVER = 75  # the daemon's exit status once it has handed its mount over (RestartForceExitStatus= in the unit)
+
+
+def mount_name(mountpoint: Path) -> Path:
+    """The mountpoint's real path, found without looking at the mount itself (its parent resolved, its name
+    kept): a kept connection's mount answers nothing until its next daemon serves it."""
+    return Path(os.path.realpath(mountpoint.parent)) / mountpoint.name
+
+
+@dataclass(frozen=True)
+class SystemdStore:
+    """The unit's file-descriptor store, reached over $NOTIFY_SOCKET."""
+
+    address: str
+
+    def keep(self, kept: Kept) -> None:
+        """Store a new connection's descriptors, once whatever an earlier one left under their names (a record
+        whose connection ended, say) is removed: the next start must find one of each."""
+        for name, fd in ((FUSE_NAME, kept.fd), (RECORD_NAME, kept.record.fd)):
+            self._notify(f"FDSTOREREMOVE=1\nFDNAME={name}", [])
+            self._notify(f"FDSTORE=1\nFDNAME={name}", [fd])
+
+    def _notify(self, text: str, fds: list[int]) -> None:
+        address = "\0" + self.address[1:] if self.address.startswith("@") else self.address  # abstract namespace
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as conn:
+            try:
+                # socket.send_fds would drop the address (CPython 3.11 passes neither flags nor address on)
+                rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+                conn.sendmsg([text.encode()], rights, 0, address)
+            except OSError as e:
+                raise ServiceError(f"systemd's notify socket refused the mount's descriptors ({e.strerror})") from e
+
+
+def _listened() -> dict[str, int]:
+    """Descriptors systemd passed this process (sd_listen_fds_with_names), by name; none if they were meant
+    for another process (LISTEN_PID). The variables are removed, so that nothing started later takes them."""
+    if os.environ.get("LISTEN_PID") != str(os.getpid()):
+        return {}
+    count = int(os.environ.get("LISTEN_FDS", "0") or 0)
+    names = os.environ.get("LISTEN_FDNAMES", "").split(":")
+    for variable in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(variable, None)
+    return {names[i] if i < len(names) else "unknown": LISTEN_FDS_START + i for i in range(count)}
+
+
+@dataclass(frozen=True)
+class KeeperCarrier:
+    """A keeper at path, holding the connection under the mountpoint's real path."""
+
+    path: Path
+    name: str
+
+    def keep(self, kept: Kept) -> None:
+        keeper.keep(self.path, self.name, kept.fds)
+
+
+def choose(mountpoint: Path, options: dict[str, str | bool], foreground: bool) -> tuple[Carrier | None, Kept | None]:
+    """Where this mount's connection is to be kept, and the connection kept there by a daemon before (None:
+    mount afresh). Pops `keeper` from options. Under systemd (foreground, $NOTIFY_SOCKET) the unit's store;
+    with `-o keeper[=SOCKET]` a keeper; otherwise nowhere: the mount ends with its daemon."""
+    wanted = options.pop("keeper", None)
+    listened = _listened()
+    notify = os.environ.get("NOTIFY_SOCKET", "")
+    if foreground and notify and os.environ.get("FDSTORE") != "0":  # $FDSTORE: the unit's maximum (systemd 254+)
+        kept = None
+        if FUSE_NAME in listened and RECORD_NAME in listened:
+            kept = _kept([listened[FUSE_NAME], listened[RECORD_NAME]], "systemd's file-descriptor store")
+        return SystemdStore(notify), kept
+    if wanted is None:
+        return None, None
+    path = keeper.default_path() if wanted is True else Path(str(wanted)).absolute()
+    keeper.started(path)
+    carrier = KeeperCarrier(path, str(mount_name(mountpoint)))
+    return carrier, _kept(keeper.take(path, carrier.name), f"the keeper at {path}")
+
+
+def _kept(fds: list[int], where: str) -> Kept | None:
+    if not fds:
+        return None
+    try:
+        kept = Kept.of(fds)
+        kept.record.terms()  # reads, or says why not
+        if _ended(kept.fd):
+            raise RecordError("its mount has ended")
+    except (RecordError, OSError) as e:
+        log.error("%s held descriptors that are not a kept connection (%s): mounting afresh", where, e,
+                  extra={"event": "handover"})  # fmt: skip
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        return None
+    log.info("taking up the connection kept by %s", where, extra={"event": "handover"})
+    return kept
+
+
+def _ended(fd: int) -> bool:
+    """Whether a /dev/fuse descriptor's connection has ended (unmounted, aborted): the kernel says POLLERR."""
+    poller = select.poll()
+    poller.register(fd, 0)
+    return any(events & select.POLLERR for _, events in poller.poll(0))

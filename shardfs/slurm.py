@@ -1,0 +1,112 @@
+"""`python -m shardfs.slurm mount|unmount`: the root side of deploy/slurm's Prolog and Epilog (README, "Slurm").
+
+They mount as the CSI node plugin publishes (shardfs/csi/node.py), with the job's user in the pod's place: root
+mounts /dev/fuse at the job's directory for that user alone (user_id=, no allow_other), and a daemon that makes
+itself the job's user, with the user's HOME (so the user's own cloud credentials), serves it. Neither the user
+nor the daemon needs /dev/fuse or fusermount3. The daemon's pid is kept beside the mount for the Epilog, which
+runs in another process: a daemon that hangs is killed once its mount is detached and its connection aborted.
+
+    mount --uid U --gid G --home H JOB_DIR NAME SOURCE [-o OPTIONS]   (OPTIONS as `shardfs mount -o` takes them)
+    unmount --uid U JOB_DIR                                         (every shardfs mount under it; JOB_DIR removed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+from shardfs.csi.node import Node, NodeError
+from shardfs.csi.volume import ATTRIBUTES, BadVolume, volume_of
+from shardfs.service import mountinfo
+
+# `-o` names of shardfs's own settings → the volume attribute that carries each (the rest are FUSE options).
+SETTINGS = {"".join(f"_{c.lower()}" if c.isupper() else c for c in name): name for name in ATTRIBUTES}
+DAEMON = "shardfs.csi.daemon"
+
+
+def _pid_file(job_dir: Path, name: str) -> Path:
+    return job_dir / f".{name}.pid"
+
+
+def mount(args: argparse.Namespace) -> int:
+    attributes, flags = {"source": args.source}, []
+    for item in filter(None, ",".join(args.options).split(",")):
+        key, eq, value = item.partition("=")
+        if key in SETTINGS and SETTINGS[key] != "source":
+            attributes[SETTINGS[key]] = value if eq else "true"
+        else:
+            flags.append(item)
+    node = Node(args.job_dir / ".run", args.uid, args.gid, args.home)
+    point = args.job_dir / args.name
+    try:
+        volume = volume_of(attributes, flags, {}, others=False)
+        node.publish(args.name, str(point), volume)
+    except (BadVolume, NodeError) as e:
+        print(f"shardfs: {e}", file=sys.stderr)
+        return 2
+    finally:
+        node.close()
+    [published] = node.published.values()
+    _pid_file(args.job_dir, args.name).write_text(str(published.daemon.pid))
+    return 0
+
+
+def unmount(args: argparse.Namespace) -> int:
+    node = Node(args.job_dir / ".run")  # it starts no daemon
+    failed = 0
+    try:
+        for point, _ in reversed(mountinfo.shardfs_mounts()):
+            if point.startswith(f"{args.job_dir}/"):
+                try:
+                    node.unpublish(os.path.basename(point), point)
+                except NodeError as e:
+                    print(f"shardfs: {e}", file=sys.stderr)
+                    failed = 1
+    finally:
+        node.close()
+    for pid_file in args.job_dir.glob(".*.pid"):
+        _end(pid_file, args.uid)
+    with contextlib.suppress(OSError):
+        (args.job_dir / ".run").rmdir()
+    return failed
+
+
+def _end(pid_file: Path, uid: int) -> None:
+    """Kill the daemon the file names if it still runs (stopped, or hung on something): the mount is gone."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pid_file.read_text())
+        status = Path(f"/proc/{pid}/status").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        uids = next(line.split()[1:] for line in status.splitlines() if line.startswith("Uid:"))
+        if uids[0] == str(uid) and DAEMON.encode() in cmdline:  # that daemon, not a process that took its pid
+            os.kill(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m shardfs.slurm", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("mount")
+    m.add_argument("--uid", type=int, required=True)
+    m.add_argument("--gid", type=int, required=True)
+    m.add_argument("--home", default="/nonexistent")
+    m.add_argument("job_dir", type=Path)
+    m.add_argument("name")
+    m.add_argument("source")
+    m.add_argument("-o", dest="options", action="append", default=[])
+    u = sub.add_parser("unmount")
+    u.add_argument("--uid", type=int, required=True)
+    u.add_argument("job_dir", type=Path)
+    args = p.parse_args(argv)
+    if args.uid == 0:
+        p.error("--uid 0: jobs' datasets are served by their users, not root")
+    args.job_dir = args.job_dir.resolve()  # root's own directory, not a mount: as mountinfo names what is in it
+    return mount(args) if args.command == "mount" else unmount(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

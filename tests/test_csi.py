@@ -1,0 +1,463 @@
+"""`shardfs csi`, called over its unix socket as kubelet calls it: the CSI sanity suite's node-plugin cases
+(missing fields, idempotent publish and unpublish, capabilities and info), then real publishes of a remote
+dataset on a loopback server, served by a daemon running as uid 65534 with no capabilities and read through
+the target path by tensorstore, cloud-volume and another user; an unpublish whose daemon hangs; the publish
+secret nowhere but the daemon's memory."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import numpy as np
+import psutil
+import pytest
+import tensorstore as ts
+from cloudvolume import CloudVolume
+
+from shardfs.csi import DRIVER
+from shardfs.csi import csi_pb2 as pb
+from shardfs.csi import csi_pb2_grpc as rpc
+from shardfs.service import mountinfo
+from tests.conftest import as_user
+from tests.http_server import RangeServer
+
+PATIENCE = 120.0  # seconds: only a hang waits this long
+NODE_ID = "node-under-test"
+MOUNT = pb.VolumeCapability(
+    mount=pb.VolumeCapability.MountVolume(),
+    access_mode=pb.VolumeCapability.AccessMode(mode=pb.VolumeCapability.AccessMode.MULTI_NODE_READER_ONLY),
+)
+
+
+@dataclass
+class Plugin:
+    process: subprocess.Popen[bytes]
+    log: Path
+    identity: rpc.IdentityStub
+    node: rpc.NodeStub
+    channel: grpc.Channel
+    pods: Path  # where targets go, as under /var/lib/kubelet/pods
+
+    def daemons(self) -> list[psutil.Process]:
+        """The volumes' daemons alive now (one killed is a zombie until the plugin reaps it)."""
+        found = []
+        for child in psutil.Process(self.process.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if child.status() != psutil.STATUS_ZOMBIE and "shardfs.csi.daemon" in child.cmdline():
+                    found.append(child)
+        return found
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plugin]:
+    root = tmp_path_factory.mktemp("csi")
+    sock, log = root / "plugin" / "csi.sock", root / "plugin.log"
+    pods = Path(tempfile.mkdtemp(prefix="shardfs-csi-pods-", dir="/tmp"))  # where a pod's user can reach
+    pods.chmod(0o755)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "shardfs", "csi", f"--endpoint=unix://{sock}", f"--node-id={NODE_ID}",
+             f"--run-dir={root / 'run'}"], stdout=out, stderr=out,
+        )  # fmt: skip
+    channel = grpc.insecure_channel(f"unix://{sock}")
+    grpc.channel_ready_future(channel).result(timeout=PATIENCE)
+    yield Plugin(process, log, rpc.IdentityStub(channel), rpc.NodeStub(channel), channel, pods)
+    for point, _ in mountinfo.shardfs_mounts():  # what a failed test left published
+        if point.startswith(str(pods)):
+            plugin_unpublish(channel, point)
+    process.send_signal(signal.SIGTERM)
+    process.wait(PATIENCE)
+    channel.close()
+    shutil.rmtree(pods)
+
+
+def plugin_unpublish(channel: grpc.Channel, target: str) -> None:
+    rpc.NodeStub(channel).NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id="left", target_path=target))
+
+
+@pytest.fixture(scope="module")
+def server(raw_volume) -> Iterator[RangeServer]:
+    with RangeServer(raw_volume[0]).running() as s:
+        yield s
+
+
+def publish(
+    plugin: Plugin, target: Path, attributes: dict[str, str], volume_id: str = "vol-1", **fields: object
+) -> pb.NodePublishVolumeResponse:
+    request = pb.NodePublishVolumeRequest(
+        volume_id=volume_id, target_path=str(target), volume_capability=MOUNT, readonly=True,
+        volume_context=attributes, **fields,
+    )  # fmt: skip
+    return plugin.node.NodePublishVolume(request, timeout=PATIENCE)
+
+
+def unpublish(plugin: Plugin, target: Path, volume_id: str = "vol-1") -> None:
+    request = pb.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=str(target))
+    plugin.node.NodeUnpublishVolume(request, timeout=PATIENCE)
+
+
+def refusal(call: object) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as e:
+        call()  # type: ignore[operator]
+    return e.value.code(), e.value.details()
+
+
+def test_identity_and_node_info(plugin: Plugin) -> None:
+    info = plugin.identity.GetPluginInfo(pb.GetPluginInfoRequest())
+    assert info.name == DRIVER and info.vendor_version
+    assert not plugin.identity.GetPluginCapabilities(pb.GetPluginCapabilitiesRequest()).capabilities  # no controller
+    assert plugin.identity.Probe(pb.ProbeRequest()).ready.value is True
+    assert plugin.node.NodeGetInfo(pb.NodeGetInfoRequest()).node_id == NODE_ID
+    assert not plugin.node.NodeGetCapabilities(pb.NodeGetCapabilitiesRequest()).capabilities  # no staging
+
+
+@pytest.mark.parametrize(
+    "method", ["/csi.v1.Node/NodeStageVolume", "/csi.v1.Node/NodeGetVolumeStats", "/csi.v1.Controller/CreateVolume"]
+)
+def test_what_a_node_plugin_does_not_do_is_unimplemented(plugin: Plugin, method: str) -> None:
+    call = plugin.channel.unary_unary(method, request_serializer=bytes, response_deserializer=bytes)
+    assert refusal(lambda: call(b"", timeout=PATIENCE))[0] == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_missing_fields_are_invalid_arguments(plugin: Plugin) -> None:
+    """As csi-sanity's node cases: no volume id, no target path, no capability: INVALID_ARGUMENT, naming it."""
+    target = str(plugin.pods / "never")
+    requests = {
+        "volume_id": pb.NodePublishVolumeRequest(target_path=target, volume_capability=MOUNT),
+        "target_path": pb.NodePublishVolumeRequest(volume_id="v", volume_capability=MOUNT),
+        "volume_capability": pb.NodePublishVolumeRequest(volume_id="v", target_path=target),
+    }
+    for field, request in requests.items():
+        code, details = refusal(lambda r=request: plugin.node.NodePublishVolume(r))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and field in details
+    for field, request in {
+        "volume_id": pb.NodeUnpublishVolumeRequest(target_path=target),
+        "target_path": pb.NodeUnpublishVolumeRequest(volume_id="v"),
+    }.items():
+        code, details = refusal(lambda r=request: plugin.node.NodeUnpublishVolume(r))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and field in details
+    assert not os.path.lexists(target)
+
+
+@pytest.mark.parametrize(
+    ("attributes", "flags", "secrets", "named"),
+    [
+        ({}, [], {}, "source"),
+        ({"source": "https://example.org/x", "cachesize": "1G"}, [], {}, "cachesize"),
+        ({"source": "https://user:pw@example.org/x"}, [], {}, "source: holds a user:password@"),
+        ({"source": "s3://b/x", "endpoint": "http://user:pw@127.0.0.1:9000"}, [], {}, "endpoint: holds a user"),
+        ({"source": "https://example.org/x", "cacheSize": "12"}, [], {}, "cacheSize"),
+        ({"source": "https://example.org/x", "view": "n6"}, [], {}, "view"),
+        ({"source": "https://example.org/x"}, ["no_such_option"], {}, "no_such_option"),
+        ({"source": "https://example.org/x"}, ["noexec,subtype=other"], {}, "subtype is the plugin's"),
+        ({"source": "https://example.org/x"}, ["auto_unmount"], {}, "auto_unmount"),
+        ({"source": "https://example.org/x"}, [], {"AWS_SECRET": "x"}, "AWS_SECRET"),
+    ],
+)
+def test_a_volume_that_cannot_work_is_refused_naming_what(plugin: Plugin, attributes, flags, secrets, named) -> None:
+    capability = pb.VolumeCapability(mount=pb.VolumeCapability.MountVolume(mount_flags=flags))
+    request = pb.NodePublishVolumeRequest(
+        volume_id="v", target_path=str(plugin.pods / "bad"), volume_capability=capability,
+        volume_context={**attributes, "csi.storage.k8s.io/pod.name": "p"}, secrets=secrets,
+    )  # fmt: skip
+    code, details = refusal(lambda: plugin.node.NodePublishVolume(request))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and named in details
+    assert "pw" not in details
+    assert not os.path.lexists(plugin.pods / "bad")
+
+
+def test_block_access_is_refused(plugin: Plugin) -> None:
+    capability = pb.VolumeCapability(block=pb.VolumeCapability.BlockVolume())
+    request = pb.NodePublishVolumeRequest(
+        volume_id="v", target_path=str(plugin.pods / "block"), volume_capability=capability,
+        volume_context={"source": "https://example.org/x"},
+    )  # fmt: skip
+    assert refusal(lambda: plugin.node.NodePublishVolume(request))[0] == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_unpublish_of_what_is_not_published_is_ok(plugin: Plugin) -> None:
+    unpublish(plugin, plugin.pods / "nothing-here")
+    (plugin.pods / "empty").mkdir()
+    unpublish(plugin, plugin.pods / "empty")  # a target made and never mounted (a publish that failed)
+    assert not (plugin.pods / "empty").exists()
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+
+
+def test_publish_serves_the_dataset_from_an_unprivileged_daemon(plugin: Plugin, server, raw_volume) -> None:
+    _, twin, expected = raw_volume
+    target = plugin.pods / "pod-a" / "volumes" / "data"
+    target.parent.mkdir(parents=True)
+    attributes = {"source": f"precomputed://{server.url}", "cacheSize": "16M", "timeout": "20", "logLevel": "INFO"}
+    publish(plugin, target, attributes)
+    assert re.search(rf"msg=\"?{re.escape(str(target))}: mounted ", plugin.log.read_text())  # the daemon's, named
+    mounted = mountinfo.exactly_at(str(target))
+    assert mounted is not None and mounted.fstype == "fuse.shardfs"
+    assert {"ro", "allow_other", "default_permissions"} <= set(mounted.options.split(",") + _vfs(target))
+    [daemon] = plugin.daemons()
+    status = _status(daemon.pid)
+    assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
+    assert status["Groups"].strip() == ""
+    assert all(int(status[c], 16) == 0 for c in ("CapInh", "CapPrm", "CapEff", "CapAmb"))
+    assert status["NoNewPrivs"] == "1"
+
+    spec = {"driver": "neuroglancer_precomputed", "kvstore": f"file://{target}", "scale_index": 0}
+    assert np.array_equal(ts.open(spec).result().read().result(), expected)
+    cv = CloudVolume(f"file://{target}", mip=0, fill_missing=True, progress=False)
+    assert np.array_equal(np.asarray(cv[cv.bounds]), expected)
+    name = sorted(os.listdir(twin / "4_4_40"))[-1]
+    read = as_user((12345, 12345), "sha256sum", target / "4_4_40" / name)  # a pod's uid, whatever it is
+    assert read.returncode == 0, read.stderr
+    assert read.stdout.split()[0] == hashlib.sha256((twin / "4_4_40" / name).read_bytes()).hexdigest()
+
+    stats = subprocess.run([sys.executable, "-m", "shardfs", "stats", str(target)], capture_output=True, text=True)
+    assert stats.returncode == 0 and "uptime" in stats.stdout.lower(), stats.stderr  # an operator's view of it
+    publish(plugin, target, attributes)  # kubelet retrying: the same mount, the same daemon
+    assert mountinfo.exactly_at(str(target)) == mounted and plugin.daemons() == [daemon]
+    code, details = refusal(lambda: publish(plugin, target, {**attributes, "view": "n5"}))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and str(target) in details
+
+    unpublish(plugin, target)
+    assert not target.exists() and mountinfo.exactly_at(str(target)) is None
+    daemon.wait(PATIENCE)
+    unpublish(plugin, target)  # again: OK, nothing to do
+
+
+def _vfs(target: Path) -> list[str]:
+    """The mount's own flags (ro, nosuid...), from mountinfo's per-mount field."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split(" - ")[0].split()
+        if fields[4] == str(target):
+            return fields[5].split(",")
+    return []
+
+
+def test_a_source_that_cannot_be_opened_is_refused_and_leaves_nothing(plugin: Plugin, server) -> None:
+    target = plugin.pods / "missing"
+    attributes = {"source": f"precomputed://{server.url}/no/such/dataset", "timeout": "5"}
+    code, details = refusal(lambda: publish(plugin, target, attributes, volume_id="vol-missing"))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "vol-missing" in details
+    assert not target.exists() and mountinfo.exactly_at(str(target)) is None and not plugin.daemons()
+
+
+def test_unpublish_of_a_hung_daemon_aborts_and_never_hangs(plugin: Plugin, server, raw_volume) -> None:
+    """The daemon stopped (SIGSTOP) with a reader waiting on it: unpublish returns, the reader gets an error,
+    nothing stays mounted, the daemon is gone."""
+    _, twin, _ = raw_volume
+    target = plugin.pods / "hung"
+    publish(plugin, target, {"source": f"precomputed://{server.url}"}, volume_id="vol-hung")
+    [daemon] = plugin.daemons()
+    daemon.suspend()
+    name = sorted(os.listdir(twin / "4_4_40"))[0]
+    reader = subprocess.Popen(["cat", str(target / "4_4_40" / name)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    waited = _wait_for(lambda: _waiting_on(target, reader.pid))
+    assert waited, "the reader never reached the daemon"
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (unpublish(plugin, target, "vol-hung"), done.set()), daemon=True)
+    thread.start()
+    assert done.wait(PATIENCE), "unpublish hung"
+    assert reader.wait(PATIENCE) != 0
+    assert mountinfo.exactly_at(str(target)) is None and not target.exists()
+    assert daemon.wait(PATIENCE) is not None or not daemon.is_running()
+    assert "aborted" in plugin.log.read_text()
+
+
+def _waiting_on(target: Path, pid: int) -> bool:
+    """Whether pid is blocked in a request to the FUSE connection at target (its daemon stopped)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text() in ("request_wait_answer", "fuse_wait_answer") or (
+            psutil.Process(pid).status() == psutil.STATUS_DISK_SLEEP
+        )
+    except (OSError, psutil.Error):
+        return False
+
+
+def _wait_for(condition: object, patience: float = PATIENCE) -> bool:
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_the_publish_secret_is_nowhere_but_the_daemon(plugin: Plugin, raw_volume, tmp_path: Path) -> None:
+    """An S3 source (path-style, on a loopback server that refuses any request not signed with the key id
+    from the secret): read through the mount, then the secret looked for in the plugin's log, every
+    process's argv and environment, and the mount table."""
+    _, twin, _ = raw_volume
+    bucket = tmp_path / "s3"
+    (bucket / "bkt").mkdir(parents=True)
+    os.symlink(raw_volume[0], bucket / "bkt" / "vol")
+    key_id, secret = f"AKIA{uuid.uuid4().hex[:12].upper()}", f"secret-{uuid.uuid4().hex}"
+    target = plugin.pods / "signed"
+    with RangeServer(bucket).running() as s3:
+        s3.admit = lambda auth: (auth or "").startswith(f"AWS4-HMAC-SHA256 Credential={key_id}/")
+        attributes = {"source": "s3://bkt/vol", "endpoint": s3.url, "region": "us-east-1", "timeout": "20"}
+        secrets = {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret}
+        publish(plugin, target, attributes, volume_id="vol-signed", secrets=secrets)
+        name = sorted(os.listdir(twin / "4_4_40"))[0]
+        assert (target / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        assert s3.authorizations and all(a and key_id in a for a in s3.authorizations)
+        [daemon] = plugin.daemons()
+        seen = [plugin.log.read_text(), Path("/proc/self/mountinfo").read_text(), Path("/proc/mounts").read_text()]
+        for process in psutil.process_iter():
+            try:
+                seen.append(Path(f"/proc/{process.pid}/cmdline").read_bytes().decode(errors="replace"))
+                seen.append(Path(f"/proc/{process.pid}/environ").read_bytes().decode(errors="replace"))
+            except OSError:
+                pass
+        assert secret not in "\n".join(seen)
+        assert not _readable_by_another_daemon_user(daemon.pid)
+        unpublish(plugin, target, "vol-signed")
+    assert secret not in plugin.log.read_text()
+
+
+def _readable_by_another_daemon_user(pid: int) -> bool:
+    """Whether another process of uid 65534 (another volume's daemon) could read the daemon's environment."""
+    read = as_user((65534, 65534), "cat", f"/proc/{pid}/environ")
+    return read.returncode == 0
+
+
+def test_kubelet_publishes_while_another_volume_is_read(plugin: Plugin, server, raw_volume) -> None:
+    """Two volumes at once, each with its own daemon; unpublishing one leaves the other serving."""
+    _, twin, _ = raw_volume
+    a, b = plugin.pods / "two-a", plugin.pods / "two-b"
+    attributes = {"source": f"precomputed://{server.url}"}
+    publish(plugin, a, attributes, volume_id="vol-a")
+    publish(plugin, b, {**attributes, "cacheSize": "8M"}, volume_id="vol-b")
+    assert len(plugin.daemons()) == 2
+    unpublish(plugin, a, "vol-a")
+    assert len(plugin.daemons()) == 1
+    name = sorted(os.listdir(twin / "4_4_40"))[1]
+    assert (b / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+    unpublish(plugin, b, "vol-b")
+    assert not a.exists() and not b.exists()
+
+
+def _fuse_connections_held(pid: int) -> set[int]:
+    """The FUSE connections whose /dev/fuse pid holds open (fdinfo names them on kernels from 6.18)."""
+    held = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/fuse":
+                found = re.search(r"^fuse_connection:\s*(\d+)$", Path(f"/proc/{pid}/fdinfo/{fd}").read_text(), re.M)
+                held.add(int(found.group(1)) if found else -1)
+    return held
+
+
+def test_a_killed_daemon_is_replaced_under_16_readers_with_no_error(plugin: Plugin, raw_volume) -> None:
+    """16 readers of cold chunks over a server answering in 200 ms, and the volume's daemon killed (SIGKILL)
+    in their midst: the plugin's keeper held the connection and its record, a new daemon takes it up (no
+    mount, no INIT; the kernel resends what the dead one had read), and every reader gets every byte as
+    tensorstore wrote it, with no error, over the one connection throughout."""
+    _, twin, _ = raw_volume
+    names = sorted(os.listdir(twin / "4_4_40"))
+    target = plugin.pods / "replaced"
+    with RangeServer(raw_volume[0], latency=0.2).running() as slow:
+        publish(plugin, target, {"source": f"precomputed://{slow.url}", "timeout": "60"}, volume_id="vol-replaced")
+        mounted = mountinfo.exactly_at(str(target))
+        assert mounted is not None
+        [first] = plugin.daemons()
+        assert int(mounted.device.split(":")[1]) in _fuse_connections_held(plugin.process.pid) | {-1}
+        errors: list[str] = []
+        read: list[str] = []
+
+        def reader(mine: list[str]) -> None:
+            for name in mine:
+                try:
+                    got = (target / "4_4_40" / name).read_bytes()
+                except OSError as e:
+                    errors.append(f"{name}: {e}")
+                    continue
+                if got != (twin / "4_4_40" / name).read_bytes():
+                    errors.append(f"{name}: other bytes")
+                read.append(name)
+
+        threads = [threading.Thread(target=reader, args=(names[i::16],)) for i in range(16)]
+        for thread in threads:
+            thread.start()
+        assert _wait_for(lambda: len(read) >= 4), "the readers never got going"
+        first.kill()
+        for thread in threads:
+            thread.join(PATIENCE)
+        assert not errors, errors[:5]
+        assert sorted(read) == names and not any(t.is_alive() for t in threads)
+        [second] = plugin.daemons()
+        assert second.pid != first.pid
+        assert mountinfo.exactly_at(str(target)) == mounted  # the same mount, the same connection
+        assert "a new one takes the connection up" in plugin.log.read_text()
+        unpublish(plugin, target, "vol-replaced")
+    assert mountinfo.exactly_at(str(target)) is None and not plugin.daemons()
+
+
+def test_a_daemon_that_keeps_dying_is_let_go_and_its_readers_get_an_error(plugin: Plugin, server, raw_volume) -> None:
+    """Replaced three times within a minute, the fourth end is final: the keeper's copy is dropped, so a reader
+    gets an error at once rather than a wait; a second publish mounts afresh."""
+    _, twin, _ = raw_volume
+    target = plugin.pods / "dying"
+    attributes = {"source": f"precomputed://{server.url}"}
+    publish(plugin, target, attributes, volume_id="vol-dying")
+    names = sorted(os.listdir(twin / "4_4_40"))
+    for name in names[:3]:
+        [daemon] = plugin.daemons()
+        daemon.kill()
+        daemon.wait(PATIENCE)
+        # The read waits through the gap and is answered by the next daemon.
+        assert (target / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+    [daemon] = plugin.daemons()
+    daemon.kill()
+    assert _wait_for(lambda: "the mount is dead" in plugin.log.read_text())
+    name = names[3]
+    reader = subprocess.run(["cat", str(target / "4_4_40" / name)], capture_output=True, timeout=PATIENCE)
+    assert reader.returncode != 0 and re.search(rb"not connected|connection abort", reader.stderr), reader.stderr
+    publish(plugin, target, attributes, volume_id="vol-dying")  # kubelet's retry: cleared and mounted again
+    assert (target / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+    unpublish(plugin, target, "vol-dying")
+    assert mountinfo.exactly_at(str(target)) is None
+
+
+def test_a_second_call_on_a_target_in_progress_is_aborted(plugin: Plugin, raw_volume) -> None:
+    """While a publish waits on a source that does not answer, another call on that target is ABORTED (kubelet
+    retries it); the first one then fails in words, leaving nothing."""
+    target = plugin.pods / "slow"
+    with RangeServer(raw_volume[0]).running() as slow:
+        slow.hang = True
+        attributes = {"source": f"precomputed://{slow.url}", "timeout": "2"}
+        first: list[grpc.RpcError | None] = []
+        thread = threading.Thread(target=lambda: first.append(_error_of(lambda: publish(plugin, target, attributes))))
+        thread.start()
+        assert _wait_for(lambda: bool(plugin.daemons())), "the first publish never started its daemon"
+        code, details = refusal(lambda: publish(plugin, target, attributes))
+        assert code == grpc.StatusCode.ABORTED and "in progress" in details
+        code, _ = refusal(lambda: unpublish(plugin, target))
+        assert code == grpc.StatusCode.ABORTED
+        thread.join(PATIENCE)
+    assert first and first[0] is not None and first[0].code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert mountinfo.exactly_at(str(target)) is None and not target.exists()
+
+
+def _error_of(call: object) -> grpc.RpcError | None:
+    try:
+        call()  # type: ignore[operator]
+    except grpc.RpcError as e:
+        return e
+    return None

@@ -1,0 +1,97 @@
+"""A connection's record (shardfs/fuse/record.py): what the next daemon reads back is what the last one wrote,
+the node table's ids survive into a new table, and a journal of mostly dropped ids is rewritten small."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shardfs.fuse import wire
+from shardfs.fuse.record import COMPACT_AFTER, Kept, Record, RecordError, Terms
+from shardfs.fuse.session import PACKED, Nodes
+from shardfs.service import handover
+
+
+class Unnumbered:
+    """Keys that number nothing: every path gets a table id."""
+
+    def __init__(self) -> None:
+        self.numbered: list[str] = []
+
+    def key_of(self, path: str) -> tuple[int, int] | None:
+        return None
+
+    def path_of(self, number: int, key: int) -> str | None:
+        return None
+
+
+def reopened(record: Record) -> Record:
+    """The record as the next daemon gets it: another descriptor of the same memfd."""
+    return Record(os.dup(record.fd))
+
+
+def test_terms_and_table_read_back_by_the_next_daemon() -> None:
+    record = Record.new()
+    assert record.terms() is None and reopened(record).terms() is None  # INIT not answered yet
+    terms = Terms(38, 0x4C0001, 131072, 4096, 256, 1, True, True)
+    record.settle(terms)
+    record.added(2, "a")
+    record.added(3, "a/ünï code\nname")
+    record.added(4, "b")
+    record.dropped(2, "a", {3: "a/ünï code\nname", 4: "b"})
+    after = reopened(record)
+    assert after.terms() == terms
+    assert after.table() == {3: "a/ünï code\nname", 4: "b"}
+    after.added(5, "c")  # the next daemon goes on journalling where the last one stopped
+    assert reopened(record).table() == {3: "a/ünï code\nname", 4: "b", 5: "c"}
+
+
+def test_table_ids_survive_into_the_next_daemons_table() -> None:
+    record = Record.new()
+    nodes = Nodes(Unnumbered(), record)
+    ids = {path: nodes.looked_up(path) for path in ("s0", "s0/info", "s1")}
+    nodes.forget(ids["s1"], 1)  # dropped: the kernel holds it no more
+    restored = Nodes(Unnumbered(), reopened(record))
+    assert restored.path(ids["s0"]) == "s0" and restored.path(ids["s0/info"]) == "s0/info"
+    with pytest.raises(KeyError):
+        restored.path(ids["s1"])
+    fresh = restored.looked_up("s2")
+    assert fresh not in ids.values() and not fresh & PACKED  # never an id the kernel may still hold
+    assert restored.looked_up("s0") == ids["s0"]  # the same path, the same id
+    restored.forget(ids["s0"], 1)  # its count from before is unknown: kept, not dropped
+    assert restored.path(ids["s0"]) == "s0"
+    restored.forget(123456, 7)  # an id never issued: harmless
+    assert restored.path(wire.ROOT_ID) == ""
+
+
+def test_a_journal_of_dropped_ids_is_rewritten_and_its_pages_given_back() -> None:
+    record = Record.new()
+    nodes = Nodes(Unnumbered(), record)
+    name = "d" * 200
+    kept = nodes.looked_up("kept")
+    for i in range(2 * COMPACT_AFTER // 200):
+        nodes.forget(nodes.looked_up(f"{name}{i}"), 1)
+    assert reopened(record).table() == {kept: "kept"}
+    assert os.fstat(record.fd).st_blocks * 512 < COMPACT_AFTER  # the old journal's pages were punched out
+
+
+def test_what_is_not_a_kept_connection_is_refused() -> None:
+    memfd = os.memfd_create("not-a-record")
+    os.write(memfd, b"something else entirely, long enough for a header")
+    with pytest.raises(RecordError, match="not a shardfs record"):
+        Record(memfd)
+    with pytest.raises(RecordError, match="not /dev/fuse"):
+        Kept.of([memfd, Record.new().fd])
+    with pytest.raises(RecordError, match="2 descriptors"):
+        Kept.of([memfd])
+
+
+def test_a_kept_descriptor_whose_mount_has_ended_is_not_taken_up() -> None:
+    """A /dev/fuse descriptor of no live connection (here: never mounted; or unmounted while no daemon ran)
+    is refused, its descriptors closed: the daemon then mounts afresh."""
+    fuse = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    record = Record.new()
+    assert handover._kept([fuse, record.fd], "the test") is None
+    with pytest.raises(OSError):
+        os.fstat(fuse)

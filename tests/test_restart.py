@@ -1,0 +1,361 @@
+"""A daemon replaced under a live mount: killed (SIGKILL), handed over (SIGUSR2) or upgraded (a second checkout
+of the tree), while 16 readers wait on a remote source at 200 ms a request and a listing is half read. The
+connection waits in systemd's file-descriptor store (this test plays systemd: a notify socket that receives
+FDSTORE=1, then LISTEN_FDS/LISTEN_FDNAMES/LISTEN_PID and the descriptors from 3) or in a keeper; the next
+daemon takes it up, the kernel resends what was read and never answered, and every reader gets the bytes
+tensorstore wrote, with no error, the mount never gone."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardfs.fuse.mount import unmount
+from shardfs.service import keeper, mountinfo, stats_socket
+from shardfs.service.handover import FUSE_NAME, HANDED_OVER, RECORD_NAME
+from tests import peers
+from tests.conftest import REPO, SHARDFS, scrape, shardfs
+from tests.http_server import RangeServer
+
+LATENCY = 0.2  # seconds the server takes to answer each request
+READERS = 16
+PATIENCE = 120  # seconds: only a hang reaches it
+SCALE = "4_4_40"
+UCRED = "3i"
+
+
+@pytest.fixture(scope="module")
+def volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(source, unsharded twin) of a tensorstore volume of 2,048 raw chunks: a listing of them takes several
+    READDIR requests, and each cold chunk one GET or more."""
+    root = tmp_path_factory.mktemp("restart-volume")
+    source, twin = root / "src", root / "twin"
+    peers.write_tensorstore_volume(
+        source, data_encoding="raw", size=(128, 128, 64), chunk=(8, 8, 8), voxel_offset=(0, 0, 0),
+        extra_unsharded_scale=False, unsharded_twin=twin,
+    )  # fmt: skip
+    return source, twin
+
+
+@pytest.fixture(scope="module")
+def new_code(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second copy of the package, elsewhere, as an upgrade installs it: run with PYTHONPATH pointing at it."""
+    where = tmp_path_factory.mktemp("upgrade")
+    shutil.copytree(REPO / "shardfs", where / "shardfs", ignore=shutil.ignore_patterns("__pycache__"))
+    return where
+
+
+@dataclass
+class Systemd:
+    """systemd's part: the notify socket, the store it fills, and the start of ExecStart with what it holds."""
+
+    socket_path: Path
+    sock: socket.socket = field(init=False)
+    store: dict[str, int] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(self.socket_path))
+        self.sock.settimeout(PATIENCE)
+
+    def until(self, word: str) -> None:
+        """Take messages (and the descriptors pushed with FDSTORE=1) until one says word."""
+        while True:
+            data, fds, _, _ = socket.recv_fds(self.sock, 4096, 8, socket.MSG_CMSG_CLOEXEC)
+            lines = data.decode().splitlines()
+            self.messages.append(data.decode())
+            if "FDSTOREREMOVE=1" in lines:
+                name = next(line[7:] for line in lines if line.startswith("FDNAME="))
+                if name in self.store:
+                    os.close(self.store.pop(name))
+            elif "FDSTORE=1" in lines:
+                name = next(line[7:] for line in lines if line.startswith("FDNAME="))
+                assert len(fds) == 1, lines
+                if name in self.store:
+                    os.close(self.store[name])
+                self.store[name] = fds[0]
+            else:
+                for fd in fds:
+                    os.close(fd)
+            if word in lines:
+                return
+
+    def start(self, command: list[str], env: dict[str, str]) -> Launch:
+        """ExecStart as systemd runs it (once go() is called): the stored descriptors from 3, named in
+        LISTEN_FDNAMES, LISTEN_PID the started process's own."""
+        return Launch(command, {**env, "NOTIFY_SOCKET": str(self.socket_path)}, dict(self.store))
+
+    def close(self) -> None:
+        for fd in self.store.values():
+            os.close(fd)
+        self.sock.close()
+
+
+# The launcher: waits for a line on stdin, then puts the named descriptors at 3, 4, ... with LISTEN_FDS,
+# LISTEN_FDNAMES and its own pid as LISTEN_PID (as systemd does between fork and exec), and becomes the command.
+LAUNCHER = """
+import os, sys
+sys.stdin.readline()
+names, command = sys.argv[1].split(":") if sys.argv[1] else [], sys.argv[3:]
+fds = [int(f) for f in sys.argv[2].split(",") if f]
+high = [os.dup(fd) for fd in fds]  # out of the way of 3, 4, ...
+for i, fd in enumerate(high):
+    os.dup2(fd, 3 + i)
+    os.set_inheritable(3 + i, True)
+for fd in {*fds, *high} - set(range(3, 3 + len(fds))):
+    os.close(fd)
+if names:
+    os.environ.update(LISTEN_PID=str(os.getpid()), LISTEN_FDS=str(len(fds)), LISTEN_FDNAMES=":".join(names))
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.execvp(command[0], command)
+"""
+
+
+class Launch:
+    """A command made ready to start (forked, waiting) and started by go(). The test's process holds files of
+    the mount: a child forked while no daemon serves it would hang closing them (FLUSH) before its exec, as
+    systemd, which holds none, never does; so the daemon after is forked before any is opened."""
+
+    def __init__(
+        self, command: list[str], env: dict[str, str], passed: dict[str, int] | None = None, output: bool = False
+    ) -> None:  # fmt: skip
+        passed = passed or {}
+        fds = ",".join(map(str, passed.values()))
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER, ":".join(passed), fds, *command], env=env, pass_fds=list(passed.values()),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE if output else None, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def output(self) -> str:
+        """Start the command, wait for its end, and return what it printed."""
+        process = self.go()
+        assert process.stdout is not None
+        printed = process.stdout.read()
+        process.wait(timeout=PATIENCE)
+        return printed
+
+    def go(self) -> subprocess.Popen[str]:
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.close()
+        return self.process
+
+
+def peer_pid(path: Path, kind: int = socket.SOCK_SEQPACKET) -> int:
+    """The pid of the process listening at a Unix socket."""
+    import struct
+
+    with socket.socket(socket.AF_UNIX, kind) as conn:
+        conn.connect(str(path))
+        return struct.unpack(UCRED, conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+
+
+def device_of(point: Path) -> str | None:
+    """The mount's device (0:<connection>) as the kernel lists it, without asking the daemon."""
+    found = mountinfo.topmost(point)
+    return None if found is None else found.device
+
+
+class MountWatch:
+    """Looks at the mount table every 10 ms from a thread: whether the mount at point was ever gone."""
+
+    def __init__(self, point: Path) -> None:
+        self.point, self.device, self.gone = point, device_of(point), False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.01):
+            if device_of(self.point) != self.device:
+                self.gone = True
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def read_all(paths: list[Path]) -> list[tuple[Path, bytes | OSError]]:
+    out: list[tuple[Path, bytes | OSError]] = []
+    for path in paths:
+        try:
+            out.append((path, path.read_bytes()))
+        except OSError as e:
+            out.append((path, e))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("carrier", "how"),
+    [("systemd", "kill"), ("keeper", "kill"), ("systemd", "hand over"), ("keeper", "hand over"),
+     ("systemd", "new code"), ("keeper", "new code")],
+)  # fmt: skip
+def test_a_replaced_daemon_loses_no_request(volume, new_code, tmp_path, carrier, how) -> None:
+    source, twin = volume
+    point = tmp_path / "m"
+    point.mkdir()
+    keeper_path = tmp_path / "keeper.sock"
+    systemd = Systemd(tmp_path / "notify")
+    env = dict(os.environ)
+    # The daemon after: this code, or a second checkout of it (with the same interpreter).
+    after_env = {**env, "PYTHONPATH": str(new_code)} if how == "new code" else env
+    if how == "new code":
+        where = subprocess.run(
+            [sys.executable, "-c", "import shardfs; print(shardfs.__file__)"], env=after_env, cwd=tmp_path,
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert where.startswith(str(new_code)), where
+    names = sorted(p.name for p in (twin / SCALE).iterdir())
+    assert len(names) == 2048
+    daemons: list[subprocess.Popen[str]] = []
+    keeper_pid = None
+    after: Launch | None = None
+    listed: Launch | None = None
+    pool = ThreadPoolExecutor(READERS)
+    detached: list[int] = []  # the keeper's daemons, detached: no children of the test
+    with RangeServer(source).running() as server:
+        url = f"precomputed://{server.url}"
+        log = tmp_path / "shardfs.log"
+        if carrier == "systemd":
+            command = [*SHARDFS, "mount", "--foreground", url, str(point), "--log-file", str(log)]
+            daemons.append(systemd.start(command, env).go())
+            systemd.until("READY=1")
+            assert set(systemd.store) == {FUSE_NAME, RECORD_NAME}
+        else:
+            command = [*SHARDFS, "mount", url, str(point), "--log-file", str(log), "--log-level", "info"]
+            command += ["-o", f"keeper={keeper_path}"]
+            subprocess.run(command, check=True, timeout=PATIENCE, capture_output=True)
+            keeper_pid = peer_pid(keeper_path)
+            assert keeper.names(keeper_path) == [str(point)]
+        try:
+            first_pid = daemons[0].pid if daemons else stats_socket.ask(point)[0]
+            detached += [] if daemons else [first_pid]
+            after = systemd.start(command, after_env) if carrier == "systemd" else Launch(command, after_env)
+            listed = Launch([*SHARDFS, "list"], env, output=True)
+            watch = MountWatch(point)
+            assert watch.device is not None
+            # The metadata looked up first: the listed directory's table id is then one that a table begun
+            # afresh would give another path (and the kernel, on ESTALE, looks names up again).
+            assert (point / "info").stat().st_size > 0
+            # A listing begun, and left half-way: the kernel holds its handle and offset across the restart.
+            listing = os.scandir(point / SCALE)
+            seen = [next(listing).name for _ in range(300)]
+            server.latency = LATENCY
+            rng = np.random.default_rng(0)
+            cold = [point / SCALE / n for n in rng.choice(names[300:], READERS * 4, replace=False)]
+            reads = [pool.submit(read_all, cold[i::READERS]) for i in range(READERS)]
+            deadline = time.monotonic() + PATIENCE
+            while server.in_flight < READERS // 2:  # FUSE requests read and not answered: waiting on the server
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            os.kill(first_pid, signal.SIGKILL if how == "kill" else signal.SIGUSR2)
+            killed = time.monotonic()
+            if carrier == "systemd":
+                code = daemons[0].wait(timeout=PATIENCE)
+                assert code == (-signal.SIGKILL if how == "kill" else HANDED_OVER), daemons[0].stderr.read()
+                gap_listed = listed.output()
+                daemons.append(after.go())
+                systemd.until("READY=1")
+            else:
+                while _alive(first_pid):
+                    time.sleep(0.01)
+                gap_listed = listed.output()
+                assert after.go().wait(timeout=PATIENCE) == 0, after.process.stderr.read()
+                detached.append(stats_socket.ask(point)[0])
+            gap = time.monotonic() - killed
+            results = [r for f in reads for r in f.result(timeout=PATIENCE)]
+            seen += [entry.name for entry in listing]
+            listing.close()
+            watch.stop()
+            errors = [(p.name, r) for p, r in results if isinstance(r, OSError)]
+            assert not errors, errors
+            wrong = [p.name for p, r in results if r != (twin / SCALE / p.name).read_bytes()]
+            assert not wrong, wrong
+            assert len(results) == len(cold)
+            assert sorted(seen) == sorted({*names, *seen}) and len(seen) == len(set(seen)) == len(names)
+            assert not watch.gone and device_of(point) == watch.device  # one connection throughout
+            assert (point / SCALE / names[0]).read_bytes() == (twin / SCALE / names[0]).read_bytes()
+            assert gap < PATIENCE
+            assert "a kept connection taken up" in log.read_text()
+            figures = scrape(shardfs("stats", point, "--prometheus").stdout)
+            assert figures[("shardfs_fuse_resent_requests_total", frozenset())] > 0  # read before, answered after
+            assert any(
+                line.split()[0] == str(point) and line.endswith("daemon being replaced")
+                for line in gap_listed.splitlines()
+            ), gap_listed
+        finally:
+            server.latency = 0
+            for launch in (after, listed):
+                if launch is not None and launch.process.stdin is not None and not launch.process.stdin.closed:
+                    launch.process.kill()  # never started
+            with contextlib.suppress(OSError):
+                unmount(point, lazy=True)  # umount2 itself: `shardfs unmount` would statfs a mount none serves
+            # A failed run may leave readers waiting on requests no daemon will answer: everything holding the
+            # connection ends, so that the kernel ends them too, before the readers are waited for.
+            for daemon in daemons:
+                try:
+                    daemon.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    daemon.kill()
+            for pid in detached:
+                deadline = time.monotonic() + 30
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            systemd.close()
+            if keeper_pid is not None:
+                os.kill(keeper_pid, signal.SIGKILL)
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether pid still runs (not a zombie waiting for its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_mount_whose_daemon_is_gone_for_good_is_unmounted_and_let_go(volume, tmp_path) -> None:
+    """A killed daemon that nobody starts again: the keeper holds the mount, whose requests wait; a mount
+    without the keeper is refused saying so, `shardfs unmount` still ends it at once (it asks the mount table,
+    not the mount), and the keeper lets it go."""
+    source, _ = volume
+    point, keeper_path = tmp_path / "m", tmp_path / "keeper.sock"
+    point.mkdir()
+    shardfs("mount", source, point, "-o", f"keeper={keeper_path}")
+    keeper_pid = peer_pid(keeper_path)
+    try:
+        daemon = stats_socket.ask(point)[0]
+        os.kill(daemon, signal.SIGKILL)
+        while _alive(daemon):
+            time.sleep(0.01)
+        assert keeper.names(keeper_path) == [str(point)]
+        again = shardfs("mount", source, point, check=False)  # without the keeper: refused, not hung on statfs
+        assert again.returncode == 1 and "waits for its next daemon" in again.stderr, again.stderr
+        shardfs("unmount", point)
+        assert device_of(point) is None
+        deadline = time.monotonic() + PATIENCE
+        while keeper.names(keeper_path):  # the keeper sees the connection end (POLLERR) and closes its copies
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(OSError):
+            unmount(point, lazy=True)
+        os.kill(keeper_pid, signal.SIGKILL)

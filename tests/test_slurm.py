@@ -1,0 +1,306 @@
+"""deploy/slurm/ on a real Slurm, as users run it: Debian's munged, slurmctld and slurmd started here (one node,
+this machine, on loopback ports; proctrack/linuxproc and task/none, as no cgroup controller is ours to use),
+the Prolog, Epilog and TaskProlog installed as slurm.conf names them, and jobs submitted with sbatch as an
+unprivileged user that ask for a dataset on a loopback web server in their comment, read it with
+cloud-volume and end; two jobs on the node at once; an epilog whose mount's daemon hangs; a dataset that
+cannot be mounted. After each job nothing stays mounted and the node stays in service."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from shardfs.service import mountinfo
+from tests.conftest import as_user
+from tests.http_server import RangeServer
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "deploy" / "slurm"
+PATIENCE = 180.0  # seconds: only a hang waits this long
+# The job's user cannot reach this interpreter (a pyenv under /root): jobs run Debian's Python 3.11 on the same
+# packages.
+SYSTEM_PYTHON = "/usr/bin/python3.11"
+PYTHONPATH = f"{ROOT}:{ROOT}/.venv/lib/python3.11/site-packages"
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="Slurm's daemons and the Prolog run as root")
+
+
+@dataclass
+class Slurm:
+    root: Path
+    jobs: Path
+    env: dict[str, str]
+    user: tuple[int, int]
+
+    def run(self, *command: str, as_user: bool = False) -> str:
+        drop = ["setpriv", f"--reuid={self.user[0]}", f"--regid={self.user[1]}", "--init-groups"] if as_user else []
+        done = subprocess.run(
+            [*drop, *command], env=self.env, capture_output=True, text=True, timeout=PATIENCE, cwd=self.root / "out"
+        )
+        assert done.returncode == 0, f"{command}: {done.stderr}"
+        return done.stdout
+
+    def submit(self, script: str, comment: str) -> int:
+        path = self.root / "out" / f"job-{time.monotonic_ns()}.sh"
+        path.write_text("#!/bin/bash\n" + textwrap.dedent(script))
+        path.chmod(0o755)
+        out = self.run("sbatch", "--parsable", "-n1", "-c1", f"--comment={comment}", "-o", "%j.out", str(path),
+                       as_user=True)  # fmt: skip
+        return int(out.strip().split(";")[0])
+
+    def state(self, job: int) -> str:
+        text = self.run("scontrol", "-o", "show", "job", str(job))
+        return next(w.split("=", 1)[1] for w in text.split() if w.startswith("JobState="))
+
+    def ended(self, job: int) -> str:
+        """The job's end state, once its epilog has run (COMPLETING until then)."""
+        deadline = time.monotonic() + PATIENCE
+        while (state := self.state(job)) in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            assert time.monotonic() < deadline, f"job {job} still {state}"
+            time.sleep(0.2)
+        return state
+
+    def node_state(self) -> str:
+        return self.run("sinfo", "-h", "-N", "-o", "%T").strip()
+
+    def output(self, job: int) -> str:
+        return (self.root / "out" / f"{job}.out").read_text()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(condition, what: str, patience: float = PATIENCE) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + patience
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {patience:.0f} s for {what}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def slurm(user: tuple[int, int]) -> Iterator[Slurm]:
+    for tool in ("munged", "slurmctld", "slurmd", "sbatch"):
+        assert shutil.which(tool), f"{tool} missing: scripts/setup installs Debian's munge, slurmctld and slurmd"
+    root = Path(tempfile.mkdtemp(prefix="shardfs-slurm-", dir="/tmp"))
+    root.chmod(0o755)
+    for d in ("munge", "state", "spool", "log", "out", "etc"):
+        (root / d).mkdir()
+    (root / "out").chmod(0o1777)  # the job's user writes its output here
+    shutil.chown(root / "munge", "munge", "munge")
+    jobs = root / "jobs"
+    conf = root / "etc" / "shardfs-slurm.conf"
+    # The Prolog and Epilog run shardfs.slurm as root with the test's own Python, as a node would with its own.
+    conf.write_text(f"SHARDFS_PYTHON={sys.executable}\nSHARDFS_JOBS={jobs}\nSHARDFS_MOUNT_TIMEOUT=120\n")
+    for script in ("shardfs-prolog", "shardfs-epilog", "shardfs-task-prolog"):  # as /etc/shardfs/slurm.conf would
+        wrapper = root / "etc" / script
+        wrapper.write_text(f"#!/bin/sh\nSHARDFS_SLURM_CONF={conf} exec {SCRIPTS / script}\n")
+        wrapper.chmod(0o755)
+    host = socket.gethostname().split(".")[0]  # slurmd finds its node by the short host name
+    munge_socket = root / "munge" / "munge.sock"
+    slurm_conf = root / "etc" / "slurm.conf"
+    slurm_conf.write_text(
+        textwrap.dedent(f"""\
+        ClusterName=shardfstest
+        SlurmctldHost={host}(127.0.0.1)
+        SlurmctldPort={_free_port()}
+        SlurmdPort={_free_port()}
+        SlurmUser=root
+        AuthType=auth/munge
+        AuthInfo=socket={munge_socket}
+        StateSaveLocation={root}/state
+        SlurmdSpoolDir={root}/spool
+        SlurmctldPidFile={root}/slurmctld.pid
+        SlurmdPidFile={root}/slurmd.pid
+        SlurmctldLogFile={root}/log/slurmctld.log
+        SlurmdLogFile={root}/log/slurmd.log
+        SlurmdDebug=debug
+        ProctrackType=proctrack/linuxproc
+        TaskPlugin=task/none
+        JobAcctGatherType=jobacct_gather/none
+        AccountingStorageType=accounting_storage/none
+        SelectType=select/cons_tres
+        SelectTypeParameters=CR_CPU
+        MpiDefault=none
+        ReturnToService=2
+        Prolog={root}/etc/shardfs-prolog
+        Epilog={root}/etc/shardfs-epilog
+        TaskProlog={root}/etc/shardfs-task-prolog
+        PrologFlags=Alloc
+        NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
+        PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+        """)
+    )
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "SLURM_CONF": str(slurm_conf), "PYTHONPATH": PYTHONPATH}
+    munge = root / "munge"
+    key = munge / "munge.key"  # the test's own: nothing of the machine's munge is used or changed
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    shutil.chown(key, "munge", "munge")
+    subprocess.run(
+        ["setpriv", "--reuid=munge", "--regid=munge", "--clear-groups", "munged", f"--socket={munge_socket}",
+         f"--key-file={key}", f"--pid-file={munge}/munged.pid", f"--log-file={munge}/munged.log",
+         f"--seed-file={munge}/seed"],
+        check=True, timeout=PATIENCE,
+    )  # fmt: skip
+    daemons = [
+        subprocess.Popen([tool, "-D", "-f", str(slurm_conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for tool in ("slurmctld", "slurmd")
+    ]
+    cluster = Slurm(root, jobs, env, user)
+    try:
+        _wait(lambda: _idle(cluster), "the node to be idle")
+        yield cluster
+    finally:
+        _stop(cluster, daemons, root)
+
+
+def _stop(cluster: Slurm, daemons: list[subprocess.Popen[bytes]], root: Path) -> None:
+    """Jobs cancelled and their epilogs run, then Slurm and munged stopped (killed if they do not stop), and
+    whatever a failed test left mounted taken down and named."""
+    subprocess.run(["scancel", "--partition=debug"], env=cluster.env, capture_output=True, timeout=PATIENCE)
+    with contextlib.suppress(AssertionError):
+        _wait(lambda: not cluster.run("squeue", "-h").strip(), "the jobs to end", patience=60)
+    for daemon in daemons:
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(30)
+        except subprocess.TimeoutExpired:  # slurmd waits on threads retrying a controller that is gone
+            daemon.kill()
+            daemon.wait()
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int((root / "munge" / "munged.pid").read_text()), signal.SIGTERM)
+    left = [p for p, _ in mountinfo.shardfs_mounts() if p.startswith(str(cluster.jobs))]
+    for point in left:
+        subprocess.run(["umount", "-l", point], check=False)
+    shutil.rmtree(root, ignore_errors=True)
+    assert not left, f"left mounted: {left}"
+
+
+def _idle(cluster: Slurm) -> bool:
+    try:
+        return cluster.node_state() == "idle"
+    except AssertionError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def dataset(raw_volume) -> Iterator[tuple[str, Path, np.ndarray]]:
+    """(source URL, unsharded twin, voxels): the sharded volume on a loopback web server."""
+    source, twin, expected = raw_volume
+    public = Path(tempfile.mkdtemp(prefix="shardfs-slurm-data-", dir="/tmp"))
+    shutil.copytree(source, public / "vol")
+    with RangeServer(public / "vol").running() as server:
+        yield f"precomputed://{server.url}", twin, expected
+    shutil.rmtree(public)
+
+
+READ_WITH_CLOUDVOLUME = f"""\
+    id -u > "$SLURM_JOB_ID.uid"
+    echo "$SHARDFS_DIR" > "$SLURM_JOB_ID.dir"
+    {SYSTEM_PYTHON} - <<'EOF'
+    import os, numpy as np
+    from cloudvolume import CloudVolume
+    cv = CloudVolume(f"file://{{os.environ['SHARDFS_DIR']}}/vol", mip=0, fill_missing=True, progress=False)
+    np.save(f"{{os.environ['SLURM_JOB_ID']}}.npy", np.asarray(cv[cv.bounds]))
+    EOF
+"""
+
+
+def _mounted_under(path: Path) -> list[str]:
+    return [p for p, _ in mountinfo.shardfs_mounts() if p.startswith(f"{path}/")]
+
+
+def test_a_job_reads_its_dataset_and_the_epilog_leaves_nothing(slurm: Slurm, dataset) -> None:
+    url, _, expected = dataset
+    job = slurm.submit(READ_WITH_CLOUDVOLUME, f"shardfs:vol={url}")
+    assert slurm.ended(job) == "COMPLETED", slurm.output(job)
+    out = slurm.root / "out"
+    assert np.array_equal(np.load(out / f"{job}.npy"), expected)
+    assert int((out / f"{job}.uid").read_text()) == slurm.user[0]
+    assert (out / f"{job}.dir").read_text().strip() == str(slurm.jobs / str(job))
+    assert not _mounted_under(slurm.jobs) and not (slurm.jobs / str(job)).exists()
+    assert slurm.node_state() == "idle"
+
+
+def _daemon_of(point: Path) -> psutil.Process:
+    """The daemon serving point, as the Prolog recorded it for the Epilog."""
+    return psutil.Process(int((point.parent / f".{point.name}.pid").read_text()))
+
+
+HOLD = """\
+    {SYSTEM_PYTHON} -c "import os; print(len(os.listdir(os.environ['SHARDFS_DIR'] + '/vol/4_4_40')))" \
+        > "$SLURM_JOB_ID.count"
+    while [ ! -e "$SLURM_JOB_ID.release" ]; do sleep 0.2; done
+    sha256sum "$SHARDFS_DIR/vol/4_4_40/{name}" > "$SLURM_JOB_ID.sum"
+"""
+
+
+def test_two_jobs_on_the_node_at_once_each_keep_their_own_mount(slurm: Slurm, dataset) -> None:
+    url, twin, _ = dataset
+    name = sorted(os.listdir(twin / "4_4_40"))[0]
+    held = slurm.submit(HOLD.format(SYSTEM_PYTHON=SYSTEM_PYTHON, name=name), f"shardfs:vol={url}")
+    quick = slurm.submit(READ_WITH_CLOUDVOLUME, f"shardfs:vol={url},cache_size=8M")
+    out = slurm.root / "out"
+    _wait(lambda: (out / f"{held}.count").exists(), "the held job to read its mount")
+    assert slurm.ended(quick) == "COMPLETED"
+    assert _mounted_under(slurm.jobs) == [str(slurm.jobs / str(held) / "vol")]  # the other job's epilog left it
+    other = as_user((65534, 65534), "ls", slurm.jobs / str(held) / "vol")  # another user of the node
+    assert other.returncode != 0 and "Permission denied" in other.stderr
+    (out / f"{held}.release").touch()
+    assert slurm.ended(held) == "COMPLETED", slurm.output(held)
+    assert int((out / f"{held}.count").read_text()) == len(os.listdir(twin / "4_4_40"))
+    assert (out / f"{held}.sum").read_text().split()[0] == hashlib.sha256(
+        (twin / "4_4_40" / name).read_bytes()
+    ).hexdigest()
+    assert not _mounted_under(slurm.jobs) and slurm.node_state() == "idle"
+
+
+def test_the_epilog_takes_down_a_hung_daemons_mount_and_the_node_stays_in_service(slurm: Slurm, dataset) -> None:
+    """The daemon stopped (SIGSTOP) while the job runs: the job's last read waits on it, the job is cancelled,
+    the epilog aborts the connection and ends the daemon, and the node is idle again, not drained."""
+    url, twin, _ = dataset
+    job = slurm.submit("sleep 1000\n", f"shardfs:vol={url}")
+    point = slurm.jobs / str(job) / "vol"
+    pid_file = point.parent / f".{point.name}.pid"
+    _wait(lambda: slurm.state(job) == "RUNNING" and pid_file.exists(), "the job to run with its mount")
+    daemon = _daemon_of(point)
+    assert daemon.uids().real == slurm.user[0]
+    daemon.suspend()
+    name = sorted(os.listdir(twin / "4_4_40"))[-1]
+    reader = subprocess.Popen(
+        ["cat", str(point / "4_4_40" / name)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    slurm.run("scancel", str(job))
+    assert slurm.ended(job) == "CANCELLED"
+    assert reader.wait(PATIENCE) != 0
+    assert not _mounted_under(slurm.jobs) and not (slurm.jobs / str(job)).exists()
+    _wait(lambda: not daemon.is_running() or daemon.status() == psutil.STATUS_ZOMBIE, "the daemon to end")
+    assert slurm.node_state() == "idle"
+
+
+def test_a_dataset_that_cannot_be_mounted_is_told_to_the_job_not_the_node(slurm: Slurm, dataset) -> None:
+    url, _, _ = dataset
+    job = slurm.submit('ls "$SHARDFS_DIR"\n', f"shardfs:gone={url}/no/such/dataset shardfs:../x={url}")
+    assert slurm.ended(job) == "COMPLETED"
+    output = slurm.output(job)
+    assert "shardfs: gone not mounted:" in output and "no/such/dataset" in output
+    assert not _mounted_under(slurm.jobs) and not (slurm.jobs / str(job)).exists()
+    assert slurm.node_state() == "idle"
