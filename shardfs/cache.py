@@ -5,29 +5,39 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import sys
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import TypeVar
-
-from cachetools import LRUCache
 
 T = TypeVar("T")
 
 DEFAULT_MAX_VALUE = 256 << 20  # `--max-file-size`: the largest file a mount decodes
 LARGE_VALUE = 2 << 20  # bytes past which a value is made one at a time (see large_value_turn)
-# Bookkeeping per entry (key tuple, dict slot, object headers), so that many tiny entries still count: a
-# looked-up chunk node (a File and its key) measured about 520 bytes in the daemon.
-ENTRY_OVERHEAD = 512
 
 
-def _nbytes(value: object) -> int:
-    size = len(value) if isinstance(value, bytes | bytearray) else getattr(value, "nbytes", 0)
-    return size + ENTRY_OVERHEAD
+def entry_cost(key: Hashable, value: object) -> int:
+    """What keeping value under key costs in memory, so that many tiny entries count as what they are: the
+    key (a tuple of names and numbers) and the value's own object, measured, plus the bytes the value says it
+    holds beyond that (`nbytes`: a decoded index's rows, a node's file). The cache's table is counted apart."""
+    if isinstance(value, bytes | bytearray):
+        return key_cost(key) + sys.getsizeof(value)
+    return key_cost(key) + sys.getsizeof(value) + getattr(value, "nbytes", 0)
+
+
+def key_cost(key: Hashable) -> int:
+    """A key's tuple and what is in it (the strings of a path shared with other objects are counted again:
+    the count errs on the side of the budget)."""
+    if isinstance(key, tuple):
+        return sys.getsizeof(key) + sum(key_cost(part) for part in key)
+    return sys.getsizeof(key)
 
 
 class ByteCache:
-    """Thread-safe LRU bounded in bytes. The lock covers only dict operations, never I/O or decoding.
+    """Thread-safe LRU bounded in bytes: what its entries cost (`entry_cost`) and its own table, as measured,
+    stay within the budget. The lock covers only dict operations, never I/O or decoding.
 
     A value larger than the whole budget is kept alone in one overflow slot instead, so reading a
     huge chunk in 128 KiB pieces decodes it once, and memory stays within budget plus one value, which
@@ -38,15 +48,19 @@ class ByteCache:
         self.budget = budget
         self.max_value = max_value
         _caches.add(self)
-        self._lru = _CountingLRU(maxsize=budget, getsizeof=_nbytes)
+        # Least recently used first. The value alone is kept: its cost is measured again when it goes, which
+        # gives the same figure, and a second table of sizes would cost as much as the entries of small values.
+        self._lru: OrderedDict[Hashable, object] = OrderedDict()
+        self._held = 0  # what the entries cost, without the table
         self._overflow: tuple[Hashable, object] | None = None
         self._making: dict[Hashable, threading.Lock] = {}  # held by the thread making that key
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.evictions = 0
 
-    def get_or_make(self, key: Hashable, make: Callable[[], T]) -> T:
-        """The cached value for key, or make()'s, cached. One thread makes a given key at a time; others
-        wanting it wait for that one, so N readers of a cold shard decode it once, not N times."""
+    def get_or_make(self, key: Hashable, make: Callable[[], T], keep: Callable[[T], bool] | None = None) -> T:
+        """The cached value for key, or make()'s, cached unless keep says it is not worth keeping. One thread
+        makes a given key at a time; others wanting it wait for that one, so N readers of a cold shard decode
+        it once, not N times."""
         while True:
             with self._lock:
                 value = self._cached(key)
@@ -63,15 +77,24 @@ class ByteCache:
                 pass
         try:
             value = make()
-            with self._lock:
-                try:
-                    self._lru[key] = value
-                except ValueError:  # cachetools: larger than the whole budget
-                    self._overflow = (key, value)
+            if keep is None or keep(value):
+                self._keep(key, value)
             return value
         finally:
             with self._lock:
                 self._making.pop(key).release()
+
+    def _keep(self, key: Hashable, value: object) -> None:
+        cost = entry_cost(key, value)  # measured outside the lock
+        with self._lock:
+            if cost > self.budget:
+                self._overflow = (key, value)
+                return
+            self._lru[key] = value
+            self._held += cost
+            while self._held + sys.getsizeof(self._lru) > self.budget and len(self._lru) > 1:
+                self._held -= entry_cost(*self._lru.popitem(last=False))
+                self.evictions += 1
 
     def get(self, key: Hashable) -> object | None:
         """The cached value for key, or None; nothing is made."""
@@ -86,21 +109,18 @@ class ByteCache:
     def clear(self) -> None:
         """Forget every value, for when the source was rewritten in place. Makers under way finish."""
         with self._lock:
-            self._lru.clear()
+            self._lru = OrderedDict()
+            self._held = 0
             self._overflow = None
 
     @property
-    def evictions(self) -> int:
-        return self._lru.evictions
-
-    @property
     def nbytes(self) -> int:
-        return self._lru.currsize + self.oversized
+        return self._held + sys.getsizeof(self._lru) + self.oversized
 
     @property
     def oversized(self) -> int:
         """Bytes of the one value kept over the budget, if any."""
-        return _nbytes(self._overflow[1]) if self._overflow else 0
+        return entry_cost(*self._overflow) if self._overflow else 0
 
     @property
     def entries(self) -> int:
@@ -108,7 +128,9 @@ class ByteCache:
 
     def _cached(self, key: Hashable) -> object:
         value = self._lru.get(key, _MISSING)
-        if value is _MISSING and self._overflow is not None and self._overflow[0] == key:
+        if value is not _MISSING:
+            self._lru.move_to_end(key)
+        elif self._overflow is not None and self._overflow[0] == key:
             return self._overflow[1]
         return value
 
@@ -143,13 +165,3 @@ def return_freed_memory() -> None:
     libc = ctypes.util.find_library("c")
     if libc:
         ctypes.CDLL(libc).mallopt(M_MMAP_THRESHOLD, 1 << 20)
-
-
-class _CountingLRU(LRUCache[Hashable, object]):
-    """cachetools' LRU, counting the entries it evicts to stay within budget."""
-
-    evictions = 0
-
-    def popitem(self) -> tuple[Hashable, object]:
-        self.evictions += 1
-        return super().popitem()

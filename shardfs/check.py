@@ -168,7 +168,7 @@ def check_precomputed(kv: ShardedKV, shard: int) -> tuple[int, Problems]:
             if isinstance(index, CorruptChunk):
                 problems.add(reason(index))
                 continue
-            for key, (start, stop) in index.entries.items():
+            for key, (start, stop) in index.items():
                 if (home := kv.spec.shard_and_minishard(key)) != (shard, minishard):
                     problems.add(
                         f"chunk {key} is in minishard {minishard}, but its hash puts it in minishard {home[1]} of shard"

@@ -142,6 +142,10 @@ class RangeFile:
         return self.file.read(start, min(start + length, self.stop))
 
 
+def _holds_bytes(node: Node) -> bool:
+    return getattr(node, "nbytes", 0) > 0
+
+
 class Tree:
     """Paths are relative to the mount root, '' being the root itself, with '/' separators."""
 
@@ -182,12 +186,15 @@ class Tree:
             self._overlay.setdefault(path, set())  # a directory, even with nothing known in it
 
     def lookup(self, path: str) -> Node:
-        """The node at path; FileNotFoundError if there is none. Nodes are cached, since every read looks
-        up again; the last one is also kept apart, since a read mostly follows the lookup of its file."""
+        """The node at path; FileNotFoundError if there is none. The last one is kept apart, since a read
+        mostly follows the lookup of its file. Of the others only those holding bytes are kept, in the cache,
+        decoded once for every read: a chunk that is a range of its shard or is decoded when read, a file
+        passed through, a directory, are found again from the cached indexes and the store's open files for
+        less than keeping them costs (about 1 KiB each, for as many files as the kernel looked up)."""
         last = self._last
         if last[0] == path and last[1] is not None:
             return last[1]
-        node = self.cache.get_or_make(("node", path), lambda: self._lookup(path))
+        node = self.files.get(path) or self.cache.get_or_make(("node", path), lambda: self._lookup(path), _holds_bytes)
         if getattr(node, "nbytes", 0) <= LARGE_VALUE:  # a large one is the cache's alone to keep or let go
             self._last = (path, node)
         return node
@@ -200,9 +207,6 @@ class Tree:
         self.store.forget()
 
     def _lookup(self, path: str) -> Node:
-        found = self.files.get(path)
-        if found is not None:
-            return found
         if not path or path in self._overlay or path in self.providers:
             return Dir(self.store.owner(path))
         provider, rel = self._provider_of(path)

@@ -12,7 +12,9 @@ import psutil
 import pytest
 
 from shardfs import __version__
-from shardfs.cache import ENTRY_OVERHEAD
+from shardfs.cache import entry_cost
+from shardfs.stores.local import Owner
+from shardfs.tree import BytesFile
 from tests import peers
 from tests.conftest import scrape, shardfs
 
@@ -167,7 +169,7 @@ def test_stats_says_what_is_held_beyond_the_budget(tmp_path, mount) -> None:
     assert (m.path / "1").read_bytes() == big
     cache = next(line for line in shardfs("stats", m.path).stdout.splitlines() if line.startswith("cache"))
     held = cache.split("; ")[1]
-    counted = ((300 << 10) + ENTRY_OVERHEAD) / 1024  # the file and the cache's bookkeeping of it
+    counted = entry_cost(("node", "1"), BytesFile(big, Owner(0, 0, 0))) / 1024  # the file, its node and key
     assert held.endswith(f"held of 128.0 KiB (and one file larger than that budget: {counted:.1f} KiB)"), cache
 
 

@@ -11,6 +11,9 @@ import errno
 import logging
 import re
 import struct
+import sys
+from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -118,17 +121,18 @@ MINISHARD_INDEX_LIMIT = 16 << 20  # ~700k chunks in one minishard; writers aim f
 
 @dataclass(frozen=True)
 class MinishardIndex:
-    """The decoded index of one minishard: key -> absolute [start, stop) of its bytes, in stored order.
+    """The decoded index of one minishard: key -> absolute [start, stop) of its bytes.
 
-    The sums are numpy's (uint64, wrapping as the spec's do); the result is a dict, because a
-    minishard is decoded once and then probed by key, and inside FUSE callbacks each numpy call
-    costs microseconds where a dict probe costs a tenth of one.
+    The sums are numpy's (uint64, wrapping as the spec's do). The rows are kept as three arrays sorted by
+    key, 24 bytes a chunk where a dict of tuples took ~200 (so the cache holds eight times as many chunks'
+    indexes), and probed with bisect, in C: under a microsecond, with no numpy call in a FUSE callback. Of
+    keys stored twice the last row counts. Iteration gives the keys in stored order.
     """
 
-    entries: dict[int, tuple[int, int]]
-
-    # Approximate bytes per entry (dict slot, tuple, three ints), so the cache budget holds.
-    ENTRY_BYTES = 200
+    keys: array[int]  # sorted
+    starts: array[int]
+    stops: array[int]
+    stored: array[int] | None  # the keys in stored order, where that is not sorted order
 
     @classmethod
     def decode(cls, raw: bytes, shard_index_size: int) -> MinishardIndex:
@@ -138,19 +142,39 @@ class MinishardIndex:
         keys = np.cumsum(ids, dtype=np.uint64)
         # Each start is relative to the end of the previous chunk, so each stop is a running sum.
         stops = np.cumsum(offsets + sizes, dtype=np.uint64) + np.uint64(shard_index_size)
-        starts = stops - sizes
-        return cls(dict(zip(keys.tolist(), zip(starts.tolist(), stops.tolist(), strict=True), strict=True)))
+        order = np.argsort(keys, kind="stable")
+        last = np.append(keys[order[1:]] != keys[order[:-1]], True)[: len(order)]  # the last row of each key
+        rows = order[last]
+        kept = np.sort(rows)
+        stored = None if np.array_equal(kept, rows) else _array(keys[kept])
+        return cls(_array(keys[rows]), _array(stops[rows] - sizes[rows]), _array(stops[rows]), stored)
 
     @property
     def nbytes(self) -> int:
-        return len(self.entries) * self.ENTRY_BYTES
+        arrays = (self.keys, self.starts, self.stops, self.stored)
+        return sum(sys.getsizeof(a) for a in arrays if a is not None)
 
     def find(self, key: int) -> tuple[int, int] | None:
         """The stored [start, stop) of key, or None if it is absent."""
-        return self.entries.get(key)
+        i = bisect_left(self.keys, key)
+        if i == len(self.keys) or self.keys[i] != key:
+            return None
+        return self.starts[i], self.stops[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.keys if self.stored is None else self.stored)
+
+    def items(self) -> Iterator[tuple[int, tuple[int, int]]]:
+        """(key, (start, stop)) in stored order."""
+        for key in self:
+            yield key, self.find(key)  # type: ignore[misc]
 
 
-EMPTY = MinishardIndex({})
+def _array(values: np.ndarray) -> array[int]:
+    return array("Q", values.astype("=u8").tobytes())
+
+
+EMPTY = MinishardIndex.decode(b"", 0)
 
 
 class BudgetSpent(Exception):
@@ -545,7 +569,7 @@ class ShardedKV:
                 _skipped(path, index)  # type: ignore[arg-type]
             return
         listed = 0
-        for key in index.entries:
+        for key in index:
             if self.spec.shard_and_minishard(key) == (opened.shard, minishard):
                 listed += 1
                 yield key
