@@ -17,12 +17,13 @@ import pytest
 import zarr
 
 from shardfs.fuse.listing import WORKERS
+from shardfs.service.daemon import REMOTE_THREADS
 from shardfs.shards.neuroglancer import LISTING_BLOCK, LISTING_BUDGET
 from shardfs.stores.location import parse_source
 from shardfs.stores.remote import READS_AT_ONCE, Access, RemoteStore
 from tests import peers
 from tests.http_server import RangeServer
-from tests.test_daemon import daemon_of
+from tests.test_daemon import daemon_of, wait_until
 
 PROMPT = 60  # seconds within which a bounded listing returns: a ceiling only an unbounded one (256 GiB) reaches
 
@@ -126,6 +127,9 @@ def test_directory_handles_held_over_http_cost_no_threads(grid, public_tmp, moun
     with RangeServer(source).running() as server:
         m = mount(server.url, "-o", "allow_other", under=public_tmp)
         daemon = daemon_of(m.path)
+        # The mount answers from its first session thread while the others are still starting: count from
+        # when all of them run, or they would be counted as the handles' cost.
+        wait_until(lambda: daemon.num_threads() >= REMOTE_THREADS)
         idle = daemon.num_threads()
         holder = subprocess.Popen(
             [*other_user, "tests.dir_holder", m.path / "s0", "20"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
