@@ -405,8 +405,7 @@ MUTATIONS = [
              (EDGES + "test_a_listing_spends_its_budget_and_each_name_gives_some_back[2]",)),
     Mutation("stats and list look at the mount", "shardfs/service/stats_socket.py",
              "socket_path(directory, Path(found.point), real=True)", "socket_path(directory, mountpoint)",
-             ("tests/test_service.py::test_a_stopped_daemon_whose_root_the_kernel_must_ask_for_blocks_neither_stats_"
-              "nor_list",)),
+             ("tests/test_service.py::test_a_stopped_daemon_blocks_neither_stats_nor_list[root asked for]",)),
     # Issue 33, class 5: odd values through the views, and df.
     Mutation("N5 fill compared by value", "shardfs/views/n5.py",
              "self.filled = any(np.asarray(array.fill_value, array.dtype).tobytes())",

@@ -472,28 +472,15 @@ def test_the_default_log_is_kept_only_when_something_was_said(kv, tmp_path) -> N
     log.unlink()
 
 
-def test_a_stopped_daemon_blocks_neither_stats_nor_list(kv, mount) -> None:
+@pytest.mark.parametrize(
+    "options", [(), ("-o", "attr_timeout=0,entry_timeout=0")], ids=["root cached", "root asked for"]
+)
+def test_a_stopped_daemon_blocks_neither_stats_nor_list(kv, mount, options) -> None:
     """A daemon that accepts but never answers (stopped, wedged) costs `stats` and `list` ASK_TIMEOUT, then a
-    line naming it: before, both waited for ever."""
-    m = mount(kv[0])
-    daemon = daemon_of(m.path)
-    daemon.suspend()
-    try:
-        done = shardfs("stats", m.path, check=False)  # a daemon waited on for ever: shardfs()'s 60 s ceiling
-        assert done.returncode == 1 and f"its daemon (pid {daemon.pid}) did not answer in" in done.stderr
-        listed = shardfs("list", check=False)
-        assert listed.returncode == 0 and any(
-            line.split()[:1] == [str(m.path)] and line.split()[2:] == ["-"] * 3 for line in listed.stdout.splitlines()
-        ), listed.stdout
-    finally:
-        daemon.resume()
-
-
-def test_a_stopped_daemon_whose_root_the_kernel_must_ask_for_blocks_neither_stats_nor_list(kv, mount) -> None:
-    """With attr_timeout=0 the kernel keeps no attributes of the mount's root: a look at the mountpoint asks the
-    stopped daemon, which never answers. `list` (which asks every shardfs mount on the machine) and `stats`
-    must not look: they hung for ever (`shardfs()` gives up at 60 s), now each names it after ASK_TIMEOUT."""
-    m = mount(kv[0], "-o", "attr_timeout=0,entry_timeout=0")
+    line naming it: before, both waited for ever (`shardfs()` gives up at 60 s). With attr_timeout=0 the kernel
+    keeps no attributes of the mount's root, so a look at the mountpoint would ask the stopped daemon: `list`
+    (which asks every shardfs mount on the machine) and `stats` must not look."""
+    m = mount(kv[0], *options)
     daemon = daemon_of(m.path)
     daemon.suspend()
     try:
