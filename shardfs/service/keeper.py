@@ -44,6 +44,7 @@ import urllib.parse
 from pathlib import Path
 
 from shardfs.errors import ServiceError
+from shardfs.service import rundir
 from shardfs.service.rundir import own_dir, runtime_dir
 
 log = logging.getLogger("shardfs")
@@ -115,12 +116,7 @@ def names(path: Path) -> list[str]:
 
 def answers(path: Path) -> bool:
     """Whether a keeper listens at path."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-        return True
+    return rundir.answers(path, socket.SOCK_SEQPACKET)
 
 
 def started(path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -43,3 +44,13 @@ def trusted_dir(path: Path, uid: int) -> bool:
     except OSError:
         return False
     return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022
+
+
+def answers(path: Path, kind: int = socket.SOCK_STREAM) -> bool:
+    """Whether a server listens at the Unix socket path (a stale file left by a killed one does not)."""
+    with socket.socket(socket.AF_UNIX, kind) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+        return True

@@ -22,7 +22,7 @@ from pathlib import Path
 from shardfs.errors import ServiceError
 from shardfs.service import mountinfo
 from shardfs.service.lifecycle import IDLE_TIMEOUT
-from shardfs.service.rundir import own_dir, runtime_dir, trusted_dir
+from shardfs.service.rundir import answers, own_dir, runtime_dir, trusted_dir
 
 SETTLED = 60  # seconds after which a stats socket that answers nobody is a dead daemon's
 UCRED = struct.Struct("3i")  # pid, uid, gid, as SO_PEERCRED gives them
@@ -47,7 +47,7 @@ def serve(mountpoint: Path, figures: Callable[[], bytes], real: bool = False) ->
         raise ServiceError(f"{e}; cannot serve shardfs stats") from None
     _sweep(directory)
     path = socket_path(directory, mountpoint, real)
-    if _answers(path):
+    if answers(path):
         raise ServiceError(f"{mountpoint}: another shardfs daemon already serves stats for it")
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # ours, left by a daemon that was killed
@@ -78,17 +78,8 @@ def _sweep(directory: Path) -> None:
     settled = time.time() - SETTLED
     for path in directory.glob("*.sock"):
         with contextlib.suppress(OSError):
-            if path.lstat().st_mtime < settled and not _answers(path):
+            if path.lstat().st_mtime < settled and not answers(path):
                 path.unlink()
-
-
-def _answers(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(path))
-        except OSError:
-            return False
-        return True
 
 
 class NoDaemon(ServiceError):
