@@ -7,7 +7,6 @@ import errno
 import functools
 import itertools
 import logging
-import os
 import stat
 import threading
 import time
@@ -189,10 +188,7 @@ class TreeOps:
     @errors_to_errno("getattr")
     def attributes(self, path: str) -> tuple[int, ...] | None:
         """The fuse_attr fields after ino of the node at path (pack with `attr`), or None if there is
-        none: a negative entry for the kernel to keep. A name longer than NAME_MAX is absent without asking the
-        source, which would answer ENAMETOOLONG: any user could fill the log with that, and no dataset has one."""
-        if len(os.fsencode(path.rpartition("/")[2])) > NAME_MAX:
-            return None
+        none: a negative entry for the kernel to keep."""
         try:
             node = self.tree.lookup(path)
         except (FileNotFoundError, NotADirectoryError):

@@ -406,7 +406,9 @@ class Session:
 
     def _lookup(self, unique: int, nodeid: int, body: memoryview) -> None:
         path = self._child(nodeid, body)
-        fields = self.ops.attributes(path)
+        # A name longer than NAME_MAX (the kernel passes up to 1,024 bytes) is absent without asking the source,
+        # which would answer ENAMETOOLONG: any user could fill the log with that, and no dataset has one.
+        fields = None if len(body) - 1 > NAME_MAX else self.ops.attributes(path)
         if fields is None:
             if self._negative is None:
                 self._error(unique, errno.ENOENT, counted=False)
