@@ -2,7 +2,7 @@
 
 A mount is the source directory passed through, with an overlay of rewritten files (metadata with
 sharding removed) and of *providers*: directories whose children are computed from shard indexes.
-The FUSE adapter, `shardfs ls`/`cat` and the tests all use this, so FUSE knows nothing of formats.
+The FUSE bridge, `shardfs ls`/`cat` and the tests all use this, so FUSE knows nothing of formats.
 """
 
 from __future__ import annotations
@@ -73,6 +73,10 @@ class Provider(Protocol):
 
     def rel_of(self, key: int) -> str | None:
         """The path whose `key_of` is key; None if there is none."""
+
+    def file_of(self, key: int) -> File:
+        """The file at the path whose `key_of` is key, found from the key alone: what `child` gives for that
+        path. Raises FileNotFoundError if it does not exist."""
 
 
 @dataclass(slots=True)
@@ -167,7 +171,7 @@ class Tree:
         # Directory numbers of the providers, the same on every mount of the same metadata.
         self.numbered = sorted(providers)
         self._numbers = {directory: number for number, directory in enumerate(self.numbered)}
-        self._last: tuple[str | None, Node | None] = (None, None)
+        self._last: tuple[str | tuple[int, int] | None, Node | None] = (None, None)  # see lookup
         # Overlay entries by parent directory, including the ancestors that the source may lack.
         self._overlay: dict[str, set[str]] = defaultdict(set)
         unlisted = passthrough and not store.can_list
@@ -195,8 +199,25 @@ class Tree:
         if last[0] == path and last[1] is not None:
             return last[1]
         node = self.files.get(path) or self.cache.get_or_make(("node", path), lambda: self._lookup(path), _holds_bytes)
+        return self._kept(path, node)
+
+    def file_of(self, number: int, key: int) -> Node:
+        """The file `key_of` gave (number, key) for, found from its key with no name made or parsed; kept as
+        `lookup` keeps nodes. FileNotFoundError if there is none."""
+        numbered = (number, key)
+        last = self._last
+        if last[0] == numbered and last[1] is not None:
+            return last[1]
+        if not 0 <= number < len(self.numbered):
+            raise FileNotFoundError(f"directory {number}")
+        provider = self.providers[self.numbered[number]]
+        node = self.cache.get_or_make(("node", number, key), lambda: provider.file_of(key), _holds_bytes)
+        return self._kept(numbered, node)
+
+    def _kept(self, found: str | tuple[int, int], node: Node) -> Node:
+        """node, found at found, kept apart as the last one found."""
         if getattr(node, "nbytes", 0) <= LARGE_VALUE:  # a large one is the cache's alone to keep or let go
-            self._last = (path, node)
+            self._last = (found, node)
         return node
 
     def drop_caches(self) -> None:

@@ -94,18 +94,16 @@ class VolumeChunks:
         self._table_cells = table_cells
 
     @cached_property
-    def _tables(self) -> list[dict[str, tuple[int, int]]] | None:
-        """Per dimension, "x0-x1" → (its bits of the key, its width in voxels): a cold lookup parses every
-        name, and three dict probes cost a tenth of parsing and checking the numbers. Made at first use, not
-        at mount: at most 1.6 MB and 70 ms (kept for the mount's life, outside the cache budget); grids
-        longer than TABLE_CELLS are parsed."""
+    def _tables(self) -> list[dict[str, int]] | None:
+        """Per dimension, "x0-x1" → its bits of the key: a cold lookup parses every name, and three dict
+        probes cost a tenth of parsing and checking the numbers. Made at first use, not at mount: at most
+        1.6 MB and 70 ms (kept for the mount's life, outside the cache budget); grids longer than TABLE_CELLS
+        are parsed."""
         if sum(self.grid) > self._table_cells:
             return None
-        tables = []
-        for d, n in enumerate(self.grid):
-            c, _, s = self._dims[d]
-            tables.append({self._bounds(d, p): (self.morton.encode(_along(d, p)), min(c, s - p * c)) for p in range(n)})
-        return tables
+        return [
+            {self._bounds(d, p): self.morton.encode(_along(d, p)) for p in range(n)} for d, n in enumerate(self.grid)
+        ]
 
     @cached_property
     def _names(self) -> list[list[str]] | None:
@@ -121,14 +119,10 @@ class VolumeChunks:
     def name_of(self, pos: Sequence[int]) -> str:
         return "_".join(self._bounds(d, p) for d, p in enumerate(pos))
 
-    def voxels(self, name: str) -> int:
-        """Voxels in the chunk a valid name names, clipped at the volume's upper bound as it is stored."""
-        tables = self._tables
-        if tables is not None:
-            a, b, c = name.split("_")
-            return tables[0][a][1] * tables[1][b][1] * tables[2][c][1]
-        pos = self.morton.decode(self.key(name))  # type: ignore[arg-type]
-        assert pos is not None, name
+    def voxels(self, key: int) -> int:
+        """Voxels in the chunk of a valid key, clipped at the volume's upper bound as it is stored."""
+        pos = self.morton.decode(key)
+        assert pos is not None, key
         return math.prod(min(c, s - p * c) for p, (c, _, s) in zip(pos, self._dims, strict=True))
 
     def key(self, name: str) -> int | None:
@@ -137,7 +131,7 @@ class VolumeChunks:
             x, y, z = tables
             parts = name.split("_")
             try:
-                return x[parts[0]][0] | y[parts[1]][0] | z[parts[2]][0] if len(parts) == 3 else None
+                return x[parts[0]] | y[parts[1]] | z[parts[2]] if len(parts) == 3 else None
             except KeyError:
                 return None
         m = _VOLUME_NAME.fullmatch(name)
@@ -215,12 +209,13 @@ class ChunkDir:
         return self.naming.name(key)
 
     def child(self, name: str) -> File | None:
-        key = self.naming.key(name)
-        if key is None:
-            return None
-        chunk = self._stored(key, name)
+        key = self.key_of(name)
+        return None if key is None else self.file_of(key)
+
+    def file_of(self, key: int) -> File:
+        chunk = self._stored(key)
         if self.raw_voxel_bytes and self.kv.spec.data_encoding == "gzip" and isinstance(self.naming, VolumeChunks):
-            return self._decoded_on_read(chunk, self.naming.voxels(name) * self.raw_voxel_bytes)
+            return self._decoded_on_read(chunk, self.naming.voxels(key) * self.raw_voxel_bytes)
         return chunk_file(self.kv, chunk)
 
     def _decoded_on_read(self, chunk: Chunk, length: int) -> File:
@@ -239,11 +234,11 @@ class ChunkDir:
         key = ("chunk", chunk.file.path, chunk.file.version, chunk.key)
         return LazyFile(length, self.kv.cache, key, make, 0, chunk.file.owner)
 
-    def _stored(self, key: int, name: str) -> Chunk:
-        """Where key's bytes are; a name that parses but is not stored is ENOENT."""
+    def _stored(self, key: int) -> Chunk:
+        """Where key's bytes are; a key not stored is ENOENT."""
         chunk = self.kv.locate(key)
         if chunk is None:
-            raise FileNotFoundError(name)
+            raise FileNotFoundError(f"key {key}")
         return chunk
 
     def names(self) -> Iterator[str]:
@@ -269,12 +264,9 @@ class MeshDir(ChunkDir):
         name = self.naming.name(key >> 1)
         return None if name is None else f"{name}.index" if key & 1 else name
 
-    def child(self, name: str) -> File | None:
-        number = self.key_of(name)
-        if number is None:
-            return None
+    def file_of(self, number: int) -> File:
         key = number >> 1
-        chunk = self._stored(key, name)
+        chunk = self._stored(key)
         if number & 1:
             return chunk_file(self.kv, chunk)
         length = fragment_bytes(self.kv.value(chunk))

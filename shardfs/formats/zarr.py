@@ -316,9 +316,19 @@ class ZarrArray:
                 raise FileNotFoundError(rel)
             # It stands for the directory of the shards it draws on (c/1 for c/5 with 4 chunks a shard).
             return Dir(self.store.owner(self._shard_path(shard_prefix).rstrip("/.")))
+        return self._stored(pos)
+
+    def file_of(self, key: int) -> File:
+        pos = grid_at(key, self.grid)
+        if pos is None:
+            raise FileNotFoundError(f"key {key}")
+        return self._stored(pos)
+
+    def _stored(self, pos: tuple[int, ...]) -> File:
+        """The inner chunk at pos; a chunk not stored is ENOENT."""
         found = self.locate(pos)
         if found is None:
-            raise FileNotFoundError(rel)
+            raise FileNotFoundError(f"chunk {pos}")
         return found
 
     # -- locating one inner chunk ------------------------------------------------------------------------------------

@@ -111,6 +111,12 @@ class Dataset:
             return Dir(self.array.owner)  # the grid's directories stand for the array's
         return self.block(tuple(at[::-1]))
 
+    def file_of(self, key: int) -> File:
+        at = grid_at(key, self.grid) if self.ndim else None
+        if at is None:
+            raise FileNotFoundError(f"key {key}")
+        return self.block(at[::-1])
+
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         at = self._grid_path(rel)
         if at is None or len(at) == self.ndim:

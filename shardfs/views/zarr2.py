@@ -93,6 +93,12 @@ class Zarr2Array:
             return Dir(self.array.owner)
         return self.chunk(at[self.lead :])
 
+    def file_of(self, key: int) -> File:
+        at = grid_at(key, self.grid)
+        if at is None or any(at[: self.lead]):
+            raise FileNotFoundError(f"key {key}")
+        return self.chunk(at[self.lead :])
+
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         at = self._path(rel) if rel else ()
         if at is None or len(at) >= max(self.ndim, 1) or any(at[: self.lead]):
