@@ -6,7 +6,7 @@ by zarr-python 3, the latter also as `--view n5` (zero-copy); four ways to serve
 each read the same ways, in an order that alternates between repeats:
 - a C no-op: `noop_ll.c` beside this script, built here against libfuse3's low-level API, serving the
   same names and sizes as zeros with shardfs's mount options and FUSE `no_open`: the limit of FUSE;
-- a Python no-op: shardfs's own adapter, options and FUSE session over an in-memory tree of the same
+- a Python no-op: shardfs's own bridge, options and FUSE session over an in-memory tree of the same
   names and sizes (also `no_open`): what shardfs would be if finding a chunk cost nothing;
 - shardfs, mounted on the sharded dataset;
 - the same chunks as plain files on disk (copied out of the mount with cp -r).
@@ -118,7 +118,7 @@ def write_dataset(root: Path, chunks: int) -> None:
 
 
 def serve_noop(listing: Path, mountpoint: Path) -> None:
-    """Serve the names and sizes in listing (one 'relpath size' per line) with the real adapter, logging
+    """Serve the names and sizes in listing (one 'relpath size' per line) with the real bridge, logging
     to stderr as the daemon logs to its file (the bench checks its no_open line)."""
     from shardfs.cache import ByteCache
     from shardfs.logs import log_to
@@ -158,8 +158,8 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
         def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
             return ((name, f"{path}/{name}".lstrip("/") in dirs) for name in sorted(dirs[path]))
 
-        # Files are numbered as shardfs numbers chunks (their node ids are their numbers), so that the
-        # session keeps no table of them here either.
+        # Files are numbered as shardfs numbers chunks (their node ids are their numbers, and a read goes
+        # from the number to the file), so that the bridge keeps no table of them here either.
         numbered = ("",)
         store = type("NoStore", (), {"sizes": staticmethod(lambda: iter(()))})()  # df: nothing stored
 
@@ -169,6 +169,12 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
 
         def path_of(self, directory: int, number: int) -> str | None:
             return paths[number] if directory == 0 and number < len(paths) else None
+
+        def file_of(self, directory: int, number: int) -> object:
+            path = self.path_of(directory, number)
+            if path is None:
+                raise FileNotFoundError(number)
+            return files[path]
 
     log_to(None)
     logging.getLogger().setLevel(logging.INFO)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from shardfs.fuse.adapter import TreeOps
+from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.mount import MountOptions, mount
 from shardfs.fuse.session import Session
 from shardfs.source import open_source
@@ -17,7 +17,7 @@ def main(args: list[str]) -> int:
     source, mountpoint = args
     tree = open_source(source, 16 << 20).tree
     fd = mount(Path(mountpoint), MountOptions(fsname=source))
-    Session(fd, TreeOps(tree, 0), threads=4).run()
+    Session(fd, Bridge(tree, 0), threads=4).run()
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from shardfs.fuse import wire
-from shardfs.fuse.adapter import TreeOps
+from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.listing import Listing, ListingWorkers
 from shardfs.source import open_source
 from tests import peers
@@ -86,23 +86,29 @@ def kv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+def listing(bridge: Bridge, directory: str) -> Listing:
+    """The listing of directory ('' the root), looked up by name as the kernel does."""
+    entry = bridge.lookup(wire.ROOT_ID, directory.encode()) if directory else None
+    return bridge.listing(wire.ROOT_ID if entry is None else entry.node)
+
+
 @pytest.mark.parametrize("directory", ["", "notes"])
 def test_a_fresh_daemon_resumes_any_offset_the_same_way(kv, directory) -> None:
-    """Two TreeOps over the same source, as two daemons one after the other: every offset the first gave
+    """Two bridges over the same source, as two daemons one after the other: every offset the first gave
     names the same entry in the second, which never saw the listing before, and the tail from any offset
     is the first's."""
-    first = dirents(TreeOps(open_source(str(kv), 8 << 20).tree, 0).listing(directory, ino).page(0, 1 << 30))
+    first = dirents(listing(Bridge(open_source(str(kv), 8 << 20).tree, 0), directory).page(0, 1 << 30))
     assert len(first) > 300 and [o for _, o, _, _ in first] == list(range(1, len(first) + 1))
     files = {n for _, _, n, kind in first if kind == stat.S_IFREG >> 12}
     assert files >= ({f"note-{i:03d}" for i in range(300)} if directory else {"0", "299", "info"})
     for offset in (0, 1, 2, 150, len(first) - 1, len(first)):
-        fresh = TreeOps(open_source(str(kv), 8 << 20).tree, 0)
-        assert dirents(fresh.listing(directory, ino).page(offset, 1 << 30)) == first[offset:], offset
+        fresh = Bridge(open_source(str(kv), 8 << 20).tree, 0)
+        assert dirents(listing(fresh, directory).page(offset, 1 << 30)) == first[offset:], offset
 
 
 def test_resuming_lists_the_directory_once(kv) -> None:
     """Offsets in any order, far ones first: the tree lists the directory once, into the listing."""
-    ops = TreeOps(open_source(str(kv), 8 << 20).tree, 0)
+    ops = Bridge(open_source(str(kv), 8 << 20).tree, 0)
     made = []
     listdir = ops.tree.listdir
 
@@ -111,9 +117,9 @@ def test_resuming_lists_the_directory_once(kv) -> None:
         return listdir(path)
 
     ops.tree.listdir = counted  # type: ignore[method-assign]
-    whole = dirents(ops.listing("", ino).page(0, 1 << 30))
+    whole = dirents(ops.listing(wire.ROOT_ID).page(0, 1 << 30))
     for offset in (250, 3, 299, 100, 0):
-        assert dirents(ops.listing("", ino).page(offset, 32)) == whole[offset : offset + 1]  # one entry
+        assert dirents(ops.listing(wire.ROOT_ID).page(offset, 32)) == whole[offset : offset + 1]  # one entry
     assert made == [""]
 
 

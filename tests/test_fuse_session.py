@@ -28,7 +28,7 @@ import tensorstore as ts
 from cloudvolume import CloudVolume
 
 from shardfs.fuse import wire
-from shardfs.fuse.adapter import TreeOps
+from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.mount import FuseMountError, MountOptions, mount, unmount
 from shardfs.fuse.session import Session, Timeouts
 from shardfs.fuse.wire import InitFlag
@@ -76,7 +76,7 @@ def served(source: str | Path, mountpoint: Path, threads: int = 16, read_only: b
     mountpoint.mkdir(exist_ok=True)
     fd = mount(mountpoint, MountOptions(fsname=str(source), read_only=read_only, allow_other=True))
     ready = threading.Event()
-    session = Session(fd, TreeOps(tree, 0), threads, on_ready=ready.set)
+    session = Session(fd, Bridge(tree, 0), threads, on_ready=ready.set)
     runner = threading.Thread(target=session.run, name="session")
     runner.start()
     try:
@@ -132,7 +132,7 @@ def test_sixteen_lookups_in_one_directory_overlap(volume, server, tmp_path) -> N
             sizes = list(pool.map(lambda n: (tmp_path / "m" / "8_8_40" / n).stat().st_size, names))
         assert sizes == [(twin / "8_8_40" / n).stat().st_size for n in names]
         assert server.most_in_flight >= 8, server.most_in_flight
-        assert len(session.nodes) >= len(names)
+        assert len(session.fs.nodes) >= len(names)
 
 
 def drop_kernel_names() -> None:
@@ -171,9 +171,9 @@ def test_forget_storms_leave_no_nodes_behind(segments, tmp_path) -> None:
             for key in items:
                 (m / str(key)).stat()
                 (m / str(key)).stat()  # the kernel's entry: no second LOOKUP, nothing to forget twice
-            assert len(session.nodes) == 1 + len(large)
+            assert len(session.fs.nodes) == 1 + len(large)
             drop_kernel_names()
-            assert wait_for(lambda: len(session.nodes) == 1), len(session.nodes)
+            assert wait_for(lambda: len(session.fs.nodes) == 1), len(session.fs.nodes)
         for key in (1, large[7]):
             assert (m / str(key)).read_bytes() == items[key]
 
@@ -203,7 +203,7 @@ def test_ten_thousand_files_held_open(many, tmp_path, many_descriptors) -> None:
         finally:
             for fd in held:
                 os.close(fd)
-        assert len(session.nodes) == 2  # the root and the scale: a chunk's node id is its name
+        assert len(session.fs.nodes) == 2  # the root and the scale: a chunk's node id is its name
 
 
 def test_listing_of_thousands_resumes_where_each_page_ended(many, tmp_path) -> None:
@@ -231,14 +231,14 @@ def test_a_listing_of_131072_names_resumes_where_each_page_ended(chunk_grid, tmp
     source, names = chunk_grid
     with served(source, tmp_path / "m") as session:
         made = itertools.count()
-        listdir = session.ops.tree.listdir
+        listdir = session.fs.tree.listdir
 
         def counted(path: str) -> Iterator[tuple[str, bool]]:
             for entry in listdir(path):
                 next(made)
                 yield entry
 
-        session.ops.tree.listdir = counted  # type: ignore[method-assign]
+        session.fs.tree.listdir = counted  # type: ignore[method-assign]
         listed = os.listdir(tmp_path / "m" / "s0")
         assert sorted(listed) == sorted(names)
         assert next(made) == len(names)
@@ -269,8 +269,8 @@ def test_seeking_a_directory_of_131072_names_resumes_in_place(chunk_grid, tmp_pa
     source, names = chunk_grid
     libc = libc_directory()
     with served(source, tmp_path / "m") as session:
-        listdir, made = session.ops.tree.listdir, []
-        session.ops.tree.listdir = lambda path: made.append(path) or listdir(path)  # type: ignore[method-assign]
+        listdir, made = session.fs.tree.listdir, []
+        session.fs.tree.listdir = lambda path: made.append(path) or listdir(path)  # type: ignore[method-assign]
         directory = libc.opendir(bytes(tmp_path / "m" / "s0"))
         assert directory, os.strerror(ctypes.get_errno())
         try:
@@ -487,7 +487,7 @@ def kernel_socket(volume_root: Path, timeouts: Timeouts | None = None) -> Iterat
     """A session whose "device" is one end of a packet socket pair: the test plays a kernel this machine
     does not run (older, newer), request by request, and reads what the kernel would be told."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    session = Session(theirs.fileno(), TreeOps(open_source(volume_root, 1 << 20).tree, 0), 1, timeouts)
+    session = Session(theirs.fileno(), Bridge(open_source(volume_root, 1 << 20).tree, 0), 1, timeouts)
     runner = threading.Thread(target=session.run)
     runner.start()
     try:

@@ -8,8 +8,9 @@ import os
 import pytest
 
 from shardfs.fuse import wire
+from shardfs.fuse.filesystem import StaleNode
+from shardfs.fuse.nodes import PACKED, Nodes
 from shardfs.fuse.record import COMPACT_AFTER, Kept, Record, RecordError, Terms
-from shardfs.fuse.session import PACKED, Nodes
 from shardfs.service import handover
 
 
@@ -50,15 +51,15 @@ def test_terms_and_table_read_back_by_the_next_daemon() -> None:
 def test_table_ids_survive_into_the_next_daemons_table() -> None:
     record = Record.new()
     nodes = Nodes(Unnumbered(), record)
-    ids = {path: nodes.looked_up(path) for path in ("s0", "s0/info", "s1")}
+    ids = {path: nodes.looked_up(path, None) for path in ("s0", "s0/info", "s1")}
     nodes.forget(ids["s1"], 1)  # dropped: the kernel holds it no more
     restored = Nodes(Unnumbered(), reopened(record))
     assert restored.path(ids["s0"]) == "s0" and restored.path(ids["s0/info"]) == "s0/info"
-    with pytest.raises(KeyError):
+    with pytest.raises(StaleNode):
         restored.path(ids["s1"])
-    fresh = restored.looked_up("s2")
+    fresh = restored.looked_up("s2", None)
     assert fresh not in ids.values() and not fresh & PACKED  # never an id the kernel may still hold
-    assert restored.looked_up("s0") == ids["s0"]  # the same path, the same id
+    assert restored.looked_up("s0", None) == ids["s0"]  # the same path, the same id
     restored.forget(ids["s0"], 1)  # its count from before is unknown: kept, not dropped
     assert restored.path(ids["s0"]) == "s0"
     restored.forget(123456, 7)  # an id never issued: harmless
@@ -69,9 +70,9 @@ def test_a_journal_of_dropped_ids_is_rewritten_and_its_pages_given_back() -> Non
     record = Record.new()
     nodes = Nodes(Unnumbered(), record)
     name = "d" * 200
-    kept = nodes.looked_up("kept")
+    kept = nodes.looked_up("kept", None)
     for i in range(2 * COMPACT_AFTER // 200):
-        nodes.forget(nodes.looked_up(f"{name}{i}"), 1)
+        nodes.forget(nodes.looked_up(f"{name}{i}", None), 1)
     assert reopened(record).table() == {kept: "kept"}
     assert os.fstat(record.fd).st_blocks * 512 < COMPACT_AFTER  # the old journal's pages were punched out
 

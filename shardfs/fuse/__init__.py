@@ -1,2 +1,2 @@
-"""shardfs's own FUSE session: the kernel protocol over /dev/fuse (wire), serving requests (session),
-mounting (mount), and tree answers as replies (adapter)."""
+"""shardfs's own FUSE session: the kernel protocol over /dev/fuse (wire), serving requests (session) of a
+filesystem by node id (filesystem), the tree served as one (bridge, nodes), mounting (mount)."""

@@ -1,5 +1,10 @@
-"""Tree answers as FUSE answers: nodes become attributes, listings stream through cursors, and exceptions
-become errno with the same log lines and metrics as ever. It knows nothing of the wire but the attr struct."""
+"""The bridge: the virtual tree served as a `Filesystem` (filesystem.py), by node id.
+
+It owns the node ids (nodes.py): a numbered file's id is its key, so a request for a chunk goes from its id
+to its node with no name made or parsed; any other id names a path in the table. Tree nodes become
+attributes, directories listings, and exceptions errno, each error logged with the path it concerns and
+counted. The session above it knows no path; the tree below it knows no FUSE.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import errno
 import functools
 import itertools
 import logging
+import os
 import stat
 import threading
 import time
@@ -17,69 +23,60 @@ from typing import Any, TypeVar
 from shardfs import metrics
 from shardfs.codecs import start_request
 from shardfs.errors import CorruptChunk, over_max_file_size
-from shardfs.fuse import wire
-from shardfs.fuse.listing import Listing, ListingWorkers
-from shardfs.tree import Dir, Owner, Tree
+from shardfs.fuse.filesystem import BLOCK_SIZE, Attributes, Entry, FuseError, Usage, count, error
+from shardfs.fuse.listing import Listing
+from shardfs.fuse.nodes import Nodes, Place
+from shardfs.fuse.record import Record
+from shardfs.tree import Dir, Node, Owner, Tree
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
 
-BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
-NAME_MAX = 255  # the longest name a Linux filesystem holds (STATFS says so); the kernel passes FUSE up to 1,024
 REQUEST_FILES = 4  # a request may decode as much as this many of the largest files (nested shards, a view)
 READDIR = metrics.OPS.labels("readdir")
-OPENED = metrics.OPS.labels("open")
-
-
-class FuseError(Exception):
-    """A request answered with this errno."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(errno.errorcode.get(code, str(code)))
-        self.errno = code
 
 
 def errors_to_errno(name: str) -> Callable[[F], F]:
     """Absent → ENOENT; corrupt data → EIO with a log line naming shard and key; a bug → EIO, logged.
     Every call is timed under name, and every error but ENOENT counted, for `--metrics` and `shardfs stats`.
-    The wrapped method's first argument after self is the path, for the log lines."""
+    The wrapped method's first argument after self is the node's place: its path is made for a log line only."""
     timer = metrics.OPS.labels(name)
 
     def decorate(op: F) -> F:
         @functools.wraps(op)
-        def wrapper(self: TreeOps, path: str, *args: Any) -> Any:
+        def wrapper(self: Bridge, place: Place, *args: Any) -> Any:
             start_request(self.request_limit)
             start = time.perf_counter()
             try:
-                return op(self, path, *args)
+                return op(self, place, *args)
             except FuseError as e:
                 count(e.errno)
                 raise
             except CorruptChunk as e:
-                refused(e, self.tree.cache.max_value, path)
+                refused(e, self.tree.cache.max_value, self.path_of(place))
                 raise error(errno.EIO) from None
             except (FileNotFoundError, NotADirectoryError):
                 raise FuseError(errno.ENOENT) from None
             except OSError as e:
-                log.error("%s: %s", name, e, extra={"event": "os_error", "path": "/" + path})
+                log.error("%s: %s", name, e, extra={"event": "os_error", "path": "/" + self.path_of(place)})
                 raise error(e.errno or errno.EIO) from None
             except Exception:
-                log.exception("%s failed", name, extra={"event": "bug", "path": "/" + path})
+                log.exception("%s failed", name, extra={"event": "bug", "path": "/" + self.path_of(place)})
                 raise error(errno.EIO) from None
             finally:
                 timer.observe(time.perf_counter() - start)
 
         @functools.wraps(op)
-        def logged(self: TreeOps, path: str, *args: Any) -> Any:
+        def logged(self: Bridge, place: Place, *args: Any) -> Any:
             if not log.isEnabledFor(logging.DEBUG):
-                return wrapper(self, path, *args)
+                return wrapper(self, place, *args)
             reads, start = metrics.STORE_READS.mine(), time.perf_counter()
             try:
-                answer = wrapper(self, path, *args)
+                answer = wrapper(self, place, *args)
             except FuseError as e:
-                log_request(name, path, start, reads, code=e.errno)
+                log_request(name, self.path_of(place), start, reads, code=e.errno)
                 raise
-            log_request(name, path, start, reads, answer)
+            log_request(name, self.path_of(place), start, reads, answer)
             return answer
 
         return logged  # type: ignore[return-value]
@@ -109,17 +106,6 @@ def refused(e: CorruptChunk, max_file_size: int, path: str) -> None:
     else:
         metrics.DECODE_ERRORS.inc()
         log.error("%s", e, extra={**e.log_fields("eio"), "path": "/" + path})
-
-
-def count(code: int) -> None:
-    """Count an error answer for the metrics (ENOENT is an answer, not an error)."""
-    if code != errno.ENOENT:
-        metrics.ERRORS.labels(errno.errorcode.get(code, str(code))).inc()
-
-
-def error(code: int) -> FuseError:
-    count(code)
-    return FuseError(code)
 
 
 class StoredBytes:
@@ -161,18 +147,85 @@ class Shown:
     umask: int | None = None
 
 
-class TreeOps:
-    """Read-only operations over a Tree, by path ('' is the root). The session owns node ids and the
-    wire; this owns what the answers say."""
+class Bridge:
+    """The tree as a `Filesystem`: node ids to the tree's nodes and back (see the module's docstring).
+    record: where the node table is journalled for the next daemon, and restored from."""
 
-    def __init__(self, tree: Tree, mtime_ns: int, shown: Shown = Shown()) -> None:
+    def __init__(self, tree: Tree, mtime_ns: int, shown: Shown = Shown(), record: Record | None = None) -> None:
         self.tree = tree
         self.shown = shown
+        self.nodes = Nodes(tree, record)
         self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
         self._times = (*divmod(mtime_ns, 1_000_000_000),)
-        self.listings = ListingWorkers()
         self._modes = functools.lru_cache(maxsize=1024)(self._mode)
         self.stored = StoredBytes(tree.store.sizes)
+
+    # The protocol: by node id.
+    def lookup(self, parent: int, name: bytes) -> Entry | None:
+        directory = self.nodes.path(parent)
+        path = f"{directory}/{os.fsdecode(name)}" if directory else os.fsdecode(name)
+        found = self.tree.key_of(path)
+        attributes = self._attributes(path if found is None else found)
+        if attributes is None:
+            return None
+        return Entry(self.nodes.looked_up(path, found), attributes)
+
+    def forget(self, node: int, lookups: int) -> None:
+        self.nodes.forget(node, lookups)
+
+    def getattr(self, node: int) -> Attributes:
+        attributes = self._attributes(self.nodes.place(node))
+        if attributes is None:
+            raise FuseError(errno.ENOENT)
+        return attributes
+
+    def open(self, node: int) -> None:
+        """Permissions are the kernel's (`default_permissions`); writes are refused by the `ro` mount."""
+        self.nodes.place(node)
+
+    def read(self, node: int, offset: int, size: int) -> bytes:
+        return self._read(self.nodes.place(node), offset, size)
+
+    def opendir(self, node: int) -> None:
+        self._opendir(self.nodes.path(node))
+
+    def listed(self, node: int) -> Listing | None:
+        return self.tree.cache.get(("listing", self.nodes.path(node)))  # type: ignore[return-value]
+
+    def listing(self, node: int) -> Listing:
+        """Made within its bounds; EIO if it cannot be made."""
+        path = self.nodes.path(node)
+        start_request(self.request_limit)
+        start, reads, code = time.perf_counter(), metrics.STORE_READS.mine(), 0
+        ino = self.nodes.ino
+        try:
+            entries = lambda: self.tree.listdir(path)  # noqa: E731
+            make = lambda: Listing.of(entries(), "/" + path, lambda name: ino(f"{path}/{name}" if path else name))  # noqa: E731
+            return self.tree.cache.get_or_make(("listing", path), make)
+        except Exception as e:
+            log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
+            code = errno.EIO
+            raise error(errno.EIO) from None
+        finally:
+            READDIR.observe(time.perf_counter() - start)
+            if log.isEnabledFor(logging.DEBUG):
+                log_request("readdir", path, start, reads, code=code)
+
+    def statfs(self) -> Usage:
+        return Usage(*self.stored.now())
+
+    # What a node's place holds.
+    def path_of(self, place: Place) -> str:
+        """The path of a place, for log lines."""
+        if place.__class__ is str:
+            return place  # type: ignore[return-value]
+        return self.tree.path_of(*place) or f"{place}"  # type: ignore[misc]
+
+    def _node(self, place: Place) -> Node:
+        """The tree's node at place: a numbered file found by its key, anything else by its path."""
+        if place.__class__ is str:
+            return self.tree.lookup(place)  # type: ignore[arg-type]
+        return self.tree.file_of(*place)  # type: ignore[misc]
 
     def _mode(self, kind: int, owner: Owner) -> tuple[int, int, int, int]:
         """(st_mode, st_nlink, uid, gid) of a node owned by owner (few distinct ones: cached). Files get
@@ -186,11 +239,11 @@ class TreeOps:
         return kind | mode, 2 if kind == stat.S_IFDIR else 1, uid, gid
 
     @errors_to_errno("getattr")
-    def attributes(self, path: str) -> tuple[int, ...] | None:
-        """The fuse_attr fields after ino of the node at path (pack with `attr`), or None if there is
-        none: a negative entry for the kernel to keep."""
+    def _attributes(self, place: Place) -> Attributes | None:
+        """The attributes of the node at place, or None if there is none: a negative entry for the kernel
+        to keep."""
         try:
-            node = self.tree.lookup(path)
+            node = self._node(place)
         except (FileNotFoundError, NotADirectoryError):
             return None
         if isinstance(node, Dir):
@@ -200,11 +253,12 @@ class TreeOps:
             mode, nlink, uid, gid = self._modes(stat.S_IFREG, node.owner)
             size = node.size()
         sec, nsec = self._times
-        return size, (size + 511) // 512, sec, sec, sec, nsec, nsec, nsec, mode, nlink, uid, gid, 0, BLOCK_SIZE, 0
+        return Attributes(size, (size + 511) // 512, sec, sec, sec, nsec, nsec, nsec, mode, nlink, uid, gid, 0,
+                          BLOCK_SIZE, 0)  # fmt: skip
 
     @errors_to_errno("read")
-    def read(self, path: str, offset: int, size: int) -> bytes:
-        node = self.tree.lookup(path)
+    def _read(self, place: Place, offset: int, size: int) -> bytes:
+        node = self._node(place)
         if isinstance(node, Dir):
             raise error(errno.EISDIR)
         data = node.read(offset, size)
@@ -212,34 +266,8 @@ class TreeOps:
         return data
 
     @errors_to_errno("opendir")
-    def opendir(self, path: str) -> None:
+    def _opendir(self, path: str) -> None:
         """A directory handle holds nothing: its listing is the directory's (`listed`), and an offset is
         all the kernel needs to resume it."""
         if not isinstance(self.tree.lookup(path), Dir):
             raise error(errno.ENOTDIR)
-
-    def listed(self, path: str) -> Listing | None:
-        """The directory's listing if it is made already (answering from it waits on nothing), else None."""
-        return self.tree.cache.get(("listing", path))  # type: ignore[return-value]
-
-    def listing(self, path: str, ino: Callable[[str], int]) -> Listing:
-        """The directory's listing, made here if it is not made yet (the session asks for that in a listing
-        worker), within its bounds; ino: the inode number an entry shows, by name. EIO if it cannot be made."""
-        start_request(self.request_limit)
-        start, reads, code = time.perf_counter(), metrics.STORE_READS.mine(), 0
-        try:
-            make = lambda: Listing.of(self.tree.listdir(path), "/" + path, ino)  # noqa: E731
-            return self.tree.cache.get_or_make(("listing", path), make)
-        except Exception as e:
-            log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
-            code = errno.EIO
-            raise error(errno.EIO) from None
-        finally:
-            READDIR.observe(time.perf_counter() - start)
-            if log.isEnabledFor(logging.DEBUG):
-                log_request("readdir", path, start, reads, code=code)
-
-
-def attr(ino: int, fields: tuple[int, ...]) -> bytes:
-    """A fuse_attr: the node's number, then what `TreeOps.attributes` found."""
-    return wire.ATTR.pack(ino, *fields)

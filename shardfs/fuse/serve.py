@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shardfs.fuse.adapter import Shown, TreeOps
+from shardfs.fuse.bridge import Bridge, Shown
 from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, handed_number, mount, unmount
 from shardfs.fuse.record import Carrier, Kept, Record
 from shardfs.fuse.session import Session, Timeouts
@@ -197,7 +197,7 @@ def serve(
 
     try:
         session = Session(
-            fd, TreeOps(tree, mtime_ns, settings.shown), settings.threads, settings.timeouts,
+            fd, Bridge(tree, mtime_ns, settings.shown, record), settings.threads, settings.timeouts,
             settings.kernel_cache, ready, owner=settings.owner, debug=settings.debug, record=record,
             kept=kept is not None,
         )  # fmt: skip

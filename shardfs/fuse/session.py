@@ -5,13 +5,14 @@ while it waits, and requests that wait on the store are answered in parallel. IN
 read-only tree be served fast: lookups in one directory in parallel (PARALLEL_DIROPS), reads of up to
 1 MiB (MAX_PAGES), readahead in parallel (ASYNC_READ), and no OPEN at all where the kernel can do without
 (OPEN answered ENOSYS: it then keeps a file's pages across opens, so a warm read never leaves the kernel).
-Node ids name paths while the kernel holds them: a chunk file's id is its name packed into 64 bits; the rest
-are counted in a table (a lookup counts one more, FORGET counts them down, and a node is dropped at zero).
-Unmounting makes every read fail with ENODEV: each thread then ends.
+What a node id names, and what a node holds, is the filesystem's (filesystem.py): the session passes ids,
+offsets and names through and packs the typed answers. Unmounting makes every read fail with ENODEV: each
+thread then ends.
 
-A session given a connection's record (fuse/record.py) outlives its daemon: INIT's terms and the table are
-written there, and a session started on a kept descriptor restores both instead of waiting for INIT, then
-asks the kernel to resend what the daemon before read and never answered (FUSE_NOTIFY_RESEND).
+A session given a connection's record (fuse/record.py) outlives its daemon: INIT's terms are written there
+(the filesystem journals its node ids beside them), and a session started on a kept descriptor restores
+them instead of waiting for INIT, then asks the kernel to resend what the daemon before read and never
+answered (FUSE_NOTIFY_RESEND).
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
-from shardfs import logs
+from shardfs import logs, metrics
 from shardfs.fuse import wire
-from shardfs.fuse.adapter import BLOCK_SIZE, NAME_MAX, OPENED, FuseError, TreeOps, attr, count
+from shardfs.fuse.filesystem import BLOCK_SIZE, NAME_MAX, Filesystem, FuseError, StaleNode, count
+from shardfs.fuse.listing import ListingWorkers
 from shardfs.fuse.record import Record, Terms
 from shardfs.fuse.wire import InitFlag, InitFlag2, Op
-from shardfs.metrics import RESENT
 
 log = logging.getLogger("shardfs")
 
@@ -59,10 +59,7 @@ ANY_USER = UNANSWERED | {
     Op.INIT, Op.DESTROY, Op.READ, Op.WRITE, Op.FSYNC, Op.RELEASE, Op.READDIR, Op.READDIRPLUS, Op.FSYNCDIR,
     Op.RELEASEDIR,
 }  # fmt: skip
-PACKED = 1 << 63  # set in the node id of a numbered path (see Nodes); never in a table's
-# A table id restored from a record: the kernel's count of its lookups is the daemon before's, unknown here,
-# so it is never counted down to nothing (the table keeps it; directories are few).
-UNKNOWN_COUNT = 1 << 62
+OPENED = metrics.OPS.labels("open")
 
 
 @dataclass(frozen=True)
@@ -79,125 +76,28 @@ def _split(seconds: float) -> tuple[int, int]:
     return whole, int((seconds - whole) * 1e9)
 
 
-class Keys(Protocol):
-    """Paths that are numbers: a provider's directory numbered, and a key below it (`Tree.key_of`)."""
-
-    numbered: list[str]  # the provider directories, by number
-
-    def key_of(self, path: str) -> tuple[int, int] | None: ...
-
-    def path_of(self, number: int, key: int) -> str | None: ...
-
-
-class Nodes:
-    """Node ids of the paths the kernel holds. A path a provider numbers (a chunk file) has for id its name:
-    PACKED, then its directory's number, then its key. Nothing is kept for it, FORGET of it has nothing to
-    do, and the same path has the same id (and so `st_ino`) on every mount of the same metadata: memory
-    grows with directories, not with the files the kernel has seen. Every other path (directories, metadata,
-    files passed through, a key too large to pack) gets an id from a table, with the kernel's lookup count
-    of it, and is dropped at zero. Table ids are never reused, so a stale id from the kernel is an error,
-    not another file. With a record, the table is journalled there, and restored from it at start: the
-    kernel may hold table ids across a restart of the daemon."""
-
-    def __init__(self, keys: Keys, record: Record | None = None) -> None:
-        self._keys = keys
-        self._record = record
-        self._shift = 63 - max(len(keys.numbered) - 1, 0).bit_length()  # bits of the key, below the number's
-        self._paths: dict[int, str] = {wire.ROOT_ID: ""}
-        self._ids: dict[str, int] = {"": wire.ROOT_ID}
-        self._counts: dict[int, int] = {}
-        self._next = wire.ROOT_ID + 1
-        self._lock = threading.Lock()
-        self._last = (0, "")  # the last numbered path looked up: a read mostly follows its file's lookup
-        if record is not None:
-            for nodeid, path in record.table().items():
-                self._paths[nodeid], self._ids[path], self._counts[nodeid] = path, nodeid, UNKNOWN_COUNT
-            self._next = max(self._next, record.highest + 1)
-
-    def __len__(self) -> int:
-        """Paths in the table."""
-        return len(self._paths)
-
-    def path(self, nodeid: int) -> str:
-        """The path of a node the kernel holds; KeyError if it holds no such node."""
-        if nodeid & PACKED:
-            last = self._last
-            if last[0] == nodeid:
-                return last[1]
-            path = self._keys.path_of((nodeid ^ PACKED) >> self._shift, nodeid & ((1 << self._shift) - 1))
-            if path is None:
-                raise KeyError(nodeid)
-            return path
-        return self._paths[nodeid]
-
-    def _packed(self, path: str) -> int | None:
-        """The node id that is path's name, or None if path is not numbered or its key does not fit."""
-        found = self._keys.key_of(path)
-        return None if found is None or found[1] >> self._shift else PACKED | found[0] << self._shift | found[1]
-
-    def ino(self, path: str) -> int:
-        """The inode number a listing shows for path (`find -inum` and `-printf %i` take it): its node id
-        where that needs no lookup counted (a numbered path, or one the table holds), else unknown."""
-        packed = self._packed(path)
-        return self._ids.get(path, wire.UNKNOWN_INO) if packed is None else packed
-
-    def looked_up(self, path: str) -> int:
-        """The id of path, counted once more if it is in the table."""
-        nodeid = self._packed(path)
-        if nodeid is not None:
-            self._last = (nodeid, path)
-            return nodeid
-        with self._lock:
-            nodeid = self._ids.get(path)
-            if nodeid is None:
-                nodeid = self._next
-                self._next += 1
-                self._ids[path] = nodeid
-                self._paths[nodeid] = path
-                if self._record is not None:
-                    self._record.added(nodeid, path)
-            if nodeid != wire.ROOT_ID:
-                self._counts[nodeid] = self._counts.get(nodeid, 0) + 1
-            return nodeid
-
-    def forget(self, nodeid: int, times: int) -> None:
-        """The kernel let go of nodeid times lookups; at none left a table id is dropped."""
-        if nodeid & PACKED:
-            return
-        with self._lock:
-            left = self._counts.get(nodeid, 0) - times
-            if left > 0:
-                self._counts[nodeid] = left
-            elif nodeid in self._counts:
-                del self._counts[nodeid]
-                path = self._paths.pop(nodeid)
-                del self._ids[path]
-                if self._record is not None:
-                    self._record.dropped(nodeid, path, self._paths)
-
-
 class Session:
-    """Serves ops on an open /dev/fuse fd until the filesystem is unmounted. on_ready runs once INIT
+    """Serves a filesystem on an open /dev/fuse fd until the filesystem is unmounted. on_ready runs once INIT
     is answered: the mount then answers requests (`granted_text` says on what terms). owner (`allow_root`):
     only that user's and root's requests are served, others answered EACCES, and every open is asked for
     (no no_open) so that a page cached for root is not read by another user. debug: every request and
-    answer logged at DEBUG. record: where INIT's terms and the node table are kept for the next daemon.
+    answer logged at DEBUG. record: where INIT's terms are kept for the next daemon.
     kept: fd is a connection a daemon before served (its record given): INIT's terms are restored, not
     waited for, and what that daemon read and never answered is asked for again."""
 
     def __init__(
-        self, fd: int, ops: TreeOps, threads: int = 10, timeouts: Timeouts | None = None,
+        self, fd: int, filesystem: Filesystem, threads: int = 10, timeouts: Timeouts | None = None,
         kernel_cache: bool = True, on_ready: Callable[[], None] | None = None, owner: int | None = None,
         debug: bool = False, record: Record | None = None, kept: bool = False,
     ) -> None:  # fmt: skip
         self.fd = fd
         self.owner = owner
         self.debug = debug
-        self.ops = ops
+        self.fs = filesystem
         self.threads = threads
         self.record = record
         self.kept = kept
-        self.nodes = Nodes(ops.tree, record)
+        self.listings = ListingWorkers()
         self.kernel_cache = kernel_cache
         self.on_ready = on_ready
         self.no_open = False  # until INIT says whether the kernel takes ENOSYS for OPEN as "none needed"
@@ -310,7 +210,7 @@ class Session:
     def _dispatch(self, request: memoryview) -> None:
         _, opcode, unique, nodeid, uid, _, pid, *_ = wire.IN_HEADER.unpack_from(request)
         if unique & wire.UNIQUE_RESEND:
-            RESENT.inc()
+            metrics.RESENT.inc()
         body = request[wire.IN_HEADER.size :]
         handler = self._handlers.get(opcode)
         logs.serving(uid)
@@ -330,7 +230,7 @@ class Session:
                 self._error(unique, errno.ENOSYS, counted=opcode not in NOT_IMPLEMENTED)
         except FuseError as e:
             self._error(unique, e.errno, counted=False)  # counted where it was raised
-        except KeyError:  # a node id we do not hold
+        except StaleNode:
             log.error("request %s for unknown node %d", _name(opcode), nodeid, extra={"event": "bug"})
             self._error(unique, errno.ESTALE)
         except Exception:
@@ -399,79 +299,73 @@ class Session:
         no_open = ", no_open" if self.no_open else ""
         return f"FUSE 7.{self.minor}, granted {granted}{no_open}, {self.threads} threads{kept}"
 
-    def _child(self, nodeid: int, body: memoryview) -> str:
-        parent = self.nodes.path(nodeid)
-        name = os.fsdecode(bytes(body[: len(body) - 1]))  # NUL-terminated
-        return f"{parent}/{name}" if parent else name
-
     def _lookup(self, unique: int, nodeid: int, body: memoryview) -> None:
-        path = self._child(nodeid, body)
         # A name longer than NAME_MAX (the kernel passes up to 1,024 bytes) is absent without asking the source,
         # which would answer ENAMETOOLONG: any user could fill the log with that, and no dataset has one.
-        fields = None if len(body) - 1 > NAME_MAX else self.ops.attributes(path)
-        if fields is None:
+        entry = None if len(body) - 1 > NAME_MAX else self.fs.lookup(nodeid, bytes(body[: len(body) - 1]))
+        if entry is None:
             if self._negative is None:
                 self._error(unique, errno.ENOENT, counted=False)
             else:  # node id 0: the kernel keeps the absence for the negative timeout
-                entry = wire.ENTRY_OUT.pack(0, 0, self._negative[0], 0, self._negative[1], 0)
-                self._reply(unique, entry, ZERO_ATTR)
+                reply = wire.ENTRY_OUT.pack(0, 0, self._negative[0], 0, self._negative[1], 0)
+                self._reply(unique, reply, ZERO_ATTR)
             return
-        child = self.nodes.looked_up(path)
+        child = entry.node
         entry_s, entry_ns, attr_s, attr_ns = self._entry_valid
-        self._reply(unique, wire.ENTRY_OUT.pack(child, 0, entry_s, attr_s, entry_ns, attr_ns), attr(child, fields))
+        reply = wire.ENTRY_OUT.pack(child, 0, entry_s, attr_s, entry_ns, attr_ns)
+        self._reply(unique, reply, wire.ATTR.pack(child, *entry.attributes))
 
     def _forget(self, unique: int, nodeid: int, body: memoryview) -> None:
-        self.nodes.forget(nodeid, wire.FORGET_IN.unpack_from(body)[0])
+        self.fs.forget(nodeid, wire.FORGET_IN.unpack_from(body)[0])
 
     def _batch_forget(self, unique: int, nodeid: int, body: memoryview) -> None:
         (number, _) = wire.BATCH_FORGET_IN.unpack_from(body)
         for i in range(number):
-            self.nodes.forget(*wire.FORGET_ONE.unpack_from(body, wire.BATCH_FORGET_IN.size + i * wire.FORGET_ONE.size))
+            self.fs.forget(*wire.FORGET_ONE.unpack_from(body, wire.BATCH_FORGET_IN.size + i * wire.FORGET_ONE.size))
 
     def _getattr(self, unique: int, nodeid: int, body: memoryview) -> None:
-        fields = self.ops.attributes(self.nodes.path(nodeid))
-        if fields is None:
-            raise FuseError(errno.ENOENT)
-        self._reply(unique, wire.ATTR_OUT.pack(*self._attr_valid, 0), attr(nodeid, fields))
+        attributes = self.fs.getattr(nodeid)
+        self._reply(unique, wire.ATTR_OUT.pack(*self._attr_valid, 0), wire.ATTR.pack(nodeid, *attributes))
 
     def _open(self, unique: int, nodeid: int, body: memoryview) -> None:
         """ENOSYS tells a kernel that can do without it not to ask again (FUSE no_open): it then sends
-        neither OPEN nor RELEASE and keeps a file's pages across opens. Permissions are the kernel's
-        (`default_permissions`); writes are refused by the `ro` mount."""
+        neither OPEN nor RELEASE and keeps a file's pages across opens."""
         OPENED.observe(0)  # counted, so that `shardfs stats` shows whether the kernel still asks
         if self.no_open:
             self._error(unique, errno.ENOSYS, counted=False)
         else:
+            self.fs.open(nodeid)
             self._reply(unique, wire.OPEN_OUT.pack(0, wire.FOPEN_KEEP_CACHE if self.kernel_cache else 0, 0))
 
     def _read(self, unique: int, nodeid: int, body: memoryview) -> None:
         _, offset, size, *_ = wire.READ_IN.unpack_from(body)
-        self._reply(unique, self.ops.read(self.nodes.path(nodeid), offset, size))
+        self._reply(unique, self.fs.read(nodeid, offset, size))
 
     def _opendir(self, unique: int, nodeid: int, body: memoryview) -> None:
         """Handle 0: a directory handle carries nothing (see `_readdir`)."""
-        self.ops.opendir(self.nodes.path(nodeid))
+        self.fs.opendir(nodeid)
         self._reply(unique, wire.OPEN_OUT.pack(0, 0, 0))
 
     def _readdir(self, unique: int, nodeid: int, body: memoryview) -> None:
         """Answered at once from a listing already made; else a listing worker makes it and answers, in the
         turn of the user who asked, and this thread goes back to reading requests."""
         _, offset, size, *_ = wire.READ_IN.unpack_from(body)
-        directory = self.nodes.path(nodeid)
-        if self.ops.listed(directory) is not None:
-            self._dirents(unique, directory, offset, size)
+        listing = self.fs.listed(nodeid)
+        if listing is not None:
+            self._reply(unique, listing.page(offset, min(size, READDIR_MOST)))
             return
         uid = wire.IN_HEADER.unpack_from(body.obj)[4]  # type: ignore[arg-type]  # the header before body
-        self.ops.listings.submit(uid, lambda: self._dirents(unique, directory, offset, size))
+        self.listings.submit(uid, lambda: self._dirents(unique, nodeid, offset, size))
 
-    def _dirents(self, unique: int, directory: str, offset: int, size: int) -> None:
-        """The entries of directory from offset that fit in size bytes, or the error the listing met."""
+    def _dirents(self, unique: int, nodeid: int, offset: int, size: int) -> None:
+        """The entries of directory nodeid from offset that fit in size bytes, or the error the listing met."""
         try:
-            listing = self.ops.listing(
-                directory, lambda name: self.nodes.ino(f"{directory}/{name}" if directory else name)
-            )
+            listing = self.fs.listing(nodeid)
         except FuseError as e:
             self._error(unique, e.errno, counted=False)  # counted where it was raised
+            return
+        except StaleNode:  # forgotten while the listing waited for a worker
+            self._error(unique, errno.ESTALE)
             return
         self._reply(unique, listing.page(offset, min(size, READDIR_MOST)))
 
@@ -481,7 +375,7 @@ class Session:
 
     def _statfs(self, unique: int, nodeid: int, body: memoryview) -> None:
         """The source's stored bytes as size and used, nothing free (read-only), in 512-byte units."""
-        nbytes, files = self.ops.stored.now()
+        nbytes, files = self.fs.statfs()
         blocks = -(-nbytes // STATFS_UNIT)
         self._reply(unique, wire.STATFS_OUT.pack(blocks, 0, 0, files, 0, BLOCK_SIZE, NAME_MAX, STATFS_UNIT, 0))
 
