@@ -1,4 +1,4 @@
-"""A tree mounted and served by shardfs's own session, with the `-o` options the daemon always took.
+"""A tree mounted and served by shardfs's own session, with libfuse's `-o` options.
 
 Options become mount(2) data, kernel timeouts or session settings, with the meanings libfuse 3.14 gave them.
 Its options that change nothing here are accepted (and named in the log at INFO, with why); one that cannot
@@ -28,9 +28,8 @@ from shardfs.tree import Tree
 log = logging.getLogger("shardfs")
 
 # max_threads when not given, for a local source (a remote one gets daemon.REMOTE_THREADS): the daemon's
-# Python runs one thread at a time, so past a few threads more only fight for the GIL. libfuse's ten made
-# four readers' cold files 26% slower than four threads do (scripts/cold_cpu.py --readers 4: 5,800 against
-# 7,800 files/s), while four still let reads that wait on a slow local disk overlap.
+# Python runs one thread at a time, so past a few threads more only fight for the GIL (docs/performance.md,
+# Threads), while four still let reads that wait on a slow local disk overlap.
 DEFAULT_THREADS = 4
 MAX_THREADS = 100_000  # libfuse's most
 # Timeouts go to the kernel as 64-bit whole seconds (which it then caps at what it can count): a timeout is a

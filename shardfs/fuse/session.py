@@ -53,7 +53,7 @@ NOT_IMPLEMENTED = frozenset(
 OPCODE_UNIQUE = struct.Struct("=IQ")  # fuse_in_header's opcode and unique, from its 4th byte
 IOCTL = int(Op.IOCTL)
 UNANSWERED = frozenset({Op.FORGET, Op.BATCH_FORGET, Op.INTERRUPT, Op.NOTIFY_REPLY})  # the kernel waits on none
-# With `allow_root`, what any user's request may still do, as libfuse had it: the kernel's own housekeeping,
+# With `allow_root`, what any user's request may still do (libfuse's set): the kernel's own housekeeping,
 # and what follows an OPEN or OPENDIR that was checked.
 ANY_USER = UNANSWERED | {
     Op.INIT, Op.DESTROY, Op.READ, Op.WRITE, Op.FSYNC, Op.RELEASE, Op.READDIR, Op.READDIRPLUS, Op.FSYNCDIR,
@@ -180,13 +180,11 @@ class Session:
                     self._done.set()
 
     def _loop(self) -> None:
-        """Every thread reads the device and answers what it read, as libfuse's workers do: the kernel hands
-        each request to one waiting reader, and a request that waits (on the store, the network) holds only
-        its own thread. (Handing the reading on to another thread for every request that might wait cost
-        a cold file 38 µs of CPU more, each hand-off a wake-up and a fight for the GIL: scripts/cold_cpu.py,
-        one reader, 9,800 against 6,300 files/s.) The IOCTL that Python's `open()` sends for its isatty
-        check, never kept by the kernel, is answered before any dispatch: a warm `open()` costs the daemon
-        30% less CPU."""
+        """Every thread reads the device and answers what it read: the kernel hands each request to one
+        waiting reader, and a request that waits (on the store, the network) holds only its own thread. No
+        request is handed on to another thread: each hand-off would be a wake-up and a fight for the GIL
+        (docs/performance.md, Threads). The IOCTL that Python's `open()` sends for its isatty check, never
+        kept by the kernel, is answered before any dispatch, since it comes with every warm `open()`."""
         buffer = bytearray(BUFFER)
         view = memoryview(buffer)
         while size := self._next(buffer):
