@@ -320,6 +320,10 @@ MUTATIONS = [
     Mutation("the node table not restored", "shardfs/fuse/nodes.py",
              "            for nodeid, path in record.table().items():", "            for nodeid, path in {}.items():",
              (RESTART,)),
+    # The session as a bridge: a held chunk's id leads to its key, never through its name.
+    Mutation("a held chunk found through its name", "shardfs/fuse/bridge.py", "return self.tree.file_of(*place)",
+             "return self.tree.lookup(self.path_of(place))",
+             ("tests/test_fuse_session.py::test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed",)),
     Mutation("a hand-over unmounts", "shardfs/fuse/serve.py", "            handed_over = True\n",
              "            handed_over = True\n            unmount(mountpoint, lazy=True)\n",
              ("tests/test_restart.py::test_a_replaced_daemon_loses_no_request[keeper-hand over]",)),

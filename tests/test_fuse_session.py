@@ -206,6 +206,32 @@ def test_ten_thousand_files_held_open(many, tmp_path, many_descriptors) -> None:
         assert len(session.fs.nodes) == 2  # the root and the scale: a chunk's node id is its name
 
 
+def test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed(many, tmp_path) -> None:
+    """GETATTR and READ of chunks the kernel holds go from each id to its key: once every name is looked up,
+    no name is made from a key (Tree.path_of) nor parsed (Tree.lookup, a provider's child), whichever chunk
+    was looked up last, and every byte is the twin's."""
+    source, twin = many
+    m = tmp_path / "m"
+    names = sorted(p.name for p in (twin / "4_4_40").iterdir())
+    with served(source, m) as session:
+        sizes = {name: (m / "4_4_40" / name).stat().st_size for name in names}  # LOOKUPs: every id held
+        tree = session.fs.tree
+
+        def no_names(*args: object) -> None:
+            raise AssertionError(f"a name made or parsed for a held id: {args}")
+
+        tree.path_of = tree.lookup = no_names  # type: ignore[method-assign]
+        for provider in tree.providers.values():
+            provider.child = no_names  # type: ignore[method-assign]
+        for name in reversed(names):  # never the chunk looked up last
+            fd = os.open(m / "4_4_40" / name, os.O_RDONLY)
+            try:
+                assert os.read(fd, 1 << 20) == (twin / "4_4_40" / name).read_bytes()
+                assert os.fstat(fd).st_size == sizes[name]
+            finally:
+                os.close(fd)
+
+
 def test_listing_of_thousands_resumes_where_each_page_ended(many, tmp_path) -> None:
     """2,048 names take about twenty READDIR requests of a page each; every one resumes at its offset."""
     source, twin = many

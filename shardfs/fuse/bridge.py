@@ -197,10 +197,13 @@ class Bridge:
         path = self.nodes.path(node)
         start_request(self.request_limit)
         start, reads, code = time.perf_counter(), metrics.STORE_READS.mine(), 0
+        prefix = f"{path}/" if path else ""
         ino = self.nodes.ino
+
+        def make() -> Listing:
+            return Listing.of(self.tree.listdir(path), "/" + path, lambda name: ino(prefix + name))
+
         try:
-            entries = lambda: self.tree.listdir(path)  # noqa: E731
-            make = lambda: Listing.of(entries(), "/" + path, lambda name: ino(f"{path}/{name}" if path else name))  # noqa: E731
             return self.tree.cache.get_or_make(("listing", path), make)
         except Exception as e:
             log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
@@ -217,15 +220,15 @@ class Bridge:
     # What a node's place holds.
     def path_of(self, place: Place) -> str:
         """The path of a place, for log lines."""
-        if place.__class__ is str:
-            return place  # type: ignore[return-value]
-        return self.tree.path_of(*place) or f"{place}"  # type: ignore[misc]
+        if isinstance(place, str):
+            return place
+        return self.tree.path_of(*place) or f"{place}"
 
     def _node(self, place: Place) -> Node:
         """The tree's node at place: a numbered file found by its key, anything else by its path."""
-        if place.__class__ is str:
-            return self.tree.lookup(place)  # type: ignore[arg-type]
-        return self.tree.file_of(*place)  # type: ignore[misc]
+        if isinstance(place, str):
+            return self.tree.lookup(place)
+        return self.tree.file_of(*place)
 
     def _mode(self, kind: int, owner: Owner) -> tuple[int, int, int, int]:
         """(st_mode, st_nlink, uid, gid) of a node owned by owner (few distinct ones: cached). Files get

@@ -72,9 +72,9 @@ class Nodes:
     def path(self, nodeid: int) -> str:
         """The path of a node the kernel holds; StaleNode if it holds no such node."""
         place = self.place(nodeid)
-        if place.__class__ is str:
-            return place  # type: ignore[return-value]
-        path = self._keys.path_of(*place)  # type: ignore[misc]
+        if isinstance(place, str):
+            return place
+        path = self._keys.path_of(*place)
         if path is None:
             raise StaleNode(nodeid)
         return path
