@@ -321,8 +321,9 @@ MUTATIONS = [
              "            for nodeid, path in record.table().items():", "            for nodeid, path in {}.items():",
              (RESTART,)),
     # The session as a bridge: a held chunk's id leads to its key, never through its name.
-    Mutation("a held chunk found through its name", "shardfs/fuse/bridge.py", "return self.tree.file_of(*place)",
-             "return self.tree.lookup(self.path_of(place))",
+    Mutation("a held chunk found through its name", "shardfs/fuse/bridge.py",
+             "node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)\n        if",
+             "node = self.tree.lookup(self.path_of(place))\n        if",
              ("tests/test_fuse_session.py::test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed",)),
     Mutation("a hand-over unmounts", "shardfs/fuse/serve.py", "            handed_over = True\n",
              "            handed_over = True\n            unmount(mountpoint, lazy=True)\n",

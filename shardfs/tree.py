@@ -258,9 +258,11 @@ class Tree:
     def key_of(self, path: str) -> tuple[int, int] | None:
         """(number of a provider's directory, key) naming path below it (a chunk): the two give the path back
         (`path_of`), so nothing need be kept to find it again, and the same on every mount of the same
-        metadata. None for a path no provider numbers (directories, metadata, files passed through)."""
+        metadata, and `file_of` finds the file from them alone. None for a path no provider numbers
+        (directories, metadata, files passed through), or that the overlay shows, since its node is the
+        overlay's whatever its name."""
         directory, rel = self._directory_of(path)
-        if directory is None:
+        if directory is None or path in self.files:
             return None
         key = self.providers[directory].key_of(rel)
         return None if key is None else (self._numbers[directory], key)

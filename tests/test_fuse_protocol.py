@@ -102,7 +102,7 @@ def test_forget_counts_down_every_lookup_the_kernel_made(raw_volume) -> None:
         assert held(kernel, ids["8_8_40"]) and not held(kernel, ids["4_4_40"])
         batch_forget(kernel, [(ids["4_4_40"], 1), (ids["8_8_40"], 1)])  # a stale id first, then the last lookup
         assert not held(kernel, ids["8_8_40"])
-        assert len(session.fs.nodes) == 1  # the root alone
+        assert len(session.filesystem.nodes) == 1  # the root alone
 
 
 def test_df_i_and_stat_f_show_the_sources_files_and_the_mounts_units(raw_volume, mount) -> None:

@@ -132,7 +132,7 @@ def test_sixteen_lookups_in_one_directory_overlap(volume, server, tmp_path) -> N
             sizes = list(pool.map(lambda n: (tmp_path / "m" / "8_8_40" / n).stat().st_size, names))
         assert sizes == [(twin / "8_8_40" / n).stat().st_size for n in names]
         assert server.most_in_flight >= 8, server.most_in_flight
-        assert len(session.fs.nodes) >= len(names)
+        assert len(session.filesystem.nodes) >= len(names)
 
 
 def drop_kernel_names() -> None:
@@ -171,9 +171,9 @@ def test_forget_storms_leave_no_nodes_behind(segments, tmp_path) -> None:
             for key in items:
                 (m / str(key)).stat()
                 (m / str(key)).stat()  # the kernel's entry: no second LOOKUP, nothing to forget twice
-            assert len(session.fs.nodes) == 1 + len(large)
+            assert len(session.filesystem.nodes) == 1 + len(large)
             drop_kernel_names()
-            assert wait_for(lambda: len(session.fs.nodes) == 1), len(session.fs.nodes)
+            assert wait_for(lambda: len(session.filesystem.nodes) == 1), len(session.filesystem.nodes)
         for key in (1, large[7]):
             assert (m / str(key)).read_bytes() == items[key]
 
@@ -203,7 +203,7 @@ def test_ten_thousand_files_held_open(many, tmp_path, many_descriptors) -> None:
         finally:
             for fd in held:
                 os.close(fd)
-        assert len(session.fs.nodes) == 2  # the root and the scale: a chunk's node id is its name
+        assert len(session.filesystem.nodes) == 2  # the root and the scale: a chunk's node id is its name
 
 
 def test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed(many, tmp_path) -> None:
@@ -215,7 +215,7 @@ def test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed(many,
     names = sorted(p.name for p in (twin / "4_4_40").iterdir())
     with served(source, m) as session:
         sizes = {name: (m / "4_4_40" / name).stat().st_size for name in names}  # LOOKUPs: every id held
-        tree = session.fs.tree
+        tree = session.filesystem.tree
 
         def no_names(*args: object) -> None:
             raise AssertionError(f"a name made or parsed for a held id: {args}")
@@ -257,14 +257,14 @@ def test_a_listing_of_131072_names_resumes_where_each_page_ended(chunk_grid, tmp
     source, names = chunk_grid
     with served(source, tmp_path / "m") as session:
         made = itertools.count()
-        listdir = session.fs.tree.listdir
+        listdir = session.filesystem.tree.listdir
 
         def counted(path: str) -> Iterator[tuple[str, bool]]:
             for entry in listdir(path):
                 next(made)
                 yield entry
 
-        session.fs.tree.listdir = counted  # type: ignore[method-assign]
+        session.filesystem.tree.listdir = counted  # type: ignore[method-assign]
         listed = os.listdir(tmp_path / "m" / "s0")
         assert sorted(listed) == sorted(names)
         assert next(made) == len(names)
@@ -295,8 +295,8 @@ def test_seeking_a_directory_of_131072_names_resumes_in_place(chunk_grid, tmp_pa
     source, names = chunk_grid
     libc = libc_directory()
     with served(source, tmp_path / "m") as session:
-        listdir, made = session.fs.tree.listdir, []
-        session.fs.tree.listdir = lambda path: made.append(path) or listdir(path)  # type: ignore[method-assign]
+        listdir, made = session.filesystem.tree.listdir, []
+        session.filesystem.tree.listdir = lambda path: made.append(path) or listdir(path)  # type: ignore[method-assign]
         directory = libc.opendir(bytes(tmp_path / "m" / "s0"))
         assert directory, os.strerror(ctypes.get_errno())
         try:

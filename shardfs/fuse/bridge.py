@@ -27,7 +27,7 @@ from shardfs.fuse.filesystem import BLOCK_SIZE, Attributes, Entry, FuseError, Us
 from shardfs.fuse.listing import Listing
 from shardfs.fuse.nodes import Nodes, Place
 from shardfs.fuse.record import Record
-from shardfs.tree import Dir, Node, Owner, Tree
+from shardfs.tree import Dir, Owner, Tree
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -224,12 +224,6 @@ class Bridge:
             return place
         return self.tree.path_of(*place) or f"{place}"
 
-    def _node(self, place: Place) -> Node:
-        """The tree's node at place: a numbered file found by its key, anything else by its path."""
-        if isinstance(place, str):
-            return self.tree.lookup(place)
-        return self.tree.file_of(*place)
-
     def _mode(self, kind: int, owner: Owner) -> tuple[int, int, int, int]:
         """(st_mode, st_nlink, uid, gid) of a node owned by owner (few distinct ones: cached). Files get
         read bits only; directories read and search; unless `shown` says otherwise."""
@@ -244,9 +238,9 @@ class Bridge:
     @errors_to_errno("getattr")
     def _attributes(self, place: Place) -> Attributes | None:
         """The attributes of the node at place, or None if there is none: a negative entry for the kernel
-        to keep."""
+        to keep. A numbered file is found by its key, anything else by its path."""
         try:
-            node = self._node(place)
+            node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)
         except (FileNotFoundError, NotADirectoryError):
             return None
         if isinstance(node, Dir):
@@ -261,7 +255,7 @@ class Bridge:
 
     @errors_to_errno("read")
     def _read(self, place: Place, offset: int, size: int) -> bytes:
-        node = self._node(place)
+        node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)
         if isinstance(node, Dir):
             raise error(errno.EISDIR)
         data = node.read(offset, size)

@@ -93,7 +93,7 @@ class Session:
         self.fd = fd
         self.owner = owner
         self.debug = debug
-        self.fs = filesystem
+        self.filesystem = filesystem
         self.threads = threads
         self.record = record
         self.kept = kept
@@ -300,7 +300,7 @@ class Session:
     def _lookup(self, unique: int, nodeid: int, body: memoryview) -> None:
         # A name longer than NAME_MAX (the kernel passes up to 1,024 bytes) is absent without asking the source,
         # which would answer ENAMETOOLONG: any user could fill the log with that, and no dataset has one.
-        entry = None if len(body) - 1 > NAME_MAX else self.fs.lookup(nodeid, bytes(body[: len(body) - 1]))
+        entry = None if len(body) - 1 > NAME_MAX else self.filesystem.lookup(nodeid, bytes(body[: len(body) - 1]))
         if entry is None:
             if self._negative is None:
                 self._error(unique, errno.ENOENT, counted=False)
@@ -314,15 +314,16 @@ class Session:
         self._reply(unique, reply, wire.ATTR.pack(child, *entry.attributes))
 
     def _forget(self, unique: int, nodeid: int, body: memoryview) -> None:
-        self.fs.forget(nodeid, wire.FORGET_IN.unpack_from(body)[0])
+        self.filesystem.forget(nodeid, wire.FORGET_IN.unpack_from(body)[0])
 
     def _batch_forget(self, unique: int, nodeid: int, body: memoryview) -> None:
         (number, _) = wire.BATCH_FORGET_IN.unpack_from(body)
+        forget = self.filesystem.forget
         for i in range(number):
-            self.fs.forget(*wire.FORGET_ONE.unpack_from(body, wire.BATCH_FORGET_IN.size + i * wire.FORGET_ONE.size))
+            forget(*wire.FORGET_ONE.unpack_from(body, wire.BATCH_FORGET_IN.size + i * wire.FORGET_ONE.size))
 
     def _getattr(self, unique: int, nodeid: int, body: memoryview) -> None:
-        attributes = self.fs.getattr(nodeid)
+        attributes = self.filesystem.getattr(nodeid)
         self._reply(unique, wire.ATTR_OUT.pack(*self._attr_valid, 0), wire.ATTR.pack(nodeid, *attributes))
 
     def _open(self, unique: int, nodeid: int, body: memoryview) -> None:
@@ -332,23 +333,23 @@ class Session:
         if self.no_open:
             self._error(unique, errno.ENOSYS, counted=False)
         else:
-            self.fs.open(nodeid)
+            self.filesystem.open(nodeid)
             self._reply(unique, wire.OPEN_OUT.pack(0, wire.FOPEN_KEEP_CACHE if self.kernel_cache else 0, 0))
 
     def _read(self, unique: int, nodeid: int, body: memoryview) -> None:
         _, offset, size, *_ = wire.READ_IN.unpack_from(body)
-        self._reply(unique, self.fs.read(nodeid, offset, size))
+        self._reply(unique, self.filesystem.read(nodeid, offset, size))
 
     def _opendir(self, unique: int, nodeid: int, body: memoryview) -> None:
         """Handle 0: a directory handle carries nothing (see `_readdir`)."""
-        self.fs.opendir(nodeid)
+        self.filesystem.opendir(nodeid)
         self._reply(unique, wire.OPEN_OUT.pack(0, 0, 0))
 
     def _readdir(self, unique: int, nodeid: int, body: memoryview) -> None:
         """Answered at once from a listing already made; else a listing worker makes it and answers, in the
         turn of the user who asked, and this thread goes back to reading requests."""
         _, offset, size, *_ = wire.READ_IN.unpack_from(body)
-        listing = self.fs.listed(nodeid)
+        listing = self.filesystem.listed(nodeid)
         if listing is not None:
             self._reply(unique, listing.page(offset, min(size, READDIR_MOST)))
             return
@@ -358,7 +359,7 @@ class Session:
     def _dirents(self, unique: int, nodeid: int, offset: int, size: int) -> None:
         """The entries of directory nodeid from offset that fit in size bytes, or the error the listing met."""
         try:
-            listing = self.fs.listing(nodeid)
+            listing = self.filesystem.listing(nodeid)
         except FuseError as e:
             self._error(unique, e.errno, counted=False)  # counted where it was raised
             return
@@ -373,7 +374,7 @@ class Session:
 
     def _statfs(self, unique: int, nodeid: int, body: memoryview) -> None:
         """The source's stored bytes as size and used, nothing free (read-only), in 512-byte units."""
-        nbytes, files = self.fs.statfs()
+        nbytes, files = self.filesystem.statfs()
         blocks = -(-nbytes // STATFS_UNIT)
         self._reply(unique, wire.STATFS_OUT.pack(blocks, 0, 0, files, 0, BLOCK_SIZE, NAME_MAX, STATFS_UNIT, 0))
 
