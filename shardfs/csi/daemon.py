@@ -19,16 +19,16 @@ import os
 import re
 import socket
 import sys
-import time
 from pathlib import Path
 
+from shardfs.context import Context
 from shardfs.csi import handoff
 from shardfs.csi.volume import Volume
 from shardfs.errors import ServiceError, SourceError
 from shardfs.fuse.record import Kept, RecordError
 from shardfs.logs import log_to, log_to_terminal, redact
 from shardfs.service import keeper, lifecycle
-from shardfs.service.daemon import serve
+from shardfs.service.daemon import Mount, serve, settings
 from shardfs.source import open_source
 from shardfs.stores.remote import Access
 
@@ -100,16 +100,15 @@ def main(argv: list[str]) -> int:
         handler.addFilter(_Naming(target))
     lifecycle.block_signals()  # before obstore's runtime starts a thread
     access = Access(volume.anonymous, volume.endpoint, volume.region, volume.timeout, None, volume.requester_pays)
+    context, mountpoint = Context(), Path(f"/dev/fd/{fuse_fd}")
     try:
-        source = open_source(volume.source, volume.cache_size, volume.view, volume.max_file_size, access, None)
+        source = open_source(volume.source, volume.cache_size, volume.view, volume.max_file_size, access, None, context)
     except SourceError as e:
         handoff.answer(sock, f"{handoff.REFUSED}{redact(str(e))}")
         return 2
     try:
-        serve(
-            source.tree, time.time_ns(), Path(f"/dev/fd/{fuse_fd}"), volume.options,
-            lambda: handoff.answer(sock, handoff.READY), None, source.name, volume.view, _ToPlugin(sock), kept,
-        )  # fmt: skip
+        mount = Mount(source.tree, mountpoint, settings(volume.options, mountpoint), context, source.name, volume.view)
+        serve(mount, lambda: handoff.answer(sock, handoff.READY), None, _ToPlugin(sock), kept)
     except Exception as e:
         handoff.answer(sock, f"{handoff.FAILED}{redact(str(e))}")
         return 1
