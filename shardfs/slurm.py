@@ -51,7 +51,7 @@ def mount(args: argparse.Namespace) -> int:
     finally:
         node.close()
     [published] = node.published.values()
-    _pid_file(args.job_dir, args.name).write_text(str(published.daemon.pid))
+    _pid_file(args.job_dir, args.name).write_text(str(published.daemon.process.pid))
     return 0
 
 
