@@ -152,13 +152,18 @@ def serving(cache: ByteCache | None) -> None:
     _serving.cache = cache
 
 
+def served() -> ByteCache | None:
+    """The cache of the mount whose request this thread answers (or last answered), if any."""
+    return getattr(_serving, "cache", None)
+
+
 def large_value_turn(nbytes: int) -> contextlib.AbstractContextManager[None]:
     """Held while a large value (stored or decoded) is read or made: one at a time a mount, and the last one
     over its budget is let go first, so that memory stays within the budget and the one file being made,
     however many threads decode at once."""
     if nbytes <= LARGE_VALUE:
         return contextlib.nullcontext()
-    cache = getattr(_serving, "cache", None)
+    cache = served()
     return _ANYWHERE if cache is None else cache.large_value_turn()
 
 

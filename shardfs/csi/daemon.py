@@ -27,6 +27,7 @@ import sys
 import threading
 from pathlib import Path
 
+from shardfs.cache import ByteCache, served, serving
 from shardfs.context import Context
 from shardfs.csi import handoff
 from shardfs.csi.volume import Volume
@@ -72,6 +73,23 @@ def become(uid: int, gid: int) -> None:
         raise PermissionError(f"still privileged after becoming {uid}:{gid}")
 
 
+class _Naming(logging.Filter):
+    """A record of a volume's work starts with the volume's target: every daemon shares the plugin's stderr. A
+    thread's volume is that of the request it answers (the cache its decodes are counted against, see
+    cache.serving), or the one it opens and serves."""
+
+    def __init__(self, targets: dict[ByteCache, str]) -> None:
+        super().__init__()
+        self.targets = targets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        cache = served()
+        target = self.targets.get(cache) if cache is not None else None
+        if target is not None:
+            record.msg = f"{target}: ".replace("%", "%%") + str(record.msg)  # the message is a %-format
+        return True
+
+
 class Daemon:
     """The volumes this process serves, by target: each a Mount served from a thread of its own."""
 
@@ -79,6 +97,7 @@ class Daemon:
         self.sock = sock
         self.taken: set[str] = set()  # the targets given to this daemon and not yet ended
         self.mounts: dict[str, Mount] = {}  # of those, the ones served
+        self.named: dict[ByteCache, str] = {}  # their targets, by their caches (see _Naming)
         self.secrets: dict[str, str] | None = None  # the publish secret of the volumes served (all the same)
         self._lock = threading.Lock()
         self.idle = threading.Event()  # no volume served
@@ -104,7 +123,9 @@ class Daemon:
         finally:
             with self._lock:
                 self.taken.discard(target)
-                self.mounts.pop(target, None)
+                mount = self.mounts.pop(target, None)
+                if mount is not None:
+                    self.named.pop(mount.tree.cache, None)
                 if not self.taken:
                     self.idle.set()
 
@@ -145,8 +166,10 @@ class Daemon:
             handoff.answer(self.sock, target, f"{why}{redact(str(e))}")
             return
         mount = Mount(source.tree, mountpoint, asked, context, source.name, volume.view)
+        serving(source.cache)  # this thread's records name the volume too
         with self._lock:
             self.mounts[target] = mount
+            self.named[source.cache] = target
         try:
             serve(
                 mount, lambda: handoff.answer(self.sock, target, handoff.READY), None,
@@ -178,6 +201,8 @@ def main(argv: list[str]) -> int:
     log_to(None)
     lifecycle.block_signals()  # before obstore's runtime starts a thread
     daemon = Daemon(sock)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Naming(daemon.named))
     stopped = threading.Event()
 
     def stop(*_: object) -> None:

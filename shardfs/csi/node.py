@@ -269,9 +269,9 @@ class Node:
             for fd in fds:
                 os.close(fd)
 
-    def _start_daemon(self, secrets: dict[str, str]) -> Daemon:
+    def _start_daemon(self, secrets: dict[str, str], watched: bool = True) -> Daemon:
         """A daemon in a session of its own (a signal to the plugin's group is not for it), logging to the
-        plugin's stderr, watched (see _watch)."""
+        plugin's stderr; watched (see _watch) unless it replaces one, whose watch goes on with it."""
         ours, theirs = handoff.pair()
         with theirs:
             process = subprocess.Popen(
@@ -281,7 +281,8 @@ class Node:
             )  # fmt: skip
         daemon = Daemon(process, ours, dict(secrets), self._kept)
         self.daemons.append(daemon)
-        threading.Thread(target=self._watch, args=(daemon,), name="shardfs-csi-reaper", daemon=True).start()
+        if watched:
+            threading.Thread(target=self._watch, args=(daemon,), name="shardfs-csi-reaper", daemon=True).start()
         return daemon
 
     def _let_go(self, daemon: Daemon, target: str) -> None:
@@ -294,67 +295,74 @@ class Node:
         if idle:
             _stop(daemon.process)
 
-    def _watch(self, daemon: Daemon) -> None:
+    def _watch(self, daemon: Daemon | None) -> None:
         """A daemon that ends while its volumes are published (it crashed, or was killed) is replaced: the next
         one takes each connection and its record from the keeper and serves it without mounting or INIT, and
         the kernel resends what the one before read and never answered (Linux 6.9+), so readers see no error.
         Where that cannot be (no record kept yet, daemons that keep failing), the keeper's copy is dropped:
-        readers get ENOTCONN rather than wait for ever on a connection nobody serves."""
-        code = daemon.process.wait()
-        with self._sharing:
-            if daemon in self.daemons:
-                self.daemons.remove(daemon)
-            targets = sorted(daemon.targets)
-        now = time.monotonic()
-        restarts = [t for t in daemon.restarts if now - t < RESTART_WINDOW]
-        after: Daemon | None = None
-        for target in targets:
-            try:
-                with self._only(target):
-                    published = self.published.get(target)
-                    if published is None or published.daemon is not daemon:
-                        continue  # unpublished, or published again: not this watch's to replace
-                    after = self._replaced(target, published, code, restarts, after)
-                    if after is None:
-                        log.error("%s: its daemon ended (%s) while published; the mount is dead until published"
-                                  " again", target, code, extra={"event": "daemon_ended"})  # fmt: skip
-                        with contextlib.suppress(ServiceError):
-                            keeper.drop(self.keeper, target)
-            except NodeError:  # another call on target is in progress: it takes the mount up or down
-                continue
+        readers get ENOTCONN rather than wait for ever on a connection nobody serves. The watch goes on with
+        the replacement, once it has every volume (it may end before it answers: it is replaced in turn)."""
+        while daemon is not None:
+            code = daemon.process.wait()
+            with self._sharing:
+                if daemon in self.daemons:
+                    self.daemons.remove(daemon)
+                targets = sorted(daemon.targets)
+            now = time.monotonic()
+            restarts = [t for t in daemon.restarts if now - t < RESTART_WINDOW]
+            after: Daemon | None = None
+            for target in targets:
+                try:
+                    with self._only(target):
+                        published = self.published.get(target)
+                        if published is None or published.daemon is not daemon:
+                            continue  # unpublished, or published again: not this watch's to replace
+                        after = self._replaced(target, published, code, restarts, after)
+                        if published.daemon is daemon:
+                            log.error("%s: its daemon ended (%s) while published; the mount is dead until published"
+                                      " again", target, code, extra={"event": "daemon_ended"})  # fmt: skip
+                            with contextlib.suppress(ServiceError):
+                                keeper.drop(self.keeper, target)
+                except NodeError:  # another call on target is in progress: it takes the mount up or down
+                    continue
+            if after is not None and not after.targets:  # it took up nothing
+                self._let_go(after, "")
+                after = None
+            daemon = after
 
     def _replaced(
         self, target: str, published: Published, code: int, restarts: list[float], after: Daemon | None
     ) -> Daemon | None:
-        """The daemon now serving target in place of the one that ended (after, if one was started already for
-        its other volumes), or None."""
+        """The daemon that takes target up in place of the one that ended (after, if one was started already
+        for its other volumes), which published.daemon is then; None if there is none."""
         try:
             held = keeper.take(self.keeper, target)
         except ServiceError:
             held = []
         try:
             if len(held) != 2 or len(restarts) >= RESTARTS:
-                return None
+                return after
             log.warning("%s: its daemon ended (%s); a new one takes the connection up", target, code,
                         extra={"event": "daemon_replaced"})  # fmt: skip
             try:
                 with self._sharing:
                     if after is None:
-                        after = self._start_daemon(published.volume.secrets)
+                        after = self._start_daemon(published.volume.secrets, watched=False)
                         after.restarts = [*restarts, time.monotonic()]
                     after.targets.add(target)
             except OSError as e:  # it could not even start
                 log.error("%s: no new daemon: %s", target, e, extra={"event": "handover"})
-                return None
+                return after
             answer = after.serve(target, published.volume, held)
         finally:
             for fd in held:
                 os.close(fd)
         if answer and answer != handoff.READY:  # it said why it cannot serve: another would fare no better
             log.error("%s: the new daemon did not serve: %s", target, answer, extra={"event": "handover"})
-            self._let_go(after, target)
-            return None
-        published.daemon = after  # serving, or ended before it could say so (killed too): its watch goes on
+            with self._sharing:
+                after.targets.discard(target)
+            return after
+        published.daemon = after  # serving, or ended before it could say so (killed too): the watch goes on
         return after
 
     def unpublish(self, volume_id: str, target: str) -> None:
