@@ -20,63 +20,61 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from shardfs import metrics
 from shardfs.codecs import start_request
 from shardfs.errors import CorruptChunk, over_max_file_size
 from shardfs.fuse.filesystem import BLOCK_SIZE, Attributes, Entry, FuseError, Usage, count, error
 from shardfs.fuse.listing import Listing
 from shardfs.fuse.nodes import Nodes, Place
 from shardfs.fuse.record import Record
+from shardfs.metrics import Metrics
 from shardfs.tree import Dir, Owner, Tree
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
 
 REQUEST_FILES = 4  # a request may decode as much as this many of the largest files (nested shards, a view)
-READDIR = metrics.OPS.labels("readdir")
 
 
 def errors_to_errno(name: str) -> Callable[[F], F]:
     """Absent → ENOENT; corrupt data → EIO with a log line naming shard and key; a bug → EIO, logged.
     Every call is timed under name, and every error but ENOENT counted, for `--metrics` and `shardfs stats`.
     The wrapped method's first argument after self is the node's place: its path is made for a log line only."""
-    timer = metrics.OPS.labels(name)
 
     def decorate(op: F) -> F:
         @functools.wraps(op)
         def wrapper(self: Bridge, place: Place, *args: Any) -> Any:
-            start_request(self.request_limit)
+            start_request(self.request_limit, self.tree.cache)
             start = time.perf_counter()
             try:
                 return op(self, place, *args)
             except FuseError as e:
-                count(e.errno)
+                count(self.metrics, e.errno)
                 raise
             except CorruptChunk as e:
-                refused(e, self.tree.cache.max_value, self.path_of(place))
-                raise error(errno.EIO) from None
+                refused(self.metrics, e, self.tree.cache.max_value, self.path_of(place))
+                raise error(self.metrics, errno.EIO) from None
             except (FileNotFoundError, NotADirectoryError):
                 raise FuseError(errno.ENOENT) from None
             except OSError as e:
                 log.error("%s: %s", name, e, extra={"event": "os_error", "path": "/" + self.path_of(place)})
-                raise error(e.errno or errno.EIO) from None
+                raise error(self.metrics, e.errno or errno.EIO) from None
             except Exception:
                 log.exception("%s failed", name, extra={"event": "bug", "path": "/" + self.path_of(place)})
-                raise error(errno.EIO) from None
+                raise error(self.metrics, errno.EIO) from None
             finally:
-                timer.observe(time.perf_counter() - start)
+                self.metrics.ops.labels(name).observe(time.perf_counter() - start)
 
         @functools.wraps(op)
         def logged(self: Bridge, place: Place, *args: Any) -> Any:
             if not log.isEnabledFor(logging.DEBUG):
                 return wrapper(self, place, *args)
-            reads, start = metrics.STORE_READS.mine(), time.perf_counter()
+            reads, start = self.metrics.store_reads.mine(), time.perf_counter()
             try:
                 answer = wrapper(self, place, *args)
             except FuseError as e:
-                log_request(name, self.path_of(place), start, reads, code=e.errno)
+                log_request(self.metrics, name, self.path_of(place), start, reads, code=e.errno)
                 raise
-            log_request(name, self.path_of(place), start, reads, answer)
+            log_request(self.metrics, name, self.path_of(place), start, reads, answer)
             return answer
 
         return logged  # type: ignore[return-value]
@@ -84,7 +82,9 @@ def errors_to_errno(name: str) -> Callable[[F], F]:
     return decorate
 
 
-def log_request(op: str, path: str, start: float, reads: float, answer: object = None, code: int = 0) -> None:
+def log_request(
+    metrics: Metrics, op: str, path: str, start: float, reads: float, answer: object = None, code: int = 0
+) -> None:
     """The DEBUG line of one request: what was asked, how many bytes it answered or which errno, how many
     byte ranges it read from the source (this thread's count), and how long it took."""
     fields: dict[str, object] = {"event": "request", "op": op, "path": "/" + path}
@@ -92,19 +92,19 @@ def log_request(op: str, path: str, start: float, reads: float, answer: object =
         fields["bytes"] = len(answer)
     if code or (answer is None and op == "getattr"):  # getattr's None: absent
         fields["errno"] = errno.errorcode.get(code or errno.ENOENT, code)
-    fields["store_reads"] = int(metrics.STORE_READS.mine() - reads)
+    fields["store_reads"] = int(metrics.store_reads.mine() - reads)
     fields["us"] = round((time.perf_counter() - start) * 1e6)
     log.debug("answered", extra=fields)
 
 
-def refused(e: CorruptChunk, max_file_size: int, path: str) -> None:
+def refused(metrics: Metrics, e: CorruptChunk, max_file_size: int, path: str) -> None:
     """Log and count a chunk that cannot be served: too large for --max-file-size (the operator can raise it),
     else corrupt."""
     if (too_large := over_max_file_size(e, max_file_size)) is not None:
-        metrics.OVER_MAX_FILE_SIZE.inc()
+        metrics.over_max_file_size.inc()
         log.error("%s", too_large, extra={**e.log_fields("too_large"), "path": "/" + path})
     else:
-        metrics.DECODE_ERRORS.inc()
+        metrics.decode_errors.inc()
         log.error("%s", e, extra={**e.log_fields("eio"), "path": "/" + path})
 
 
@@ -149,10 +149,15 @@ class Shown:
 
 class Bridge:
     """The tree as a `Filesystem`: node ids to the tree's nodes and back (see the module's docstring).
-    record: where the node table is journalled for the next daemon, and restored from."""
+    record: where the node table is journalled for the next daemon, and restored from. metrics: the mount's,
+    where its answers are counted."""
 
-    def __init__(self, tree: Tree, mtime_ns: int, shown: Shown = Shown(), record: Record | None = None) -> None:
+    def __init__(
+        self, tree: Tree, mtime_ns: int, shown: Shown = Shown(), record: Record | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:  # fmt: skip
         self.tree = tree
+        self.metrics = metrics or Metrics()
         self.shown = shown
         self.nodes = Nodes(tree, record)
         self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
@@ -195,8 +200,8 @@ class Bridge:
     def listing(self, node: int) -> Listing:
         """Made within its bounds; EIO if it cannot be made."""
         path = self.nodes.path(node)
-        start_request(self.request_limit)
-        start, reads, code = time.perf_counter(), metrics.STORE_READS.mine(), 0
+        start_request(self.request_limit, self.tree.cache)
+        start, reads, code = time.perf_counter(), self.metrics.store_reads.mine(), 0
         prefix = f"{path}/" if path else ""
         ino = self.nodes.ino
 
@@ -208,11 +213,11 @@ class Bridge:
         except Exception as e:
             log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
             code = errno.EIO
-            raise error(errno.EIO) from None
+            raise error(self.metrics, errno.EIO) from None
         finally:
-            READDIR.observe(time.perf_counter() - start)
+            self.metrics.ops.labels("readdir").observe(time.perf_counter() - start)
             if log.isEnabledFor(logging.DEBUG):
-                log_request("readdir", path, start, reads, code=code)
+                log_request(self.metrics, "readdir", path, start, reads, code=code)
 
     def statfs(self) -> Usage:
         return Usage(*self.stored.now())
@@ -257,9 +262,9 @@ class Bridge:
     def _read(self, place: Place, offset: int, size: int) -> bytes:
         node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)
         if isinstance(node, Dir):
-            raise error(errno.EISDIR)
+            raise error(self.metrics, errno.EISDIR)
         data = node.read(offset, size)
-        metrics.SERVED.inc(len(data))
+        self.metrics.served.inc(len(data))
         return data
 
     @errors_to_errno("opendir")
@@ -267,4 +272,4 @@ class Bridge:
         """A directory handle holds nothing: its listing is the directory's (`listed`), and an offset is
         all the kernel needs to resume it."""
         if not isinstance(self.tree.lookup(path), Dir):
-            raise error(errno.ENOTDIR)
+            raise error(self.metrics, errno.ENOTDIR)

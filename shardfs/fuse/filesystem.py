@@ -12,8 +12,8 @@ from __future__ import annotations
 import errno
 from typing import NamedTuple, Protocol
 
-from shardfs import metrics
 from shardfs.fuse.listing import Listing
+from shardfs.metrics import Metrics
 
 BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
 NAME_MAX = 255  # the longest name a Linux filesystem holds (STATFS says so); the kernel passes FUSE up to 1,024
@@ -96,13 +96,13 @@ class Filesystem(Protocol):
     def statfs(self) -> Usage: ...
 
 
-def count(code: int) -> None:
-    """Count an error answer for the metrics (ENOENT is an answer, not an error)."""
+def count(metrics: Metrics, code: int) -> None:
+    """Count an error answer in a mount's metrics (ENOENT is an answer, not an error)."""
     if code != errno.ENOENT:
-        metrics.ERRORS.labels(errno.errorcode.get(code, str(code))).inc()
+        metrics.errors.labels(errno.errorcode.get(code, str(code))).inc()
 
 
-def error(code: int) -> FuseError:
-    """FuseError of code, counted."""
-    count(code)
+def error(metrics: Metrics, code: int) -> FuseError:
+    """FuseError of code, counted in metrics."""
+    count(metrics, code)
     return FuseError(code)

@@ -25,12 +25,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shardfs import logs, metrics
+from shardfs import logs
 from shardfs.fuse import wire
 from shardfs.fuse.filesystem import BLOCK_SIZE, NAME_MAX, Filesystem, FuseError, StaleNode, count
 from shardfs.fuse.listing import ListingWorkers
 from shardfs.fuse.record import Record, Terms
 from shardfs.fuse.wire import InitFlag, InitFlag2, Op
+from shardfs.metrics import Metrics
 
 log = logging.getLogger("shardfs")
 
@@ -59,7 +60,6 @@ ANY_USER = UNANSWERED | {
     Op.INIT, Op.DESTROY, Op.READ, Op.WRITE, Op.FSYNC, Op.RELEASE, Op.READDIR, Op.READDIRPLUS, Op.FSYNCDIR,
     Op.RELEASEDIR,
 }  # fmt: skip
-OPENED = metrics.OPS.labels("open")
 
 
 @dataclass(frozen=True)
@@ -83,14 +83,16 @@ class Session:
     (no no_open) so that a page cached for root is not read by another user. debug: every request and
     answer logged at DEBUG. record: where INIT's terms are kept for the next daemon.
     kept: fd is a connection a daemon before served (its record given): INIT's terms are restored, not
-    waited for, and what that daemon read and never answered is asked for again."""
+    waited for, and what that daemon read and never answered is asked for again. metrics: the mount's, where
+    its requests are counted."""
 
     def __init__(
         self, fd: int, filesystem: Filesystem, threads: int = 10, timeouts: Timeouts | None = None,
         kernel_cache: bool = True, on_ready: Callable[[], None] | None = None, owner: int | None = None,
-        debug: bool = False, record: Record | None = None, kept: bool = False,
+        debug: bool = False, record: Record | None = None, kept: bool = False, metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
         self.fd = fd
+        self.metrics = metrics or Metrics()
         self.owner = owner
         self.debug = debug
         self.filesystem = filesystem
@@ -208,7 +210,7 @@ class Session:
     def _dispatch(self, request: memoryview) -> None:
         _, opcode, unique, nodeid, uid, _, pid, *_ = wire.IN_HEADER.unpack_from(request)
         if unique & wire.UNIQUE_RESEND:
-            metrics.RESENT.inc()
+            self.metrics.resent.inc()
         body = request[wire.IN_HEADER.size :]
         handler = self._handlers.get(opcode)
         logs.serving(uid)
@@ -250,7 +252,7 @@ class Session:
 
     def _error(self, unique: int, code: int, counted: bool = True) -> None:
         if counted:
-            count(code)
+            count(self.metrics, code)
         if self.debug:
             log.debug("answer %d: %s", unique, errno.errorcode.get(code, code), extra={"event": "fuse_answer"})
         try:
@@ -329,7 +331,7 @@ class Session:
     def _open(self, unique: int, nodeid: int, body: memoryview) -> None:
         """ENOSYS tells a kernel that can do without it not to ask again (FUSE no_open): it then sends
         neither OPEN nor RELEASE and keeps a file's pages across opens."""
-        OPENED.observe(0)  # counted, so that `shardfs stats` shows whether the kernel still asks
+        self.metrics.ops.labels("open").observe(0)  # so that `shardfs stats` shows whether the kernel still asks
         if self.no_open:
             self._error(unique, errno.ENOSYS, counted=False)
         else:
