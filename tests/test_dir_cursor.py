@@ -89,7 +89,7 @@ def kv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def listing(bridge: Bridge, directory: str) -> Listing:
     """The listing of directory ('' the root), looked up by name as the kernel does."""
     entry = bridge.lookup(wire.ROOT_ID, directory.encode()) if directory else None
-    return bridge.listing(wire.ROOT_ID if entry is None else entry.node)
+    return bridge.listing(wire.ROOT_ID if entry is None else entry[0])
 
 
 @pytest.mark.parametrize("directory", ["", "notes"])

@@ -12,8 +12,8 @@ import errno
 import functools
 import itertools
 import logging
-import os
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,6 +32,10 @@ from shardfs.tree import Dir, Owner, Tree
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
 
+FS_ENCODING = (sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())  # os.fsdecode's, without its call
+# Makes an Attributes from a tuple of its fields without the NamedTuple's own __new__, a Python call that
+# would cost every LOOKUP and GETATTR more than the protocol saves it.
+_attributes = tuple.__new__
 REQUEST_FILES = 4  # a request may decode as much as this many of the largest files (nested shards, a view)
 
 
@@ -168,12 +172,12 @@ class Bridge:
     # The protocol: by node id.
     def lookup(self, parent: int, name: bytes) -> Entry | None:
         directory = self.nodes.path(parent)
-        path = f"{directory}/{os.fsdecode(name)}" if directory else os.fsdecode(name)
+        path = f"{directory}/{name.decode(*FS_ENCODING)}" if directory else name.decode(*FS_ENCODING)
         found = self.tree.key_of(path)
         attributes = self._attributes(path if found is None else found)
         if attributes is None:
             return None
-        return Entry(self.nodes.looked_up(path, found), attributes)
+        return self.nodes.looked_up(path, found), attributes
 
     def forget(self, node: int, lookups: int) -> None:
         self.nodes.forget(node, lookups)
@@ -255,8 +259,8 @@ class Bridge:
             mode, nlink, uid, gid = self._modes(stat.S_IFREG, node.owner)
             size = node.size()
         sec, nsec = self._times
-        return Attributes(size, (size + 511) // 512, sec, sec, sec, nsec, nsec, nsec, mode, nlink, uid, gid, 0,
-                          BLOCK_SIZE, 0)  # fmt: skip
+        fields = (size, (size + 511) // 512, sec, sec, sec, nsec, nsec, nsec, mode, nlink, uid, gid, 0, BLOCK_SIZE, 0)
+        return _attributes(Attributes, fields)
 
     @errors_to_errno("read")
     def _read(self, place: Place, offset: int, size: int) -> bytes:

@@ -51,11 +51,7 @@ class Attributes(NamedTuple):
     flags: int
 
 
-class Entry(NamedTuple):
-    """A name looked up: the id the kernel holds it by from now on, and its attributes."""
-
-    node: int
-    attributes: Attributes
+Entry = tuple[int, Attributes]  # a name looked up: the id the kernel holds it by from now on, and its attributes
 
 
 class Usage(NamedTuple):

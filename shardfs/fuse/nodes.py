@@ -64,20 +64,20 @@ class Nodes:
         """What nodeid names: (number, key) of a numbered file, else a path; StaleNode if no such id is held."""
         if nodeid & PACKED:
             return (nodeid ^ PACKED) >> self._shift, nodeid & self._mask
+        return self.path(nodeid)
+
+    def path(self, nodeid: int) -> str:
+        """The path of a node the kernel holds (a directory's, for every LOOKUP in it: one call, one probe);
+        StaleNode if it holds no such node."""
+        if nodeid & PACKED:
+            path = self._keys.path_of(*self.place(nodeid))  # type: ignore[misc]
+            if path is None:
+                raise StaleNode(nodeid)
+            return path
         try:
             return self._paths[nodeid]
         except KeyError:
             raise StaleNode(nodeid) from None
-
-    def path(self, nodeid: int) -> str:
-        """The path of a node the kernel holds; StaleNode if it holds no such node."""
-        place = self.place(nodeid)
-        if isinstance(place, str):
-            return place
-        path = self._keys.path_of(*place)
-        if path is None:
-            raise StaleNode(nodeid)
-        return path
 
     def _packed(self, found: Numbered | None) -> int | None:
         """The node id that is a numbered file's name, or None if found is None or its key does not fit."""

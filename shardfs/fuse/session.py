@@ -310,10 +310,10 @@ class Session:
                 reply = wire.ENTRY_OUT.pack(0, 0, self._negative[0], 0, self._negative[1], 0)
                 self._reply(unique, reply, ZERO_ATTR)
             return
-        child = entry.node
+        child, attributes = entry
         entry_s, entry_ns, attr_s, attr_ns = self._entry_valid
         reply = wire.ENTRY_OUT.pack(child, 0, entry_s, attr_s, entry_ns, attr_ns)
-        self._reply(unique, reply, wire.ATTR.pack(child, *entry.attributes))
+        self._reply(unique, reply, wire.ATTR.pack(child, *attributes))
 
     def _forget(self, unique: int, nodeid: int, body: memoryview) -> None:
         self.filesystem.forget(nodeid, wire.FORGET_IN.unpack_from(body)[0])
