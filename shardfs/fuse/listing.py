@@ -165,8 +165,8 @@ class ListingWorkers:
 class _SortedRuns:
     """Names gathered for a listing, held packed: RUN names at a time are sorted as objects, then appended end
     to end to one buffer, with where each ends, so a directory's names cost their bytes and 4 more each while
-    it is listed, not a Python object each (some 60 bytes: 512,000 names took 30 MiB beside the listing, which
-    the allocator kept after). `merged` gives them back in order, one at a time."""
+    it is listed, not a Python object each (some 60 bytes, which the allocator keeps once they are freed among
+    objects that live on), and the buffer is given back whole. `merged` gives them back in order, one at a time."""
 
     def __init__(self) -> None:
         self._packed = bytearray()
