@@ -4,7 +4,7 @@ for the cross-format views, its groups and arrays described in one common shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,8 +12,9 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
+from shardfs.shards.kv import Extent
 from shardfs.stores.local import Owner, Store
-from shardfs.tree import File, Provider
+from shardfs.tree import BytesFile, File, Provider, RangeFile
 
 LARGEST = 1 << 62  # sizes, shapes and offsets past it would overflow the int64 maths of chunk positions
 METADATA_LIMIT = 64 << 20  # bytes of one metadata file (`info`, `zarr.json`) parsed
@@ -57,33 +58,12 @@ class Array:
     separator: str = "/"  # between the indices of its chunk keys in the source (zarr's `c/1/2` or `1.2`)
 
 
-def grid_position(parts: list[str]) -> tuple[int, ...] | None:
-    """Chunk indices spelled in canonical decimal (one chunk, one name: no '01', no '+1'), or None."""
-    if not all(p.isascii() and p.isdigit() and str(int(p)) == p for p in parts):
-        return None
-    return tuple(map(int, parts))
-
-
-def grid_index(pos: Sequence[int], grid: Sequence[int]) -> int | None:
-    """The number of a chunk position on a grid in C order (the key a chunk file's node id carries), or
-    None for a position off the grid or of another rank."""
-    if len(pos) != len(grid):
-        return None
-    index = 0
-    for p, g in zip(pos, grid, strict=True):
-        if not 0 <= p < g:
-            return None
-        index = index * g + p
-    return index
-
-
-def grid_at(index: int, grid: Sequence[int]) -> tuple[int, ...] | None:
-    """The chunk position `grid_index` numbered index, or None if it numbers none."""
-    pos = []
-    for g in reversed(grid):
-        index, p = divmod(index, g) if g else (index, -1)
-        pos.append(p)
-    return None if index or min(pos, default=0) < 0 else tuple(reversed(pos))
+def extent_file(extent: Extent) -> File:
+    """A key's stored bytes as a file: read from its shard's range as it is asked for, or cut from the shard's
+    decoded bytes."""
+    if extent.data is None:
+        return RangeFile(extent.file, extent.start, extent.stop)
+    return BytesFile(bytes(extent.data[extent.start : extent.stop]), extent.file.owner, extent.shard)
 
 
 def load_json(store: Store, path: str) -> Any:

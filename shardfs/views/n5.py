@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
-from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
+from shardfs.formats.plan import Array, Plan
+from shardfs.shards.grid import grid_at, grid_index, grid_position
 from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
 from shardfs.views.axes import Axes, axes_of, pyramids
 from shardfs.views.chunks import (
