@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from tqdm import tqdm
 
 from shardfs.errors import CorruptChunk
-from shardfs.formats.plan import Array
+from shardfs.formats.plan import Array, Category
 from shardfs.shards.kv import ShardedKV, ShardFile, ShardReport
 from shardfs.source import Source
 from shardfs.tree import Provider
@@ -59,12 +59,12 @@ def check(source: Source, progress: bool, deep: bool = False) -> int:
             for text in (f"{line}, {len(corrupt)} corrupt", *corrupt):
                 tqdm.write(text, file=sys.stdout)  # clears the bar first, so the two never mix on a terminal
     undecoded = decode_all(source, progress, chunk_total) if deep else 0
-    refused = [kind.removeprefix("refused: ") for kind in source.kinds if kind.startswith("refused: ")]
+    refused = [found.text for found in source.report if found.category is Category.REFUSED]
     for why in refused:
         print(f"not checked: {why}")
-    for kind in source.kinds:
-        if kind.startswith("warning: "):
-            print(kind)
+    for found in source.report:
+        if found.category is Category.WARNING:
+            print(found)
     print(
         f"{'CORRUPT' if corrupt_total else 'OK'}: {plural(len(work), 'sharded directory', 'sharded directories')},"
         f" {plural(shard_total, 'shard file')}, {plural(chunk_total, 'chunk')}, {corrupt_total} corrupt"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 import numpy as np
@@ -96,13 +97,38 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+class Category(IntEnum):
+    """What a line of a source's report says, in the order `shardfs info` shows them."""
+
+    FOUND = 0  # what a directory holds
+    REFUSED = 1  # served as stored: shardfs cannot present it (`shardfs check` does not check it)
+    NOT_IN_VIEWS = 2  # left out of --view n5/zarr2
+    WARNING = 3  # most likely a typo in the metadata
+    NOTE = 4
+
+
+PREFIXES = {Category.REFUSED: "refused: ", Category.NOT_IN_VIEWS: "not in other views: ",
+            Category.WARNING: "warning: ", Category.NOTE: "note: "}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of what was found in a source, for `shardfs info` and `shardfs check`."""
+
+    text: str
+    category: Category = Category.FOUND
+
+    def __str__(self) -> str:
+        return PREFIXES.get(self.category, "") + self.text
+
+
 @dataclass
 class Plan:
     store: Store
     cache: ByteCache
     files: dict[str, bytes] = field(default_factory=dict)  # metadata rewritten without sharding
     providers: dict[str, Provider] = field(default_factory=dict)  # sharded directories, by path
-    kinds: list[str] = field(default_factory=list)  # what was found, for `shardfs info`
+    report: list[Finding] = field(default_factory=list)  # what was found, for `shardfs info`
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # attributes of each group, by path
     arrays: dict[str, Array] = field(default_factory=dict)  # every array the views can show, by path
     format: str = ""  # "zarr" or "precomputed": what the views translate from

@@ -14,7 +14,7 @@ from typing import Any
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
 from shardfs.formats import encodings
-from shardfs.formats.plan import LARGEST, Plan, load_json
+from shardfs.formats.plan import LARGEST, Category, Finding, Plan, load_json
 from shardfs.formats.precomputed_dirs import ChunkDir, MeshDir
 from shardfs.formats.precomputed_names import GridCells, Naming, SegmentIds, VolumeChunks
 from shardfs.formats.precomputed_scales import VolumeScale
@@ -42,7 +42,7 @@ class Precomputed(Plan):
         if required:
             self._plan_info(directory, path, required)
             return
-        planned = (set(self.files), set(self.providers), set(self.arrays), len(self.kinds))
+        planned = (set(self.files), set(self.providers), set(self.arrays), len(self.report))
         try:
             self._plan_info(directory, path, required)
         except SourceError as e:
@@ -54,12 +54,12 @@ class Precomputed(Plan):
     def _serve_as_stored(self, directory: str, path: str, why: str, planned: tuple) -> None:
         """A sub-directory's info (meshes, skeletons) that cannot be planned leaves that directory as it is
         stored, its files passing through, and the rest of the dataset mounted: what it had planned is undone."""
-        files, providers, arrays, kinds = planned
+        files, providers, arrays, found = planned
         for table, before in ((self.files, files), (self.providers, providers), (self.arrays, arrays)):
             for added in set(table) - before:
                 del table[added]
-        del self.kinds[kinds:]
-        self.kinds.append(f"{directory}: served as stored: {why}")
+        del self.report[found:]
+        self.report.append(Finding(f"{directory}: served as stored: {why}"))
         self.directories.add(directory)  # still reachable where the store cannot list
         log.warning("%s; served as it is stored", why, extra={"event": "served_as_stored", "path": path})
 
@@ -93,7 +93,7 @@ class Precomputed(Plan):
             handler = handlers[kind]
         else:
             raise SourceError(f"{where}: field '@type' is {kind!r}, not a precomputed kind shardfs knows")
-        self.kinds.append(f"{directory or '.'}: {kind}")
+        self.report.append(Finding(f"{directory or '.'}: {kind}"))
         self.directories.add(directory)
         before = json.dumps(info, sort_keys=True)
         handler(info, directory, where)
@@ -142,7 +142,7 @@ class Precomputed(Plan):
             except SourceError:
                 if kv is not None:
                     raise
-                self.kinds.append(f"{scale_dir}: volume scale, unsharded (passes through; no view shows it)")
+                self.report.append(Finding(f"{scale_dir}: volume scale, unsharded (passes through; no view shows it)"))
                 continue  # an unsharded scale with no grid we can read passes through as stored
             self._known_encoding(scale.get("encoding", "raw"), where, name)
             # Any encoding of a chunk is smaller than twice its raw size; none may pass one file's cap.
@@ -150,7 +150,7 @@ class Precomputed(Plan):
             scale_array = VolumeScale(self.store, scale_dir, naming, kv, info["data_type"], channels, scale, limit)
             self.arrays[scale_dir] = scale_array.array()
             if kv is None:
-                self.kinds.append(f"{scale_dir}: volume scale, unsharded (passes through)")
+                self.report.append(Finding(f"{scale_dir}: volume scale, unsharded (passes through)"))
                 continue
             kv.value_limit = limit
             details = {
@@ -174,7 +174,7 @@ class Precomputed(Plan):
                 why,
                 extra={"event": "unknown_encoding", "in_report": True},
             )
-            self.kinds.append(f"warning: {why}")
+            self.report.append(Finding(f"{why}", Category.WARNING))
 
     def _grid(self, scale: dict, where: str, name: str) -> VolumeChunks:
         size = _ints(scale, "size", where, name, positive=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError, Unsupported
-from shardfs.formats.plan import LARGEST, Array, Plan, load_json
+from shardfs.formats.plan import LARGEST, Array, Category, Finding, Plan, load_json
 from shardfs.formats.zarr_array import SourceChunks, ZarrArray
 from shardfs.formats.zarr_codecs import (
     KNOWN_CODECS,
@@ -96,7 +96,7 @@ class ZarrPlan(Plan):
         except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
             self.refuse(SourceError(f"{where}: cannot make sense of it ({type(e).__name__}: {e})"), root)
             return []
-        self.kinds.append(f"{directory or '.'}: zarr v3 group")
+        self.report.append(Finding(f"{directory or '.'}: zarr v3 group"))
         self.groups[directory] = meta.get("attributes") or {}
         self.directories.add(directory)
         if isinstance(meta.get("consolidated_metadata"), dict):
@@ -114,7 +114,7 @@ class ZarrPlan(Plan):
         if root:
             raise error
         log.error("%s; served as it is stored", error)
-        self.kinds.append(f"refused: {error}")
+        self.report.append(Finding(f"{error}", Category.REFUSED))
 
     def _array(self, directory: str, meta: dict, where: str) -> None:
         self.directories.add(directory)
@@ -133,19 +133,19 @@ class ZarrPlan(Plan):
             log.warning(
                 "%s; a typo? its files are served as stored", why, extra={"event": "unknown_codec", "in_report": True}
             )
-            self.kinds.append(f"warning: {why}")
+            self.report.append(Finding(f"{why}", Category.WARNING))
         try:
             unsharded = unshard(codecs, tuple(chunk_shape))
             keys = ChunkKeys.from_json(meta.get("chunk_key_encoding"), len(shape))
             if unsharded is None:
-                self.kinds.append(f"{directory or '.'}: zarr v3 array, unsharded (passes through)")
+                self.report.append(Finding(f"{directory or '.'}: zarr v3 array, unsharded (passes through)"))
                 source = SourceChunks(self.store, directory, keys, tuple(chunk_shape), tuple(shape))
                 self._for_views(directory, meta, codecs, tuple(chunk_shape), source.chunk, source.stored, keys, where)
                 return
             levels, inner_codecs = unsharded
         except Unsupported as e:
             log.error("%s: %s; served as it is stored", where, e)
-            self.kinds.append(f"refused: {where}: {e}")
+            self.report.append(Finding(f"{where}: {e}", Category.REFUSED))
             return
         rewritten = copy.deepcopy(meta)
         rewritten["chunk_grid"]["configuration"]["chunk_shape"] = list(levels[-1].inner)
@@ -155,8 +155,8 @@ class ZarrPlan(Plan):
         kv = ZarrKV(self.store, self.cache, directory, tuple(shape), levels, keys, size)
         array = ZarrArray(kv)
         self.providers[directory] = array
-        self.kinds.append(
-            f"{directory or '.'}: zarr v3 array, sharded ({len(levels)} level(s), {math.prod(shape)} elements)"
+        self.report.append(
+            Finding(f"{directory or '.'}: zarr v3 array, sharded ({len(levels)} level(s), {math.prod(shape)} elements)")
         )
         self._for_views(directory, meta, inner_codecs, kv.inner, array.chunk, kv.present_under, keys, where)
 
@@ -170,7 +170,7 @@ class ZarrPlan(Plan):
             dtype, compressor, opaque, decode = chunk_codecs(meta.get("data_type"), codecs, chunks)
             fill = fill_value(meta.get("fill_value"), dtype)
         except Unsupported as e:
-            self.kinds.append(f"not in other views: {where}: {e}")
+            self.report.append(Finding(f"{where}: {e}", Category.NOT_IN_VIEWS))
             return
         attributes = meta.get("attributes") or {}
         names = meta.get("dimension_names")

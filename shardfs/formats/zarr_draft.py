@@ -9,7 +9,7 @@ import posixpath
 from typing import TYPE_CHECKING
 
 from shardfs.errors import SourceError
-from shardfs.formats.plan import load_json
+from shardfs.formats.plan import Finding, load_json
 from shardfs.formats.zarr_array import ZarrArray
 from shardfs.formats.zarr_codecs import itemsize, positive_ints
 from shardfs.shards.kv import files_below
@@ -25,7 +25,7 @@ DRAFT_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
 def walk_draft(plan: ZarrPlan) -> None:
     """The 2022 sharding storage transformer draft (zarr-python 2.14-2.18): metadata at
     meta/root/<path>.array.json, shards at data/root/<path>/c<i>/<j>, index at the end, no checksum."""
-    plan.kinds.append(".: zarr v3 draft hierarchy (2022 sharding storage transformer)")
+    plan.report.append(Finding(".: zarr v3 draft hierarchy (2022 sharding storage transformer)"))
     plan.format = "zarr draft"
     for path in files_below(plan.store, "meta"):
         if path.endswith(".array.json"):
@@ -46,7 +46,7 @@ def _draft_array(plan: ZarrPlan, path: str) -> None:
     name = path[len("meta/root") : -len(".array.json")].strip("/")
     transformers = meta.get("storage_transformers") or []
     if not transformers:
-        plan.kinds.append(f"{name or '.'}: zarr v3 draft array, unsharded (passes through)")
+        plan.report.append(Finding(f"{name or '.'}: zarr v3 draft array, unsharded (passes through)"))
         return
     shape, grid = meta.get("shape"), meta.get("chunk_grid") or {}
     inner = grid.get("chunk_shape")
@@ -70,4 +70,4 @@ def _draft_array(plan: ZarrPlan, path: str) -> None:
     data = posixpath.join("data/root", name) if name else "data/root"
     kv = ZarrKV(plan.store, plan.cache, data, tuple(shape), [level], keys, itemsize(meta.get("data_type")))
     plan.providers[data] = ZarrArray(kv)
-    plan.kinds.append(f"{name or '.'}: zarr v3 draft array, sharded")
+    plan.report.append(Finding(f"{name or '.'}: zarr v3 draft array, sharded"))
