@@ -32,9 +32,13 @@ VOXEL_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int
 class Precomputed(Plan):
     """The mount plan for one precomputed dataset: rewritten info files and sharded directories."""
 
-    seen: set[str] = field(default_factory=set)
+    seen: set[str] = field(default_factory=set)  # every info planned, shared with the parts planned apart
+    unsharded: bool = False  # whether this plan's info had `sharding` taken out, and so is rewritten
 
     def add_info(self, directory: str, required: bool) -> None:
+        """Plan the info in directory. A sub-directory's (meshes, skeletons) is planned apart and taken in
+        whole: one that cannot be planned leaves that directory as it is stored, its files passing through,
+        and the rest of the dataset mounted."""
         path = posixpath.join(directory, "info")
         if path in self.seen:
             return  # a mesh or skeletons key that points back at a directory already planned
@@ -42,26 +46,26 @@ class Precomputed(Plan):
         if required:
             self._plan_info(directory, path, required)
             return
-        planned = (set(self.files), set(self.providers), set(self.arrays), len(self.report))
+        part = Precomputed(self.store, self.cache, format=self.format, seen=self.seen)
         try:
-            self._plan_info(directory, path, required)
+            part._plan_info(directory, path, required)
         except SourceError as e:
-            self._serve_as_stored(directory, path, str(e), planned)
+            why = str(e)
         except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
             why = f"{self.store.where(path)}: cannot make sense of it ({type(e).__name__}: {e})"
-            self._serve_as_stored(directory, path, why, planned)
-
-    def _serve_as_stored(self, directory: str, path: str, why: str, planned: tuple) -> None:
-        """A sub-directory's info (meshes, skeletons) that cannot be planned leaves that directory as it is
-        stored, its files passing through, and the rest of the dataset mounted: what it had planned is undone."""
-        files, providers, arrays, found = planned
-        for table, before in ((self.files, files), (self.providers, providers), (self.arrays, arrays)):
-            for added in set(table) - before:
-                del table[added]
-        del self.report[found:]
-        self.report.append(Finding(f"{directory}: served as stored: {why}"))
-        self.directories.add(directory)  # still reachable where the store cannot list
-        log.warning("%s; served as it is stored", why, extra={"event": "served_as_stored", "path": path})
+        else:
+            self.files.update(part.files)
+            self.providers.update(part.providers)
+            self.arrays.update(part.arrays)
+            self.report += part.report
+            why = ""
+        # What it reached stays reachable where the store cannot list, planned or not.
+        self.directories |= part.directories
+        self.found |= part.found
+        if why:
+            self.report.append(Finding(f"{directory}: served as stored: {why}"))
+            self.directories.add(directory)
+            log.warning("%s; served as it is stored", why, extra={"event": "served_as_stored", "path": path})
 
     def _plan_info(self, directory: str, path: str, required: bool) -> None:
         where = self.store.where(path)
@@ -95,17 +99,18 @@ class Precomputed(Plan):
             raise SourceError(f"{where}: field '@type' is {kind!r}, not a precomputed kind shardfs knows")
         self.report.append(Finding(f"{directory or '.'}: {kind}"))
         self.directories.add(directory)
-        before = json.dumps(info, sort_keys=True)
         handler(info, directory, where)
-        if json.dumps(info, sort_keys=True) != before:
+        if self.unsharded:
             self.files[path] = json.dumps(info).encode()
 
     def _sharded(self, obj: dict, directory: str, where: str, field_name: str) -> NeuroglancerKV | None:
-        """Take `sharding` out of obj (so the rewritten info is unsharded) and open its directory."""
+        """Take `sharding` out of obj, part of this plan's info (so the rewritten info is unsharded), and open
+        its directory."""
         if "sharding" not in obj:
             return None
         name = f"{field_name}.sharding" if field_name else "sharding"
         spec = ShardingSpec.from_json(obj.pop("sharding"), f"{where}: field '{name}'")
+        self.unsharded = True
         return NeuroglancerKV(self.store, directory, spec, self.cache)
 
     def _subdir(self, directory: str, key: object, where: str, field_name: str) -> str:
