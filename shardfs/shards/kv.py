@@ -119,6 +119,9 @@ class ShardedKV(ABC):
     def list_dir(self, path: str) -> Iterator[tuple[str, bool]]:
         return self.store.list(path)
 
+    def is_file(self, path: str) -> bool:
+        return self.store.kind(path) == "file"
+
     def files_below(self, path: str) -> Iterator[str]:
         return files_below(self.store, path)
 

@@ -200,7 +200,7 @@ class ZarrKV(ShardedKV):
         for path in self._shard_files(()):
             parsed = self.keys.parse(path[len(self.directory) :].lstrip("/"))
             # a 0-d array's one shard path is named whether or not it is there
-            if parsed is not None and (self.keys.ndim or self.store.kind(path) == "file"):
+            if parsed is not None and (self.keys.ndim or self.is_file(path)):
                 yield ShardFile(path, parsed[0])
 
     def verify(self, shard: ShardFile) -> ShardReport:
