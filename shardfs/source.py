@@ -10,7 +10,7 @@ from pathlib import Path
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
 from shardfs.context import Context
 from shardfs.errors import SourceError
-from shardfs.formats.plan import Array
+from shardfs.formats.plan import Array, Category, Finding
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
 from shardfs.stores.disk_cache import DiskCache
@@ -28,7 +28,7 @@ class Source:
     name: str  # the directory or URL, as messages and `mount` show it
     local: Path | None  # the directory, for a local source
     tree: Tree
-    kinds: list[str]
+    report: list[Finding]  # what was found
     providers: dict[str, Provider]
     cache: ByteCache
     arrays: dict[str, Array]  # the arrays whose chunks decode to values (`check --deep` decodes them)
@@ -79,8 +79,8 @@ def open_source(
     marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
     tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories, plan.found, marker)
     if not store.can_list and view == "native":
-        plan.kinds.append(f"note: {UNLISTED}")
-    return Source(name, local, tree, plan.kinds, plan.providers, cache, plan.arrays, context)
+        plan.report.append(Finding(UNLISTED, Category.NOTE))
+    return Source(name, local, tree, plan.report, plan.providers, cache, plan.arrays, context)
 
 
 def _format(store: Store, name: str) -> str:
