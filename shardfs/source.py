@@ -13,8 +13,9 @@ from shardfs.formats.plan import Array
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
 from shardfs.stores.disk_cache import DiskCache
-from shardfs.stores.local import LocalStore, Store
+from shardfs.stores.local import LocalStore
 from shardfs.stores.location import Remote, parse_source
+from shardfs.stores.protocol import Store
 from shardfs.stores.remote import Access, RemoteStore
 from shardfs.tree import UNLISTED, Provider, Tree
 from shardfs.views import view_of

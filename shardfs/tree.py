@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from cachetools import LRUCache
 
 from shardfs.cache import LARGE_VALUE, ByteCache
-from shardfs.stores.local import Owner, Store, StoredFile
+from shardfs.stores.protocol import Owner, Store, StoredFile
 
 log = logging.getLogger("shardfs")
 BY_NAME = 65536  # directories found by name kept (a few MB); one forgotten is found again from its parents

@@ -12,7 +12,7 @@ import pytest
 
 from shardfs.cache import ByteCache, entry_cost
 from shardfs.shards.neuroglancer import MinishardIndex
-from shardfs.stores.local import Owner
+from shardfs.stores.protocol import Owner
 from shardfs.tree import BytesFile, Dir
 
 

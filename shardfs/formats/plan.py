@@ -12,7 +12,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
-from shardfs.stores.local import Owner, Store
+from shardfs.stores.protocol import Owner, Store
 from shardfs.tree import File, Provider
 
 LARGEST = 1 << 62  # sizes, shapes and offsets past it would overflow the int64 maths of chunk positions

@@ -23,7 +23,7 @@ from shardfs.formats.encodings import decode_precomputed
 from shardfs.formats.plan import LARGEST, Array, Plan, load_json
 from shardfs.shards.morton import MortonCode
 from shardfs.shards.neuroglancer import UINT64_MAX, Chunk, ShardedKV, ShardingSpec
-from shardfs.stores.local import Store
+from shardfs.stores.protocol import Store
 from shardfs.tree import BytesFile, File, LazyFile, RangeFile
 
 log = logging.getLogger("shardfs")

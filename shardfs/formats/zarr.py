@@ -26,7 +26,7 @@ from shardfs.codecs import UNDO
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.formats.plan import LARGEST, Array, Compressor, Plan, grid_at, grid_index, grid_position, load_json
 from shardfs.shards.zarr import IndexLayout
-from shardfs.stores.local import Store, StoredFile
+from shardfs.stores.protocol import Store, StoredFile
 from shardfs.tree import BytesFile, Dir, File, Node, RangeFile
 
 log = logging.getLogger("shardfs")

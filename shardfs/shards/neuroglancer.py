@@ -27,7 +27,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, OverLimit, SourceError
-from shardfs.stores.local import JoinedFile, Store, StoredFile
+from shardfs.stores.protocol import JoinedFile, Store, StoredFile
 
 log = logging.getLogger("shardfs")
 T = TypeVar("T")

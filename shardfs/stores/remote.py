@@ -41,8 +41,8 @@ from shardfs import metrics
 from shardfs.errors import SourceError
 from shardfs.stores import credentials
 from shardfs.stores.disk_cache import DiskCache
-from shardfs.stores.local import Owner, StoreChanged, StoredFile
 from shardfs.stores.location import Remote
+from shardfs.stores.protocol import Owner, StoreChanged, StoredFile
 
 log = logging.getLogger("shardfs")
 
@@ -192,12 +192,12 @@ class RemoteStore:
     readable by all. A directory is a key prefix; HTTP servers cannot list, so there a directory lists
     as empty and only what metadata names is found."""
 
+    piece_size = 8 << 20  # one GET for nearly every chunk, yet a bounded part of a large one
+    reads_at_once = READS_AT_ONCE
+
     def __init__(self, remote: Remote, access: Access, disk: DiskCache | None = None) -> None:
         """disk: where byte ranges are kept across mounts (--cache-dir), if anywhere."""
         self.remote, self.access, self.disk = remote, access, disk
-        self.can_list = remote.scheme in ("gs", "s3")
-        self.piece_size = 8 << 20  # one GET for nearly every chunk, yet a bounded part of a large one
-        self.reads_at_once = READS_AT_ONCE
         self._owner = Owner(os.getuid(), os.getgid(), 0o555)
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
@@ -205,6 +205,11 @@ class RemoteStore:
         self._opened: LRUCache[str, StoredFile | FileNotFoundError] = LRUCache(OPENED)
         self._said_unversioned = False
         self._suffixes = True  # until the server refuses a suffix range
+
+    @property
+    def can_list(self) -> bool:
+        """Object stores list by key prefix; a web server has no listing to ask for."""
+        return self.remote.scheme in ("gs", "s3")
 
     def _store(self) -> Any:
         """The client of this process: obstore's runtime threads do not survive the daemon's fork, so a
