@@ -17,7 +17,8 @@ from shardfs.stores.local import LocalStore
 from shardfs.stores.location import Remote, parse_source
 from shardfs.stores.protocol import Store
 from shardfs.stores.remote import Access, RemoteStore
-from shardfs.tree import UNLISTED, Provider, Tree
+from shardfs.stores.unlisted import UNLISTED, NamedListing
+from shardfs.tree import Provider, Tree
 from shardfs.views import view_of
 
 
@@ -74,10 +75,12 @@ def open_source(
         raise SourceError(f"{e.filename or name}: cannot be read: {e.strerror}") from None
     if view != "native":
         plan = view_of(plan, view)
-    marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
-    tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories, plan.found, marker)
+    shown: Store = store
     if not store.can_list and view == "native":
+        marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
+        shown = NamedListing(store, plan.directories, plan.found, marker, plan.providers)
         plan.kinds.append(f"note: {UNLISTED}")
+    tree = Tree(shown, cache, plan.files, plan.providers, view == "native")
     return Source(name, local, tree, plan.kinds, plan.providers, cache, plan.arrays)
 
 
