@@ -26,7 +26,7 @@ from shardfs.codecs import UNDO
 from shardfs.errors import CorruptChunk, SourceError
 from shardfs.formats.plan import LARGEST, Array, Compressor, Plan, grid_at, grid_index, grid_position, load_json
 from shardfs.shards.zarr import IndexLayout
-from shardfs.stores.protocol import Store, StoredFile
+from shardfs.stores.protocol import Range, Store, StoredFile, Suffix
 from shardfs.tree import BytesFile, Dir, File, Node, RangeFile
 
 log = logging.getLogger("shardfs")
@@ -381,7 +381,7 @@ class ZarrArray:
                 return self.store.open(path)
             size = level.layout.size
             at_start = level.layout.at_start
-            file, raw = self.store.open_reading(path, 0, size) if at_start else self.store.open_tail(path, size)
+            file, raw = self.store.open_reading(path, Range(0, size) if at_start else Suffix(size))
             self._index(Blob.whole(file), level, 0, raw if len(raw) == size else None)
             return file
 

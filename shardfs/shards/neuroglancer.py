@@ -27,7 +27,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, OverLimit, SourceError
-from shardfs.stores.protocol import JoinedFile, Store, StoredFile
+from shardfs.stores.protocol import JoinedFile, Range, Store, StoredFile
 
 log = logging.getLogger("shardfs")
 T = TypeVar("T")
@@ -303,7 +303,7 @@ class ShardedKV:
     def _open_reading(self, shard: int, key: object, start: int, stop: int) -> tuple[StoredFile, bytes]:
         """The shard's file and its bytes [start, stop) (fewer where it ends sooner)."""
         try:
-            return self.store.open_reading(self.shard_path(shard), start, stop)
+            return self.store.open_reading(self.shard_path(shard), Range(start, stop - start))
         except FileNotFoundError:
             pass
         file = self._pair(shard, key)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from shardfs import metrics
-from shardfs.stores.protocol import Owner, StoreChanged, StoredFile
+from shardfs.stores.protocol import ByteRange, Owner, StoreChanged, StoredFile
 
 T = TypeVar("T")
 
@@ -125,13 +125,9 @@ class LocalStore:
         _, version, owner = self._file(path)
         return StoredFile(path, version[2], version, owner, self)
 
-    def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
+    def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
         file = self.open(path)
-        return file, file.read(start, min(stop, file.size))
-
-    def open_tail(self, path: str, n: int) -> tuple[StoredFile, bytes]:
-        file = self.open(path)
-        return file, file.read(max(file.size - n, 0), file.size)
+        return file, file.read(*want.within(file.size))
 
     def read(self, file: StoredFile, start: int, stop: int) -> bytes:
         f, version, _ = self._file(file.path)

@@ -2,8 +2,9 @@
 for, and the values it answers with. Every read is a byte range of one version of one file, so a chunk never
 costs a whole shard and an index is never applied to bytes it was not read from.
 
-What a store can do (list, read in pieces, keep reads in flight) are properties, so callers ask instead of
-knowing its class.
+A range is asked for in one typed way (`Range`: offset and length; `Suffix`: the last n bytes, where the size
+is not known yet), as HTTP's Range header, obstore and zarr-python's ByteRequest have it; what a store can do
+(list, read in pieces, keep reads in flight) are properties, so callers ask instead of knowing its class.
 """
 
 from __future__ import annotations
@@ -113,6 +114,32 @@ class JoinedFile(StoredFile):
         return cut + self.tail.next_data(max(offset, cut) - cut)
 
 
+@dataclass(frozen=True, slots=True)
+class Range:
+    """Bytes [offset, offset + length) of a file: fewer where it ends sooner."""
+
+    offset: int
+    length: int
+
+    def within(self, size: int) -> tuple[int, int]:
+        """(start, stop) of the range in a file of size bytes."""
+        return min(self.offset, size), min(self.offset + self.length, size)
+
+
+@dataclass(frozen=True, slots=True)
+class Suffix:
+    """The last length bytes of a file (all of it where it is shorter): a zarr shard's index at its end, asked
+    for before the shard's size is known."""
+
+    length: int
+
+    def within(self, size: int) -> tuple[int, int]:
+        return max(size - self.length, 0), size
+
+
+ByteRange = Range | Suffix
+
+
 class Store(Protocol):
     """What formats, views and the tree know of where bytes live."""
 
@@ -135,13 +162,9 @@ class Store(Protocol):
     def open(self, path: str) -> StoredFile:
         """The current version of a regular file; FileNotFoundError if there is none."""
 
-    def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
-        """open() and the bytes [start, stop) of that version (fewer where it ends sooner), at the cost of the
-        read alone where the store can: a remote one learns the version from the read's answer."""
-
-    def open_tail(self, path: str, n: int) -> tuple[StoredFile, bytes]:
-        """open() and the last n bytes of that version (all of it where it is shorter), at the cost of the
-        read alone where the store can: what a zarr shard's index at its end needs before its size is known."""
+    def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
+        """open() and the bytes of that version that want asks for, at the cost of the read alone where the
+        store can: a remote one learns the version from the read's answer."""
 
     def read(self, file: StoredFile, start: int, stop: int) -> bytes: ...
 

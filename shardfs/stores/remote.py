@@ -42,7 +42,7 @@ from shardfs.errors import SourceError
 from shardfs.stores import credentials
 from shardfs.stores.disk_cache import DiskCache
 from shardfs.stores.location import Remote
-from shardfs.stores.protocol import Owner, StoreChanged, StoredFile
+from shardfs.stores.protocol import ByteRange, Owner, Range, StoreChanged, StoredFile
 
 log = logging.getLogger("shardfs")
 
@@ -287,28 +287,22 @@ class RemoteStore:
             raise found
         return found
 
-    def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
-        """The object's version and its bytes [start, stop) (fewer where it ends sooner), in one GET where
-        the version is not known yet: the answer names it (Content-Range's total size, ETag, Last-Modified),
-        so no HEAD goes first, and the bytes are surely of that version. A version already known is read as
-        any range is, under its precondition."""
+    def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
+        """The object's version and the bytes want asks for, in one GET where the version is not known yet: the
+        answer names it (Content-Range's total size, ETag, Last-Modified), so no HEAD goes first, and the bytes
+        are surely of that version. A Suffix is a suffix range (`bytes=-n`); a server that refuses those (some
+        answer the whole object) is not asked again: there a HEAD goes first. A version already known is read
+        as any range is, under its precondition."""
         found = self._known(path)
-        if found is not None:
-            return found, found.read(start, min(stop, found.size))
-        return self._open_by(path, lambda: self._get_first(path, start, stop))
-
-    def open_tail(self, path: str, n: int) -> tuple[StoredFile, bytes]:
-        """The object's version and its last n bytes (all of it where it is shorter), in one GET of a suffix
-        range (`bytes=-n`) where the version is not known yet, as open_reading. A server that refuses suffix
-        ranges (some answer the whole object) is not asked again: there a HEAD goes first."""
-        found = self._known(path)
+        if found is None and isinstance(want, Range):
+            return self._open_by(path, lambda: self._get_first(path, want.offset, want.offset + want.length))
         if found is None and self._suffixes:
             try:
-                return self._open_by(path, lambda: self._get_tail(path, n))
+                return self._open_by(path, lambda: self._get_tail(path, want.length))
             except NoSuffixRanges:
                 self._refuse_suffixes()
         file = found or self.open(path)
-        return file, file.read(max(file.size - n, 0), file.size)
+        return file, file.read(*want.within(file.size))
 
     def _open_by(self, path: str, get: Callable[[], tuple[StoredFile, bytes, int]]) -> tuple[StoredFile, bytes]:
         """The version and bytes that get()'s one GET answered (with where they start), remembered and
