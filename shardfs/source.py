@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
+from shardfs.context import Context
 from shardfs.errors import SourceError
 from shardfs.formats.plan import Array
 from shardfs.formats.precomputed import open_precomputed
@@ -33,6 +34,7 @@ class Source:
     providers: dict[str, Provider]
     cache: ByteCache
     arrays: dict[str, Array]  # the arrays whose chunks decode to values (`check --deep` decodes them)
+    context: Context
 
 
 def is_remote(text: str | Path) -> bool:
@@ -42,20 +44,21 @@ def is_remote(text: str | Path) -> bool:
 
 def open_source(
     text: str | Path, cache_bytes: int, view: str = "native", max_file_size: int = DEFAULT_MAX_VALUE,
-    access: Access | None = None, disk: DiskCache | None = None,
+    access: Access | None = None, disk: DiskCache | None = None, context: Context | None = None,
 ) -> Source:  # fmt: skip
     """Detect the source's format and plan its mount, in the view asked for; SourceError, in one sentence,
     if it makes no sense or, remote, cannot be reached. disk: where a remote source's byte ranges are kept
-    across mounts, if anywhere."""
+    across mounts, if anywhere. context: the mount's, where its stores count and track what they do."""
+    context = context or Context()
     parsed = _parsed(str(text))
     if isinstance(parsed, Remote):
-        store: Store = RemoteStore(parsed, access or Access(), disk)
+        store: Store = RemoteStore(parsed, access or Access(), disk, context)
         name, local = parsed.url, None
     else:
         local = Path(parsed).resolve()
         if not local.is_dir():
             raise SourceError(f"{local}: {'not a directory' if local.exists() else 'does not exist'}")
-        store, name = LocalStore(local), str(local)
+        store, name = LocalStore(local, context=context), str(local)
     cache = ByteCache(cache_bytes, max_file_size)
     try:
         kind = _format(store, name)
@@ -81,7 +84,7 @@ def open_source(
         shown = NamedListing(store, plan.directories, plan.found, marker, plan.providers)
         plan.kinds.append(f"note: {UNLISTED}")
     tree = Tree(shown, cache, plan.files, plan.providers, view == "native")
-    return Source(name, local, tree, plan.kinds, plan.providers, cache, plan.arrays)
+    return Source(name, local, tree, plan.kinds, plan.providers, cache, plan.arrays, context)
 
 
 def _format(store: Store, name: str) -> str:

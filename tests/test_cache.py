@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from shardfs.cache import ByteCache, entry_cost
+from shardfs.cache import LARGE_VALUE, ByteCache, entry_cost, large_value_turn, serving
 from shardfs.shards.neuroglancer import MinishardIndex
 from shardfs.stores.protocol import Owner
 from shardfs.tree import BytesFile, Dir
@@ -36,6 +36,24 @@ def test_one_value_larger_than_the_budget_is_kept_alone() -> None:
     made = []
     cache.get_or_make("huge", lambda: made.append(1) or bytes(5000))
     assert made == [1]
+
+
+def test_each_mount_has_its_own_turn_for_large_values() -> None:
+    """Two mounts of one process (two caches): a large value made for one lets go of that mount's file over
+    budget only, and waits for no large value of the other's."""
+    a, b = ByteCache(budget=1000), ByteCache(budget=1000)
+    a.get_or_make("x", lambda: bytes(4000))
+    b.get_or_make("y", lambda: bytes(4000))
+    serving(a)  # as a request of a's mount does (codecs.start_request)
+    try:
+        with large_value_turn(LARGE_VALUE + 1):
+            assert a.oversized == 0 and b.oversized > 0
+            other = threading.Thread(target=lambda: (serving(b), large_value_turn(LARGE_VALUE + 1).__enter__()))
+            other.start()
+            other.join(60)
+            assert not other.is_alive(), "a large value of one mount waited for another mount's"
+    finally:
+        serving(None)
 
 
 def test_concurrent_misses_make_a_value_once() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import itertools
 import logging
 import os
 import re
@@ -37,7 +36,7 @@ from cachetools import LRUCache
 from obstore.exceptions import NotSupportedError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import GCSStore, HTTPStore, S3Store
 
-from shardfs import metrics
+from shardfs.context import Context
 from shardfs.errors import SourceError
 from shardfs.stores import credentials
 from shardfs.stores.disk_cache import DiskCache
@@ -58,40 +57,6 @@ SKIP = "\U0010ffff"  # sorts after every character: `d/` + SKIP sorts after ever
 OPENED = 65536  # objects whose size and version are remembered: a few MB, and a shard is opened once
 T = TypeVar("T")
 Listed = Generator[tuple[str, bool], None, str | None]  # entries, then where a listing goes on
-
-
-class _Waiting:
-    """Requests under way, so that stopping can say what it leaves behind (`shardfs mount -f` and Ctrl-C)."""
-
-    def __init__(self) -> None:
-        self._requests: dict[int, tuple[str, str, float]] = {}
-        self._ids = itertools.count()
-        self._lock = threading.Lock()
-
-    def run(self, what: str, url: str, request: Callable[[], T]) -> T:
-        """request(), known to be under way until it returns (in whichever thread runs it)."""
-        with self._lock:
-            token = next(self._ids)
-            self._requests[token] = (what, url, time.monotonic())
-        try:
-            return request()
-        finally:
-            with self._lock:
-                del self._requests[token]
-
-    def said(self) -> str | None:
-        """`stopping: 3 requests still waiting on the source (the oldest: get URL, for 12.0 s)`, or None."""
-        with self._lock:
-            requests = list(self._requests.values())
-        if not requests:
-            return None
-        what, url, started = min(requests, key=lambda r: r[2])
-        n = len(requests)
-        oldest = f"{'the oldest: ' if n > 1 else ''}{what} {url}, for {time.monotonic() - started:.1f} s"
-        return f"stopping: {n} request{'s' if n > 1 else ''} still waiting on the source ({oldest})"
-
-
-WAITING = _Waiting()
 
 
 def _interruptible(request: Callable[[], T]) -> T:
@@ -195,9 +160,13 @@ class RemoteStore:
     piece_size = 8 << 20  # one GET for nearly every chunk, yet a bounded part of a large one
     reads_at_once = READS_AT_ONCE
 
-    def __init__(self, remote: Remote, access: Access, disk: DiskCache | None = None) -> None:
-        """disk: where byte ranges are kept across mounts (--cache-dir), if anywhere."""
+    def __init__(
+        self, remote: Remote, access: Access, disk: DiskCache | None = None, context: Context | None = None
+    ) -> None:
+        """disk: where byte ranges are kept across mounts (--cache-dir), if anywhere. context: the mount's, where
+        its requests are counted and tracked."""
         self.remote, self.access, self.disk = remote, access, disk
+        self.context = context or Context()
         self._owner = Owner(os.getuid(), os.getgid(), 0o555)
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
@@ -240,7 +209,7 @@ class RemoteStore:
         started = time.monotonic()
         outcome = "ok"
         try:
-            return _interruptible(lambda: WAITING.run(what, self.where(path), request))
+            return _interruptible(lambda: self.context.waiting.run(what, self.where(path), request))
         except FileNotFoundError:
             outcome = "not_found"
             raise FileNotFoundError(errno.ENOENT, "not in the source", self.where(path)) from None
@@ -267,8 +236,8 @@ class RemoteStore:
             outcome = "interrupted"
             raise
         finally:
-            metrics.REMOTE_REQUESTS.labels(what, outcome).inc()
-            metrics.REMOTE_SECONDS.labels(what).observe(time.monotonic() - started)
+            self.context.metrics.remote_requests.labels(what, outcome).inc()
+            self.context.metrics.remote_seconds.labels(what).observe(time.monotonic() - started)
 
     # -- the Store protocol -------------------------------------------------------------------------------------------
 
@@ -345,8 +314,11 @@ class RemoteStore:
         """Bytes [start, stop) of file's version, from --cache-dir if kept there (never for a version that
         is only a size: another object of that size would be answered)."""
         disk = self._disk(file)
-        if disk is not None and (kept := disk.get(self.where(file.path), file.version, start, stop)) is not None:
-            return kept
+        if disk is not None:
+            kept = disk.get(self.where(file.path), file.version, start, stop)
+            self.context.metrics.disk_cache.labels("miss" if kept is None else "hit").inc()
+            if kept is not None:
+                return kept
         data = self._call("get", file.path, lambda: self._get(file, start, stop))
         self._count(file, start, stop, data)
         return data
@@ -356,8 +328,8 @@ class RemoteStore:
 
     def _count(self, file: StoredFile, start: int, stop: int, data: bytes) -> None:
         """A range read from the source: counted, and kept in --cache-dir if its version allows."""
-        metrics.STORE_READS.inc()
-        metrics.STORE_BYTES.inc(len(data))
+        self.context.metrics.store_reads.inc()
+        self.context.metrics.store_bytes.inc(len(data))
         if (disk := self._disk(file)) is not None:
             disk.put(self.where(file.path), file.version, start, stop, data)
 
