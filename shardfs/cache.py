@@ -34,6 +34,21 @@ def key_cost(key: Hashable) -> int:
     return sys.getsizeof(key)
 
 
+def closure_cost(function: Callable) -> int:
+    """A closure kept with a value (a node's `make`): the function object, its cells and what each holds, as
+    key_cost measures it. What those objects refer to in turn is shared with others (a directory, an array)
+    or counted by its holder (a stored chunk's bytes)."""
+    cells = getattr(function, "__closure__", None) or ()  # none for a method or a partial
+    return sys.getsizeof(function) + sum(sys.getsizeof(cell) + key_cost(_contents(cell)) for cell in cells)
+
+
+def _contents(cell: object) -> object:
+    try:
+        return cell.cell_contents  # type: ignore[attr-defined]
+    except ValueError:  # a cell not yet filled
+        return None
+
+
 class ByteCache:
     """Thread-safe LRU bounded in bytes: what its entries cost (`entry_cost`) and its own table, as measured,
     stay within the budget. The lock covers only dict operations, never I/O or decoding.

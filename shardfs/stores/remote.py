@@ -23,6 +23,7 @@ import errno
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -36,6 +37,7 @@ from cachetools import LRUCache
 from obstore.exceptions import NotSupportedError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import GCSStore, HTTPStore, S3Store
 
+from shardfs.cache import key_cost
 from shardfs.context import Context
 from shardfs.errors import SourceError
 from shardfs.stores import credentials
@@ -54,7 +56,10 @@ LISTING_REQUESTS = 10_000  # requests one walk may make: 10 million objects wher
 LISTING_BYTES = 64 << 20  # bytes of object names one walk may gather
 LISTING_TIMEOUTS = 4  # one walk may take this many --timeout (2 minutes by default)
 SKIP = "\U0010ffff"  # sorts after every character: `d/` + SKIP sorts after every key below `d/`
-OPENED = 65536  # objects whose size and version are remembered: a few MB, and a shard is opened once
+# What remembering objects' sizes and versions (and absences) may cost, counted as measured (`_remembered_cost`):
+# some 10,000 objects, 400 bytes each. An object forgotten is opened again (one request) when next read.
+REMEMBERED_BYTES = 4 << 20
+TABLE_ENTRY = 200  # cachetools' LRU per key: an entry in each of its three tables (measured: 168 bytes)
 T = TypeVar("T")
 Listed = Generator[tuple[str, bool], None, str | None]  # entries, then where a listing goes on
 
@@ -152,6 +157,18 @@ def _say_unsigned(remote: Remote, access: Access, signed: bool) -> None:
         log.info("%s: no credentials found; requests are sent unsigned", remote.url, extra={"event": "unsigned"})
 
 
+@dataclass(frozen=True, slots=True)
+class Absent:
+    """An object found not to exist, remembered as such."""
+
+    path: str
+
+
+def _remembered_cost(found: StoredFile | Absent) -> int:
+    """What remembering found costs: its path (the table's key too), itself, its version and the table's entry."""
+    return key_cost(found.path) + sys.getsizeof(found) + key_cost(getattr(found, "version", ())) + TABLE_ENTRY
+
+
 class RemoteStore:
     """The Store protocol over obstore. Objects have no owner: everything is shown as the daemon's user's,
     readable by all. A directory is a key prefix; HTTP servers cannot list, so there a directory lists
@@ -171,7 +188,7 @@ class RemoteStore:
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
         self._reads: tuple[int, ThreadPoolExecutor] | None = None
-        self._opened: LRUCache[str, StoredFile | FileNotFoundError] = LRUCache(OPENED)
+        self._opened: LRUCache[str, StoredFile | Absent] = LRUCache(REMEMBERED_BYTES, getsizeof=_remembered_cost)
         self._said_unversioned = False
         self._suffixes = True  # until the server refuses a suffix range
 
@@ -250,10 +267,10 @@ class RemoteStore:
             try:
                 meta = self._call("head", path, lambda: obstore.head(self._store(), path))
                 found = self._remember(path, self._file(path, meta))
-            except FileNotFoundError as e:
-                found = self._remember(path, e)
-        if isinstance(found, FileNotFoundError):
-            raise found
+            except FileNotFoundError:
+                found = self._remember(path, Absent(path))
+        if isinstance(found, Absent):
+            raise self._absent(path)
         return found
 
     def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
@@ -278,8 +295,8 @@ class RemoteStore:
         counted."""
         try:
             file, data, start = self._call("get", path, get)
-        except FileNotFoundError as e:
-            self._remember(path, e)
+        except FileNotFoundError:
+            self._remember(path, Absent(path))
             raise
         if (opened := self._remember(path, file)) != file:  # another thread found another version, or none
             was = _described_version(opened.version) if isinstance(opened, StoredFile) else "absent"
@@ -294,11 +311,15 @@ class RemoteStore:
             raise FileNotFoundError(errno.ENOENT, "not a name an object can have", self.where(path))
         with self._lock:  # cachetools' LRU reorders itself on get: not safe to share unlocked
             found = self._opened.get(path)
-        if isinstance(found, FileNotFoundError):
-            raise found
+        if isinstance(found, Absent):
+            raise self._absent(path)
         return found
 
-    def _remember(self, path: str, found: T) -> T | StoredFile | FileNotFoundError:
+    def _absent(self, path: str) -> FileNotFoundError:
+        """A new error each time: one raised again keeps every traceback it was raised with, and their frames."""
+        return FileNotFoundError(errno.ENOENT, "not in the source", self.where(path))
+
+    def _remember(self, path: str, found: T) -> T | StoredFile | Absent:
         """Remember what path was found to be (a version, or absent); what was remembered first stays, and
         is returned."""
         with self._lock:
