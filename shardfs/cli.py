@@ -483,15 +483,11 @@ def cat(source: Source, path: str) -> None:
 
 def info(source: Source) -> None:
     print(f"source: {source.name}")
-    for kind in sorted(source.kinds, key=_by_kind):
-        print(f"  {kind}")
+    for found in sorted(source.report, key=lambda found: (found.category, str(found))):
+        print(f"  {found}")
     for directory, provider in sorted(source.providers.items()):
         print(f"{directory or '.'}/: {provider.kind}")
         for key, value in provider.describe().items():
             print(f"  {key}: {value}")
 
 
-def _by_kind(line: str) -> tuple[int, str]:
-    """What was found, by path; then what is served as stored or left out of views; notes last."""
-    order = ("refused: ", "not in other views: ", "warning: ", "note: ")
-    return next((i + 1 for i, word in enumerate(order) if line.startswith(word)), 0), line

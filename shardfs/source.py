@@ -10,7 +10,7 @@ from pathlib import Path
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
 from shardfs.context import Context
 from shardfs.errors import SourceError
-from shardfs.formats.plan import Array
+from shardfs.formats.plan import Array, Category, Finding
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
 from shardfs.stores.disk_cache import DiskCache
@@ -30,7 +30,7 @@ class Source:
     name: str  # the directory or URL, as messages and `mount` show it
     local: Path | None  # the directory, for a local source
     tree: Tree
-    kinds: list[str]
+    report: list[Finding]  # what was found
     providers: dict[str, Provider]
     cache: ByteCache
     arrays: dict[str, Array]  # the arrays whose chunks decode to values (`check --deep` decodes them)
@@ -82,9 +82,9 @@ def open_source(
     if not store.can_list and view == "native":
         marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
         shown = NamedListing(store, plan.directories, plan.found, marker, plan.providers)
-        plan.kinds.append(f"note: {UNLISTED}")
+        plan.report.append(Finding(UNLISTED, Category.NOTE))
     tree = Tree(shown, cache, plan.files, plan.providers, view == "native")
-    return Source(name, local, tree, plan.kinds, plan.providers, cache, plan.arrays, context)
+    return Source(name, local, tree, plan.report, plan.providers, cache, plan.arrays, context)
 
 
 def _format(store: Store, name: str) -> str:

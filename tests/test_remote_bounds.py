@@ -21,7 +21,7 @@ import zarr
 
 from shardfs.fuse.listing import WORKERS
 from shardfs.service.daemon import REMOTE_THREADS
-from shardfs.shards.neuroglancer import LISTING_BLOCK, LISTING_BUDGET
+from shardfs.shards.listing import LISTING_BLOCK, LISTING_BUDGET
 from shardfs.stores.location import parse_source
 from shardfs.stores.remote import READS_AT_ONCE, Access, RemoteStore
 from tests import peers

@@ -22,7 +22,7 @@ import zarr
 from cloudvolume.datasource.precomputed.sharding import ShardingSpecification, synthesize_shard_files
 from zarr.codecs import ShardingCodec
 
-from shardfs.shards.neuroglancer import LISTING_BUDGET
+from shardfs.shards.listing import LISTING_BUDGET
 from tests import peers
 from tests.http_server import RangeServer
 from tests.test_remote_http import chunk_names, read_errno

@@ -16,7 +16,7 @@ import numpy as np
 import pyspng
 import simplejpeg
 
-from shardfs.formats.plan import grid_shape
+from shardfs.shards.grid import grid_shape
 
 _DTYPES = frozenset(("u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8", "f4", "f8"))
 
