@@ -16,9 +16,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests import peers
+from tests.helpers import BIG, SHARDING, write_small_volume
+from tests.peers import write_zarr_python
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
-REPO = Path(__file__).resolve().parent.parent
 
 
 def shardfs(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -127,3 +128,57 @@ def raw_volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np
     root = tmp_path_factory.mktemp("raw-volume")
     source, twin = root / "src", root / "twin"
     return source, twin, peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
+
+
+@pytest.fixture(scope="session")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sharded volume; tensorstore writes the same data unsharded beside it, at `twin`. Shared: tests
+    damage copies (`corrupted`)."""
+    where = tmp_path_factory.mktemp("bad")
+    data = np.random.default_rng(0).integers(0, 255, (64, 64, 16, 1), dtype=np.uint8)
+    write_small_volume(where / "vol", data, SHARDING)
+    write_small_volume(where / "twin", data, None)
+    return where / "vol"
+
+
+@pytest.fixture
+def corrupted(pristine: Path, tmp_path: Path):
+    def make(damage: Callable[[Path], None]) -> Path:
+        root = tmp_path / "vol"
+        shutil.copytree(pristine, root)
+        damage(root / "1_1_1")
+        return root
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def zarr_source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    """zarr-python 3's hierarchy (peers.write_zarr_python) and each array's contents. Shared: tests damage
+    copies (`damaged`)."""
+    root = tmp_path_factory.mktemp("zarr") / "brain.zarr"
+    return root, write_zarr_python(root)
+
+
+@pytest.fixture
+def damaged(zarr_source, tmp_path):
+    def make(edit: Callable[[Path], None]) -> Path:
+        root = tmp_path / "brain.zarr"
+        shutil.copytree(zarr_source[0], root)
+        edit(root)
+        return root
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def shared() -> Iterator[tuple[Path, dict[int, bytes]]]:
+    """A key-value dataset any user may read, in a directory any user may search, and what it holds."""
+    root = Path(tempfile.mkdtemp(prefix="shardfs-mounting-", dir="/tmp"))
+    root.chmod(0o755)
+    values = {1: np.random.default_rng(1).bytes(BIG), 2: b"two", 3: b"three"}
+    peers.write_tensorstore_kv(root / "kv", values)
+    for path in [root / "kv", *(root / "kv").rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield root / "kv", values
+    shutil.rmtree(root, ignore_errors=True)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests import peers
-from tests.test_daemon import daemon_of
+from tests.helpers import daemon_of
 
 OVERHEAD_MIB = 40  # the README's promise beyond --cache-size (the interpreter, its libraries, the threads)
 

@@ -26,9 +26,9 @@ from shardfs.service import lifecycle, stats_socket
 from shardfs.service.handover import HANDED_OVER
 from shardfs.service.rundir import runtime_dir
 from tests import peers
-from tests.conftest import REPO, SHARDFS, assert_eio, scrape, shardfs
+from tests.conftest import SHARDFS, assert_eio, scrape, shardfs
+from tests.helpers import REPO, daemon_of, free_port, wait_until
 from tests.http_server import RangeServer
-from tests.test_daemon import daemon_of, wait_until
 
 UNIT = REPO / "systemd" / "shardfs@.service"
 INSTALLED = "/usr/local/bin/shardfs"  # where the unit expects the console script
@@ -46,12 +46,6 @@ def values(seed: int) -> dict[int, bytes]:
 def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes]]:
     root = tmp_path_factory.mktemp("service") / "kv"
     return root, peers.write_tensorstore_kv(root, values(0), sharding=SHARDING)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- systemd ---------------------------------------------------------------------------------------
