@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shardfs.service.daemon import unmount
 from tests import peers
 from tests.helpers import BIG, SHARDING, write_small_volume
 from tests.peers import write_zarr_python
@@ -81,7 +83,7 @@ def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mo
     yield make
     for point in made:
         if os.path.ismount(point):
-            shardfs("unmount", point)
+            unmount(point)  # what `shardfs unmount` runs, without starting an interpreter for it
 
 
 USER = "shardfs-test"  # an unprivileged local user: the other users a root `allow_other` mount serves
@@ -90,8 +92,14 @@ USER = "shardfs-test"  # an unprivileged local user: the other users a root `all
 @pytest.fixture(scope="session")
 def user() -> tuple[int, int]:
     """(uid, gid) of an unprivileged user, created if missing."""
-    if subprocess.run(["id", "-u", USER], capture_output=True).returncode:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
+    # Parallel workers (and a second suite) may add it at once: the loser's useradd fails (exists, or the
+    # passwd file locked), and the user is there once the winner's is done.
+    add = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER]
+    deadline = time.monotonic() + 60
+    while subprocess.run(["id", "-u", USER], capture_output=True).returncode:
+        assert time.monotonic() < deadline, f"{USER} could not be added: {' '.join(add)}"
+        if subprocess.run(add, capture_output=True).returncode:
+            time.sleep(0.2)
     uid, gid = (int(subprocess.run(["id", f, USER], capture_output=True, text=True).stdout) for f in ("-u", "-g"))
     return uid, gid
 
@@ -182,3 +190,18 @@ def shared() -> Iterator[tuple[Path, dict[int, bytes]]]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     yield root / "kv", values
     shutil.rmtree(root, ignore_errors=True)
+
+
+# The modules that take longest, begun first: parallel workers (scripts/test) take a module at a time, and
+# one begun last would run on alone after the others are done.
+SLOW_FIRST = [
+    *("test_memory.py", "test_fuzz.py", "test_bounds.py", "test_fuse_session.py", "test_views.py"),
+    *("test_zarr.py", "test_service.py", "test_remote_edges.py", "test_remote_http.py", "test_restart.py"),
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return SLOW_FIRST.index(item.path.name) if item.path.name in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: within a module, the order stays as written
