@@ -4,6 +4,7 @@ over a socket pair, the small datasets' maths. Peer writers live in tests/peers.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -63,6 +64,22 @@ def wait_for(condition: Callable[[], bool], seconds: float = 60) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+@contextlib.contextmanager
+def machine_lock(path: Path, seconds: float = 600) -> Iterator[None]:
+    """Held while a test changes path, which the whole machine shares: another suite (a second copy of the
+    tree, run at once) waits for it. The ceiling is one only a hang reaches."""
+    with open(f"/run/lock/shardfs-tests-{str(path).strip('/').replace('/', '-')}", "w") as lock:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{path}: another suite held it for {seconds:.0f} s"
+                time.sleep(0.2)
+        yield
 
 
 def one_line_error(done: subprocess.CompletedProcess[str], status: int, *words: str) -> None:

@@ -27,7 +27,7 @@ from shardfs.service.handover import HANDED_OVER
 from shardfs.service.rundir import runtime_dir
 from tests import peers
 from tests.conftest import SHARDFS, assert_eio, scrape, shardfs
-from tests.helpers import REPO, daemon_of, free_port, wait_until
+from tests.helpers import REPO, daemon_of, free_port, machine_lock, wait_until
 from tests.http_server import RangeServer
 
 UNIT = REPO / "systemd" / "shardfs@.service"
@@ -145,15 +145,16 @@ def test_example_config_options_become_cli_options() -> None:
 def helper_on_default_path() -> Iterator[None]:
     """`shardfs` where mount.fuse3's shell finds it with no PATH set, as a system install puts it."""
     link = Path("/usr/local/sbin/shardfs")
-    if link.is_symlink() or link.exists():
-        assert link.resolve() == CONSOLE_SCRIPT.resolve(), f"{link} is another shardfs; move it to run this test"
-        yield
-        return
-    link.symlink_to(CONSOLE_SCRIPT)
-    try:
-        yield
-    finally:
-        link.unlink()
+    with machine_lock(link):  # a suite run at once from another copy of the tree puts its own there
+        if link.is_symlink() or link.exists():
+            assert link.resolve() == CONSOLE_SCRIPT.resolve(), f"{link} is another shardfs; move it to run this test"
+            yield
+            return
+        link.symlink_to(CONSOLE_SCRIPT)
+        try:
+            yield
+        finally:
+            link.unlink()
 
 
 @pytest.mark.parametrize("how", ["fstab", "mount -t"])
