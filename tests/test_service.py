@@ -27,7 +27,7 @@ from shardfs.service.handover import HANDED_OVER
 from shardfs.service.rundir import runtime_dir
 from tests import peers
 from tests.conftest import SHARDFS, assert_eio, scrape, shardfs
-from tests.helpers import REPO, daemon_of, free_port, machine_lock, wait_until
+from tests.helpers import REPO, daemon_of, free_port, machine_lock, wait_for, wait_until
 from tests.http_server import RangeServer
 
 UNIT = REPO / "systemd" / "shardfs@.service"
@@ -260,7 +260,7 @@ def test_another_user_can_neither_block_a_mount_nor_fake_its_stats(kv, other_use
             assert scrape(done.stdout)["shardfs_served_bytes_total", frozenset()] == served
         assert new_name.stat().st_uid == 0
         shardfs("unmount", point)
-        assert not new_name.exists()  # removed on a clean exit
+        assert wait_for(lambda: not new_name.exists())  # removed on a clean exit: the daemon's last act
     finally:
         squatter.kill()
         squatter.wait()
