@@ -122,7 +122,7 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
     to stderr as the daemon logs to its file (the bench checks its no_open line)."""
     from shardfs.cache import ByteCache
     from shardfs.logs import log_to
-    from shardfs.service.daemon import fuse_options, serve
+    from shardfs.service.daemon import Mount, fuse_options, serve, settings
     from shardfs.stores.local import Owner
     from shardfs.tree import BytesFile, Dir
 
@@ -172,7 +172,8 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
 
     log_to(None)
     logging.getLogger().setLevel(logging.INFO)
-    serve(NoopTree(), 0, mountpoint, fuse_options("noop", {}))  # type: ignore[arg-type]
+    tree = NoopTree()
+    serve(Mount(tree, mountpoint, settings(fuse_options("noop", {}), mountpoint), mtime_ns=0))  # type: ignore[arg-type]
 
 
 def build_c_noop(work: Path) -> Path:

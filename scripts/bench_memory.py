@@ -6,8 +6,10 @@ Each case is a volume of 125,000 to 512,000 small chunks written once by a real 
 murmurhash3, and a zarr v3 array sharded by tensorstore (gzip inner chunks, 2,500 chunk directories). For
 each cache size, a detached daemon (`shardfs mount`, as users run it) serves the case; its chunks are
 listed with their attributes (os.scandir and stat: what `ls -l` asks), then every chunk is read once, and
-the daemon's resident memory is taken from /proc (VmRSS after each step, VmHWM: the peak over its life).
-The last column is the peak minus --cache-size: what the README promises stays within 40 MiB.
+the daemon's resident memory is taken from /proc (VmRSS after each step, VmHWM: the peak over its life),
+and what its cache counts as held at the end (`shardfs stats`). The last columns are the peak minus what
+the cache held (the daemon's own memory) and the peak minus --cache-size: what the README promises stays
+within 40 MiB.
 
     .venv/bin/python scripts/bench_memory.py [--data DIR] [--cache-sizes 64M 256M] [--cases CASE ...]
 """
@@ -30,6 +32,7 @@ import tensorstore as ts
 SHARDFS = [sys.executable, "-m", "shardfs"]
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.helpers import cache_held  # noqa: E402
 from tests.peers import write_tensorstore_scale  # noqa: E402  (the tests' writer: the same volumes)
 
 MARGIN_MIB = 40  # what the README promises beyond --cache-size
@@ -133,8 +136,8 @@ def files(directory: Path) -> Iterator[os.DirEntry]:
                 yield entry
 
 
-def run(source: Path, below: str, cache_size: str) -> tuple[int, dict[str, int], dict[str, int], dict[str, int]]:
-    """(files, memory after mount, after listing, after reading), in MiB."""
+def run(source: Path, below: str, cache_size: str) -> tuple[int, dict[str, int], dict[str, int], dict[str, int], int]:
+    """(files, memory after mount, after listing, after reading, what the cache holds then), in MiB."""
     with mounted(source, cache_size) as (point, pid):
         idle = status_mib(pid)
         paths = [entry.path for entry in files(point / below)]
@@ -142,7 +145,7 @@ def run(source: Path, below: str, cache_size: str) -> tuple[int, dict[str, int],
         for path in paths:
             with open(path, "rb") as f:
                 f.read()
-        return len(paths), idle, listed, status_mib(pid)
+        return len(paths), idle, listed, status_mib(pid), cache_held(point) >> 20
 
 
 def mib(size: str) -> int:
@@ -159,16 +162,18 @@ def main() -> None:
     sources = {name: dataset(args.data, name) for name in args.cases}
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     print(f"# {when}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, shardfs from {ROOT}")
-    print(f"{'case':28} {'files':>8} {'cache':>6} {'mount':>6} {'ls -l':>6} {'read':>6} {'peak':>6} {'peak-cache':>10}")
+    print(f"{'case':28} {'files':>8} {'cache':>6} {'mount':>6} {'ls -l':>6} {'read':>6} {'peak':>6} {'held':>6}"
+          f" {'peak-held':>9} {'peak-cache':>10}")  # fmt: skip
     worst = -(1 << 30)
     for name in args.cases:
         for size in args.cache_sizes:
-            count, idle, listed, read = run(sources[name], CASES[name][0], size)
+            count, idle, listed, read, held = run(sources[name], CASES[name][0], size)
             over = read["VmHWM"] - mib(size)
             worst = max(worst, over)
-            cells = f"{idle['VmRSS']:6} {listed['VmRSS']:6} {read['VmRSS']:6} {read['VmHWM']:6}"
-            print(f"{name:28} {count:8} {size:>6} {cells} {over:+10}", flush=True)
-    print(f"# MiB (RSS after each step; peak: VmHWM). Worst peak beyond --cache-size: {worst:+} MiB"
+            cells = f"{idle['VmRSS']:6} {listed['VmRSS']:6} {read['VmRSS']:6} {read['VmHWM']:6} {held:6}"
+            print(f"{name:28} {count:8} {size:>6} {cells} {read['VmHWM'] - held:9} {over:+10}", flush=True)
+    print(f"# MiB (RSS after each step; peak: VmHWM; held: the cache's count at the end)."
+          f" Worst peak beyond --cache-size: {worst:+} MiB"
           f" ({'within' if worst <= MARGIN_MIB else 'OVER'} the {MARGIN_MIB} MiB the README promises)")  # fmt: skip
 
 

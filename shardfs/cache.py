@@ -7,7 +7,6 @@ import ctypes
 import ctypes.util
 import sys
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import TypeVar
@@ -35,6 +34,21 @@ def key_cost(key: Hashable) -> int:
     return sys.getsizeof(key)
 
 
+def closure_cost(function: Callable) -> int:
+    """A closure kept with a value (a node's `make`): the function object, its cells and what each holds, as
+    key_cost measures it. What those objects refer to in turn is shared with others (a directory, an array)
+    or counted by its holder (a stored chunk's bytes)."""
+    cells = getattr(function, "__closure__", None) or ()  # none for a method or a partial
+    return sys.getsizeof(function) + sum(sys.getsizeof(cell) + key_cost(_contents(cell)) for cell in cells)
+
+
+def _contents(cell: object) -> object:
+    try:
+        return cell.cell_contents  # type: ignore[attr-defined]
+    except ValueError:  # a cell not yet filled
+        return None
+
+
 class ByteCache:
     """Thread-safe LRU bounded in bytes: what its entries cost (`entry_cost`) and its own table, as measured,
     stay within the budget. The lock covers only dict operations, never I/O or decoding.
@@ -47,7 +61,7 @@ class ByteCache:
     def __init__(self, budget: int, max_value: int = DEFAULT_MAX_VALUE) -> None:
         self.budget = budget
         self.max_value = max_value
-        _caches.add(self)
+        self._large = threading.RLock()  # one large value made at a time (reentrant: read, then decoded in turn)
         # Least recently used first. The value alone is kept: its cost is measured again when it goes, which
         # gives the same figure, and a second table of sizes would cost as much as the entries of small values.
         self._lru: OrderedDict[Hashable, object] = OrderedDict()
@@ -102,6 +116,13 @@ class ByteCache:
             value = self._cached(key)
         return None if value is _MISSING else value
 
+    @contextlib.contextmanager
+    def large_value_turn(self) -> Iterator[None]:
+        """This mount's turn to make a large value (see cache.large_value_turn)."""
+        with self._large:
+            self.drop_overflow()
+            yield
+
     def drop_overflow(self) -> None:
         """Let go of the value over budget, before a large one is made: one such value at a time."""
         self._overflow = None
@@ -136,23 +157,29 @@ class ByteCache:
 
 
 _MISSING = object()
-_caches: weakref.WeakSet[ByteCache] = weakref.WeakSet()
-_large = threading.RLock()  # reentrant: a large value read from the store is then decoded in the same turn
+_serving = threading.local()  # the cache of the mount whose request this thread answers (see serving)
+_ANYWHERE = threading.RLock()  # the turn of large values made outside a mount's request (`shardfs cat`)
+
+
+def serving(cache: ByteCache | None) -> None:
+    """From now on, the large values this thread makes take cache's turn: its mount's request is answered here.
+    Each mount has its own turn, so one mount's large file waits for no other mount's."""
+    _serving.cache = cache
+
+
+def served() -> ByteCache | None:
+    """The cache of the mount whose request this thread answers (or last answered), if any."""
+    return getattr(_serving, "cache", None)
 
 
 def large_value_turn(nbytes: int) -> contextlib.AbstractContextManager[None]:
-    """Held while a large value (stored or decoded) is read or made: one at a time, and the last one over
-    budget is let go first, so that memory stays within the budget and the one file being made, however
-    many threads decode at once."""
-    return _one_large_value() if nbytes > LARGE_VALUE else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _one_large_value() -> Iterator[None]:
-    with _large:
-        for cache in list(_caches):
-            cache.drop_overflow()
-        yield
+    """Held while a large value (stored or decoded) is read or made: one at a time a mount, and the last one
+    over its budget is let go first, so that memory stays within the budget and the one file being made,
+    however many threads decode at once."""
+    if nbytes <= LARGE_VALUE:
+        return contextlib.nullcontext()
+    cache = served()
+    return _ANYWHERE if cache is None else cache.large_value_turn()
 
 
 M_MMAP_THRESHOLD = -3

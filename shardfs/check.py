@@ -17,38 +17,13 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 from shardfs.errors import CorruptChunk
-from shardfs.formats.plan import Array
-from shardfs.formats.precomputed import ChunkDir
-from shardfs.formats.zarr import ZarrArray
-from shardfs.shards.neuroglancer import ShardedKV
+from shardfs.formats.plan import Array, Category
+from shardfs.shards.kv import ShardedKV, ShardFile, ShardReport
 from shardfs.source import Source
 from shardfs.tree import Provider
 from shardfs.views.chunks import decoded
-
-SHOWN = 3  # problems spelled out per shard; the rest are counted, since one bad minishard may hold thousands
-
-
-@dataclass
-class Problems:
-    """What is wrong with one shard: the first few in words, and how many in all."""
-
-    first: list[str] = field(default_factory=list)
-    count: int = 0
-
-    def add(self, what: str) -> None:
-        self.count += 1
-        if len(self.first) < SHOWN:
-            self.first.append(what)
-
-    def __str__(self) -> str:
-        more = self.count - len(self.first)
-        return "; ".join(self.first) + (f" (and {more} more)" if more else "")
-
-
-ShardCheck = Callable[[str], tuple[int, Problems]]  # shard path -> (sound chunks, problems)
 
 
 def check(source: Source, progress: bool, deep: bool = False) -> int:
@@ -59,37 +34,37 @@ def check(source: Source, progress: bool, deep: bool = False) -> int:
 
     work = []
     for directory, provider in sorted(source.providers.items()):
-        found = shards_of(provider)
-        if found is not None:  # not sharded: nothing to check
-            work.append((directory, provider.kind, *found))
+        kv = sharded(provider)
+        if kv is not None:  # not sharded: nothing to check
+            work.append((directory, provider.kind, kv, shards_of(kv)))
     shard_total = chunk_total = corrupt_total = 0
-    with tqdm(total=sum(len(w[2]) for w in work), unit="shard", disable=not progress, file=sys.stderr) as bar:
-        for directory, kind, paths, check_shard in work:
+    with tqdm(total=sum(len(w[3]) for w in work), unit="shard", disable=not progress, file=sys.stderr) as bar:
+        for directory, kind, kv, shards in work:
             bar.set_description(directory or ".", refresh=False)
             chunks, corrupt = 0, []
-            for path in paths:
+            for shard in shards:
                 try:
-                    found, problems = check_shard(path)
+                    report = kv.verify(shard)
                 except OSError as e:  # unreadable, or not a regular file where a shard should be
-                    found, problems = 0, Problems()
-                    problems.add(f"cannot be read: {e.strerror or e}")
-                chunks += found
-                if problems.count:
-                    corrupt.append(f"  {path}: {problems}")
+                    report = ShardReport()
+                    report.add(f"cannot be read: {e.strerror or e}")
+                chunks += report.chunks
+                if report.count:
+                    corrupt.append(f"  {shard.path}: {report}")
                 bar.update()
-            shard_total += len(paths)
+            shard_total += len(shards)
             chunk_total += chunks
             corrupt_total += len(corrupt)
-            line = f"{directory or '.'}/: {kind}: {plural(len(paths), 'shard file')}, {plural(chunks, 'chunk')}"
+            line = f"{directory or '.'}/: {kind}: {plural(len(shards), 'shard file')}, {plural(chunks, 'chunk')}"
             for text in (f"{line}, {len(corrupt)} corrupt", *corrupt):
                 tqdm.write(text, file=sys.stdout)  # clears the bar first, so the two never mix on a terminal
     undecoded = decode_all(source, progress, chunk_total) if deep else 0
-    refused = [kind.removeprefix("refused: ") for kind in source.kinds if kind.startswith("refused: ")]
+    refused = [found.text for found in source.report if found.category is Category.REFUSED]
     for why in refused:
         print(f"not checked: {why}")
-    for kind in source.kinds:
-        if kind.startswith("warning: "):
-            print(kind)
+    for found in source.report:
+        if found.category is Category.WARNING:
+            print(found)
     print(
         f"{'CORRUPT' if corrupt_total else 'OK'}: {plural(len(work), 'sharded directory', 'sharded directories')},"
         f" {plural(shard_total, 'shard file')}, {plural(chunk_total, 'chunk')}, {corrupt_total} corrupt"
@@ -107,7 +82,7 @@ def decode_all(source: Source, progress: bool, total: int) -> int:
     failed = 0
     with tqdm(total=total, unit="chunk", disable=not progress, file=sys.stderr) as bar:
         for directory, provider in sorted(source.providers.items()):
-            if shards_of(provider) is None:
+            if sharded(provider) is None:
                 continue
             bar.set_description(f"decoding {directory or '.'}", refresh=False)
             array = source.arrays.get(directory)
@@ -117,7 +92,7 @@ def decode_all(source: Source, progress: bool, total: int) -> int:
                     read()
                 except (CorruptChunk, OSError, ValueError) as e:
                     failed += 1
-                    why = reason(e) if isinstance(e, CorruptChunk) else str(e)
+                    why = e.reason if isinstance(e, CorruptChunk) else str(e)
                     tqdm.write(f"  {directory or '.'}/{where}: does not decode: {why}", file=sys.stdout)
                 bar.update()
     return failed
@@ -144,60 +119,15 @@ def _files(source: Source, directory: str) -> Iterator[tuple[str, Callable[[], o
                 yield path[len(directory) :].lstrip("/"), functools.partial(node.read, 0, node.size())
 
 
-def shards_of(provider: Provider) -> tuple[list[str], ShardCheck] | None:
-    """A sharded directory's shard files (listed first, so the bar has a total; sorted, so reports compare)
-    and how to check one; None for a provider that is not sharded."""
-    if isinstance(provider, ChunkDir):
-        kv = provider.kv
-        shards = {path: shard for shard, path in kv.shards()}
-        return sorted(shards), lambda path: check_precomputed(kv, shards[path])
-    if isinstance(provider, ZarrArray):
-        paths = sorted(provider._shard_files(()))
-        if not provider.keys.ndim:  # a 0-d array's one shard path is named whether or not it is there
-            paths = [p for p in paths if provider.store.kind(p) == "file"]
-        return paths, lambda path: check_zarr(provider, path)
-    return None
+def sharded(provider: Provider) -> ShardedKV | None:
+    """The shards a provider shows, None for one that is not sharded."""
+    kv = getattr(provider, "kv", None)
+    return kv if isinstance(kv, ShardedKV) else None
 
 
-def check_precomputed(kv: ShardedKV, shard: int) -> tuple[int, Problems]:
-    """Every non-empty minishard index is decoded; each key must hash to where it is stored (else no read
-    finds it) and its bytes must lie inside the file (else its read is EIO). A pair of `.index` + `.data`
-    that cannot be read as one file is a problem of its own."""
-    chunks, problems = 0, Problems()
-    try:
-        file = kv.open(shard)
-        for minishard, index in kv.minishards(shard):
-            if isinstance(index, CorruptChunk):
-                problems.add(reason(index))
-                continue
-            for key, (start, stop) in index.items():
-                if (home := kv.spec.shard_and_minishard(key)) != (shard, minishard):
-                    problems.add(
-                        f"chunk {key} is in minishard {minishard}, but its hash puts it in minishard {home[1]} of shard"
-                        f" {home[0]}"
-                    )
-                elif not start <= stop <= file.size:
-                    problems.add(f"chunk {key} data range [{start}, {stop}) lies outside the file")
-                else:
-                    chunks += 1
-    except CorruptChunk as e:  # the shard index itself, or a pair
-        problems.add(reason(e))
-    return chunks, problems
-
-
-def check_zarr(array: ZarrArray, path: str) -> tuple[int, Problems]:
-    """The listing's own walk, told to verify every entry: any bad index level makes the shard unreadable."""
-    problems = Problems()
-    try:
-        return len(array.stored(array.store.open(path), verify=True)), problems
-    except CorruptChunk as e:
-        problems.add(reason(e))
-        return 0, problems
-
-
-def reason(e: CorruptChunk) -> str:
-    """What is wrong, in the words the mount would log, without the shard's name (the line gives it)."""
-    return e.why if e.key == "?" else f"{e.key}: {e.why}"
+def shards_of(kv: ShardedKV) -> list[ShardFile]:
+    """A sharded directory's shard files, listed first, so the bar has a total; sorted, so reports compare."""
+    return sorted(kv.shards(), key=lambda shard: shard.path)
 
 
 def plural(n: int, noun: str, nouns: str | None = None) -> str:

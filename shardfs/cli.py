@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from shardfs import __version__, csi
 from shardfs.check import check
+from shardfs.context import Context
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
 from shardfs.logs import DEBUG_BURST, LogFileError, log_to_terminal, redact, redact_userinfo
 from shardfs.service import mountinfo, stats_socket
@@ -37,7 +38,7 @@ from shardfs.service.handover import HANDED_OVER
 from shardfs.service.summary import identity, summary
 from shardfs.source import Source, is_remote, open_source
 from shardfs.stores.disk_cache import DiskCache
-from shardfs.stores.remote import DEFAULT_TIMEOUT, WAITING, Access
+from shardfs.stores.remote import DEFAULT_TIMEOUT, Access
 from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
@@ -287,14 +288,13 @@ def _mistyped(argv: list[str], commands: set[str]) -> bool:
 def _mount_options(group: str) -> list[str]:
     """One `-o` group: shardfs's own settings and flags as options, the rest passed on to FUSE."""
     out, kept = [], []
-    for item in filter(None, group.split(",")):
-        word, eq, value = item.partition("=")
-        key = word.replace("-", "_")
-        if key in SETTINGS and eq:
+    for word, value in parse_options([group]).items():
+        key, item = word.replace("-", "_"), word if value is True else f"{word}={value}"
+        if key in SETTINGS and value is not True:
             out.append(f"--{key.replace('_', '-')}={value}")
-        elif key in FLAGS and not eq:
+        elif key in FLAGS and value is True:
             out.append(FLAGS[key])
-        elif key == "debug" and not eq:  # libfuse's: every request on stderr; here in the log, at DEBUG
+        elif key == "debug" and value is True:  # libfuse's: every request on stderr; here in the log, at DEBUG
             out.append("--log-level=DEBUG")
             kept.append(item)
         elif key not in IGNORED and not word.startswith("x-"):
@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(redact(str(e)))
     log_to_terminal(args.__dict__.get("log_level") or ("INFO" if args.__dict__.get("foreground") else "WARNING"))
+    context = Context()  # of the one source a command reads or mounts
     if args.command in ("info", "check"):  # their report on stdout says the source's warnings: once is enough
         logging.getLogger("shardfs").addFilter(lambda record: not getattr(record, "in_report", False))
     try:
@@ -330,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         access = Access(args.anonymous, args.endpoint, args.region, args.timeout, args.profile, args.requester_pays)
         disk = DiskCache(args.cache_dir.absolute(), args.cache_dir_size) if args.cache_dir else None
         if args.command == "mount":
-            return mount_source(args, access, disk)
-        source = open_source(args.source, args.cache_size, view, args.max_file_size, access, disk)
+            return mount_source(args, access, disk, context)
+        source = open_source(args.source, args.cache_size, view, args.max_file_size, access, disk, context)
         if args.command == "ls":
             ls(source, args.path.strip("/"), args.long)
         elif args.command == "cat":
@@ -354,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:
-        say(WAITING.said() or "stopping")
+        say(context.waiting.said() or "stopping")
         return 130  # as a shell reports a command ended by SIGINT
     except Exception as e:  # a source shaped in a way no check foresaw: one line, not a traceback
         logging.getLogger("shardfs").debug("unexpected error", exc_info=True)
@@ -398,12 +399,12 @@ def remote_only(args: argparse.Namespace) -> list[str]:
     return [name for name, on in given.items() if on]
 
 
-def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | None) -> int:
+def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | None, context: Context) -> int:
     """A local source is opened here, so a refusal comes before anything else; a remote one by the daemon
     (see daemon.mount), once the mountpoint passed its checks."""
 
     def opened() -> Source:
-        return open_source(args.source, args.cache_size, args.view, args.max_file_size, access, disk)
+        return open_source(args.source, args.cache_size, args.view, args.max_file_size, access, disk, context)
 
     remote = is_remote(args.source)
     source: Source | Callable[[], Source] = opened
@@ -428,6 +429,7 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
         disk.descriptors() if disk else [],
         str(name),
         args.view,
+        context,
     )
     return HANDED_OVER if handed_over else 0  # systemd restarts the unit on this status (RestartForceExitStatus=)
 
@@ -481,15 +483,11 @@ def cat(source: Source, path: str) -> None:
 
 def info(source: Source) -> None:
     print(f"source: {source.name}")
-    for kind in sorted(source.kinds, key=_by_kind):
-        print(f"  {kind}")
+    for found in sorted(source.report, key=lambda found: (found.category, str(found))):
+        print(f"  {found}")
     for directory, provider in sorted(source.providers.items()):
         print(f"{directory or '.'}/: {provider.kind}")
         for key, value in provider.describe().items():
             print(f"  {key}: {value}")
 
 
-def _by_kind(line: str) -> tuple[int, str]:
-    """What was found, by path; then what is served as stored or left out of views; notes last."""
-    order = ("refused: ", "not in other views: ", "warning: ", "note: ")
-    return next((i + 1 for i, word in enumerate(order) if line.startswith(word)), 0), line

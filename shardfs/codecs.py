@@ -12,17 +12,19 @@ import google_crc32c
 import numpy as np
 import zstandard
 
-from shardfs.cache import LARGE_VALUE, large_value_turn
+from shardfs.cache import LARGE_VALUE, ByteCache, large_value_turn, serving
 from shardfs.errors import OverLimit
 
 STEP = 1 << 20
 _request = threading.local()
 
 
-def start_request(limit: int | None) -> None:
+def start_request(limit: int | None, cache: ByteCache | None = None) -> None:
     """Count every byte this thread decodes from now on against limit (None: no limit), so that no one
-    request, however its metadata and indexes are crafted, decodes without end."""
+    request, however its metadata and indexes are crafted, decodes without end; its large values take the
+    turn of cache, its mount's."""
     _request.left = _request.limit = limit
+    serving(cache)
 
 
 def _spend(nbytes: int) -> None:

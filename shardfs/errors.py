@@ -5,6 +5,11 @@ class SourceError(Exception):
     """The source cannot be mounted. The message is one sentence naming the file and the field."""
 
 
+class Unsupported(Exception):
+    """An array whose metadata shardfs cannot present faithfully (a codec chain, a chunk key encoding); it
+    passes through as it is stored."""
+
+
 class CorruptChunk(Exception):
     """Stored bytes contradict their index. The read fails with EIO; the rest of the mount keeps serving."""
 
@@ -17,6 +22,11 @@ class CorruptChunk(Exception):
     def log_fields(self, event: str) -> dict[str, object]:
         """The structured log fields of this chunk (see shardfs/logs.py)."""
         return {"event": event, "shard": self.shard, "key": self.key}
+
+    @property
+    def reason(self) -> str:
+        """What is wrong, in the words the mount would log, without the shard's name (for a line that gives it)."""
+        return self.why if self.key == "?" else f"{self.key}: {self.why}"
 
 
 class OverLimit(ValueError):

@@ -29,7 +29,6 @@ from prometheus_client.utils import floatToGoString
 from shardfs.cache import ByteCache
 
 disable_created_metrics()  # a `_created` timestamp per series is noise in `shardfs stats`
-REGISTRY = CollectorRegistry()
 
 # From a warm getattr (~10 µs) to a cold decode of a big chunk on a slow disk (seconds).
 LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
@@ -69,34 +68,39 @@ class Tally:
         return out
 
 
-_TALLY = Tally()
-
-
 class FastCounter:
-    """A counter on the hot path (bytes served, store reads): prometheus_client's `inc`, counted in the tally."""
+    """A counter on the hot path (bytes served, store reads): prometheus_client's `inc`, counted in a tally."""
 
-    def __init__(self, name: str, help: str) -> None:
+    def __init__(self, name: str, help: str, tally: Tally | None = None) -> None:
         self.name, self.help = name, help
+        self.tally = tally or Tally()
 
     def inc(self, amount: float = 1) -> None:
-        _TALLY.add(self.name, amount)
+        self.tally.add(self.name, amount)
 
     def mine(self) -> float:
         """What this thread has counted."""
-        return _TALLY.mine(self.name)
+        return self.tally.mine(self.name)
 
     def collect(self, totals: dict[Hashable, float]) -> Metric:
         return CounterMetricFamily(self.name, self.help, value=totals[self.name])
 
 
 class FastHistogram:
-    """Latency by FUSE operation, counted in the tally: `labels(op).observe(seconds)` as prometheus_client's."""
+    """Latency by FUSE operation, counted in a tally: `labels(op).observe(seconds)` as prometheus_client's."""
 
-    def __init__(self, name: str, help: str, label: str, buckets: tuple[float, ...]) -> None:
+    def __init__(
+        self, name: str, help: str, label: str, buckets: tuple[float, ...], tally: Tally | None = None
+    ) -> None:
         self.name, self.help, self.label, self.buckets = name, help, label, buckets
+        self.tally = tally or Tally()
+        self._observers: dict[str, _Observer] = {}  # by label value: made once, looked up on every request
 
     def labels(self, value: str) -> _Observer:
-        return _Observer(self.name, value, self.buckets)
+        observer = self._observers.get(value)
+        if observer is None:  # two threads may make it at once: either one counts into the same tally
+            observer = self._observers.setdefault(value, _Observer(self.tally, self.name, value, self.buckets))
+        return observer
 
     def collect(self, totals: dict[Hashable, float]) -> Metric:
         family = HistogramMetricFamily(self.name, self.help, labels=[self.label])
@@ -111,67 +115,92 @@ class FastHistogram:
 
 
 class _Observer:
-    __slots__ = ("_count", "_sum", "buckets")
+    __slots__ = ("_count", "_sum", "_tally", "buckets")
 
-    def __init__(self, name: str, value: str, buckets: tuple[float, ...]) -> None:
+    def __init__(self, tally: Tally, name: str, value: str, buckets: tuple[float, ...]) -> None:
+        self._tally = tally
         self._count = [(name, value, i) for i in range(len(buckets) + 1)]
         self._sum = (name, value, "sum")
         self.buckets = buckets
 
     def observe(self, seconds: float) -> None:
-        _TALLY.add(self._count[bisect.bisect_left(self.buckets, seconds)])
-        _TALLY.add(self._sum, seconds)
+        self._tally.add(self._count[bisect.bisect_left(self.buckets, seconds)])
+        self._tally.add(self._sum, seconds)
 
 
-OPS = FastHistogram("shardfs_fuse_op_seconds", "FUSE operations answered, by type", "op", LATENCY_BUCKETS)
-SERVED = FastCounter("shardfs_served_bytes", "Bytes returned to readers")
-STORE_READS = FastCounter("shardfs_store_reads", "Byte-range reads of source files")
-STORE_BYTES = FastCounter("shardfs_store_read_bytes", "Bytes read from source files")
+class Metrics:
+    """One mount's figures, in a registry of its own: a process serving several mounts (the CSI daemon) counts
+    each apart, and each mount's exposition (its stats socket, `--metrics`) has the same series, under the
+    same names, as a daemon serving that mount alone would show."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        tally = self.tally = Tally()
+        self.ops = FastHistogram("shardfs_fuse_op_seconds", "FUSE operations answered, by type", "op",
+                                 LATENCY_BUCKETS, tally)  # fmt: skip
+        self.served = FastCounter("shardfs_served_bytes", "Bytes returned to readers", tally)
+        self.store_reads = FastCounter("shardfs_store_reads", "Byte-range reads of source files", tally)
+        self.store_bytes = FastCounter("shardfs_store_read_bytes", "Bytes read from source files", tally)
+        self.registry.register(TallyCollector(self))
+        registry = self.registry
+        self.errors = Counter(
+            "shardfs_errors", "Operations answered with an error other than ENOENT", ["errno"], registry=registry
+        )
+        self.mount = Info(
+            "shardfs_mount", "What this daemon serves: its source, mountpoint and view", registry=registry
+        )
+        self.start_time = Gauge(
+            "shardfs_start_time_seconds", "When the mount went live, in Unix time", registry=registry
+        )
+        # Requests to a remote source (`head`, `get`, `list`) by outcome: ok, not_found, denied, changed, failed,
+        # refused (failed: a server error or timeout that obstore's retries, with backoff, could not get past).
+        self.remote_requests = Counter(
+            "shardfs_remote_requests", "Requests to a remote source, by kind and outcome", ["request", "outcome"],
+            registry=registry,
+        )  # fmt: skip
+        self.remote_seconds = Histogram(
+            "shardfs_remote_request_seconds", "Remote request latency, retries included", ["request"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=registry,
+        )  # fmt: skip
+        self.disk_cache = Counter(
+            "shardfs_disk_cache_lookups", "Remote byte ranges looked up in --cache-dir, by result", ["result"],
+            registry=registry,
+        )  # fmt: skip
+        self.decode_errors = Counter(
+            "shardfs_decode_errors", "Stored data that contradicts its index or does not decode", registry=registry
+        )
+        self.over_max_file_size = Counter(
+            "shardfs_over_max_file_size", "Reads refused because the file is larger than --max-file-size",
+            registry=registry,
+        )  # fmt: skip
+        self.resent = Counter(
+            "shardfs_fuse_resent_requests",
+            "Requests the kernel sent again after a restart (read by the daemon before and never answered)",
+            registry=registry,
+        )
+
+    def watch_cache(self, cache: ByteCache) -> None:
+        """Report the mount's cache (one a mount: every index, decoded chunk and node shares its budget)."""
+        self.registry.register(CacheCollector(cache))
+
+    def text(self) -> bytes:
+        """Every figure in Prometheus' text format."""
+        return generate_latest(self.registry)
 
 
 class TallyCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
     def collect(self) -> Iterator[Metric]:
-        totals = _TALLY.totals()
-        for metric in (OPS, SERVED, STORE_READS, STORE_BYTES):
+        m = self.metrics
+        totals = m.tally.totals()
+        for metric in (m.ops, m.served, m.store_reads, m.store_bytes):
             yield metric.collect(totals)
 
 
-REGISTRY.register(TallyCollector())
-ERRORS = Counter("shardfs_errors", "Operations answered with an error other than ENOENT", ["errno"], registry=REGISTRY)
-MOUNT = Info("shardfs_mount", "What this daemon serves: its source, mountpoint and view", registry=REGISTRY)
-START_TIME = Gauge("shardfs_start_time_seconds", "When the mount went live, in Unix time", registry=REGISTRY)
-# Requests to a remote source (`head`, `get`, `list`) by outcome: ok, not_found, denied, changed, failed, refused
-# (failed: a server error or timeout that obstore's retries, with backoff, could not get past).
-REMOTE_REQUESTS = Counter(
-    "shardfs_remote_requests", "Requests to a remote source, by kind and outcome", ["request", "outcome"],
-    registry=REGISTRY,
-)  # fmt: skip
-REMOTE_SECONDS = Histogram(
-    "shardfs_remote_request_seconds", "Remote request latency, retries included", ["request"],
-    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY,
-)  # fmt: skip
-DISK_CACHE = Counter(
-    "shardfs_disk_cache_lookups",
-    "Remote byte ranges looked up in --cache-dir, by result",
-    ["result"],
-    registry=REGISTRY,
-)
-DECODE_ERRORS = Counter(
-    "shardfs_decode_errors", "Stored data that contradicts its index or does not decode", registry=REGISTRY
-)
-OVER_MAX_FILE_SIZE = Counter(
-    "shardfs_over_max_file_size", "Reads refused because the file is larger than --max-file-size", registry=REGISTRY
-)
-RESENT = Counter(
-    "shardfs_fuse_resent_requests",
-    "Requests the kernel sent again after a restart (read by the daemon before and never answered)",
-    registry=REGISTRY,
-)
-
-
 class CacheCollector(Collector):
-    """The byte cache's figures at scrape time. There is one cache per mount: every index, decoded chunk
-    and looked-up node shares one byte budget."""
+    """The byte cache's figures at scrape time."""
 
     def __init__(self, cache: ByteCache) -> None:
         self.cache = cache
@@ -188,13 +217,3 @@ class CacheCollector(Collector):
             value=c.oversized,
         )  # fmt: skip
         yield GaugeMetricFamily("shardfs_cache_entries", "Entries held by the cache now", value=c.entries)
-
-
-def watch_cache(cache: ByteCache) -> None:
-    """Report this mount's cache; a daemon serves one mount, so one cache is registered."""
-    REGISTRY.register(CacheCollector(cache))
-
-
-def text() -> bytes:
-    """Every figure in Prometheus' text format."""
-    return generate_latest(REGISTRY)

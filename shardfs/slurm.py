@@ -22,6 +22,7 @@ from pathlib import Path
 from shardfs.csi.node import Node, NodeError
 from shardfs.csi.volume import ATTRIBUTES, BadVolume, volume_of
 from shardfs.service import mountinfo
+from shardfs.service.daemon import parse_options
 
 # `-o` names of shardfs's own settings → the volume attribute that carries each (the rest are FUSE options).
 SETTINGS = {"".join(f"_{c.lower()}" if c.isupper() else c for c in name): name for name in ATTRIBUTES}
@@ -34,12 +35,11 @@ def _pid_file(job_dir: Path, name: str) -> Path:
 
 def mount(args: argparse.Namespace) -> int:
     attributes, flags = {"source": args.source}, []
-    for item in filter(None, ",".join(args.options).split(",")):
-        key, eq, value = item.partition("=")
+    for key, value in parse_options(args.options).items():
         if key in SETTINGS and SETTINGS[key] != "source":
-            attributes[SETTINGS[key]] = value if eq else "true"
+            attributes[SETTINGS[key]] = "true" if value is True else value
         else:
-            flags.append(item)
+            flags.append(key if value is True else f"{key}={value}")
     node = Node(args.job_dir / ".run", args.uid, args.gid, args.home)
     point = args.job_dir / args.name
     try:
@@ -51,7 +51,7 @@ def mount(args: argparse.Namespace) -> int:
     finally:
         node.close()
     [published] = node.published.values()
-    _pid_file(args.job_dir, args.name).write_text(str(published.daemon.pid))
+    _pid_file(args.job_dir, args.name).write_text(str(published.daemon.process.pid))
     return 0
 
 

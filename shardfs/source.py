@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
+from shardfs.context import Context
 from shardfs.errors import SourceError
-from shardfs.formats.plan import Array
+from shardfs.formats.plan import Array, Category, Finding
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
 from shardfs.stores.disk_cache import DiskCache
@@ -27,10 +28,11 @@ class Source:
     name: str  # the directory or URL, as messages and `mount` show it
     local: Path | None  # the directory, for a local source
     tree: Tree
-    kinds: list[str]
+    report: list[Finding]  # what was found
     providers: dict[str, Provider]
     cache: ByteCache
     arrays: dict[str, Array]  # the arrays whose chunks decode to values (`check --deep` decodes them)
+    context: Context
 
 
 def is_remote(text: str | Path) -> bool:
@@ -40,20 +42,21 @@ def is_remote(text: str | Path) -> bool:
 
 def open_source(
     text: str | Path, cache_bytes: int, view: str = "native", max_file_size: int = DEFAULT_MAX_VALUE,
-    access: Access | None = None, disk: DiskCache | None = None,
+    access: Access | None = None, disk: DiskCache | None = None, context: Context | None = None,
 ) -> Source:  # fmt: skip
     """Detect the source's format and plan its mount, in the view asked for; SourceError, in one sentence,
     if it makes no sense or, remote, cannot be reached. disk: where a remote source's byte ranges are kept
-    across mounts, if anywhere."""
+    across mounts, if anywhere. context: the mount's, where its stores count and track what they do."""
+    context = context or Context()
     parsed = _parsed(str(text))
     if isinstance(parsed, Remote):
-        store: Store = RemoteStore(parsed, access or Access(), disk)
+        store: Store = RemoteStore(parsed, access or Access(), disk, context)
         name, local = parsed.url, None
     else:
         local = Path(parsed).resolve()
         if not local.is_dir():
             raise SourceError(f"{local}: {'not a directory' if local.exists() else 'does not exist'}")
-        store, name = LocalStore(local), str(local)
+        store, name = LocalStore(local, context=context), str(local)
     cache = ByteCache(cache_bytes, max_file_size)
     try:
         kind = _format(store, name)
@@ -76,8 +79,8 @@ def open_source(
     marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
     tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories, plan.found, marker)
     if not store.can_list and view == "native":
-        plan.kinds.append(f"note: {UNLISTED}")
-    return Source(name, local, tree, plan.kinds, plan.providers, cache, plan.arrays)
+        plan.report.append(Finding(UNLISTED, Category.NOTE))
+    return Source(name, local, tree, plan.report, plan.providers, cache, plan.arrays, context)
 
 
 def _format(store: Store, name: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from cachetools import LRUCache
 
-from shardfs.cache import LARGE_VALUE, ByteCache
+from shardfs.cache import LARGE_VALUE, ByteCache, closure_cost, key_cost
 from shardfs.stores.local import Owner, Store, StoredFile
 
 log = logging.getLogger("shardfs")
@@ -105,8 +105,15 @@ class LazyFile:
     cache: ByteCache
     key: tuple
     make: Callable[[], Any]  # bytes, or an array of them
-    nbytes: int  # what make holds until then (a stored chunk already in memory), for the node cache's budget
+    held: int  # what make holds until then: a stored chunk already in memory, or nothing
     owner: Owner  # the stored chunk's, or the array directory's for a block made of the fill value
+
+    @property
+    def nbytes(self) -> int:
+        """What this node keeps in memory beyond its own object, for the node cache's budget: the stored chunk
+        make holds, its key, and make itself, a closure of a few hundred bytes (measured). 0 when make holds no
+        stored bytes: such a node is not kept (found again is cheaper), and its closure goes with it."""
+        return self.held + key_cost(self.key) + closure_cost(self.make) if self.held else 0
 
     def size(self) -> int:
         return self.length

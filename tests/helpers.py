@@ -66,6 +66,14 @@ def wait_for(condition: Callable[[], bool], seconds: float = 60) -> bool:
     return True
 
 
+def cache_held(point: Path) -> int:
+    """Bytes the mount's cache counts as held, as `shardfs stats` reads them from the daemon."""
+    text = subprocess.run(
+        [sys.executable, "-m", "shardfs", "stats", "--prometheus", point], check=True, capture_output=True, text=True
+    ).stdout
+    return int(float(next(line.split()[-1] for line in text.splitlines() if line.startswith("shardfs_cache_bytes "))))
+
+
 @contextlib.contextmanager
 def machine_lock(path: Path, seconds: float = 600) -> Iterator[None]:
     """Held while a test changes path, which the whole machine shares: another suite (a second copy of the

@@ -190,8 +190,10 @@ def write_tensorstore_chunk_grid(root: pathlib.Path, grid: tuple[int, int, int])
     return [f"{x}-{x + 1}_{y}-{y + 1}_{z}-{z + 1}" for x, y, z in itertools.product(*map(range, grid))]
 
 
-def write_tensorstore_scale(root: pathlib.Path, side: int, chunk: int, sharding: dict, *, seed: int = 0) -> np.ndarray:
-    """A uint8 volume side³ in chunk³ chunks (scale `s0`, `encoding: raw`, voxels 0-15 so that gzip has
+def write_tensorstore_scale(
+    root: pathlib.Path, side: int, chunk: int, sharding: dict, *, seed: int = 0, dtype: str = "uint8"
+) -> np.ndarray:
+    """A volume side³ in chunk³ chunks (scale `s0`, `encoding: raw`, voxels 0-15 so that gzip has
     something to do), written by tensorstore's precomputed driver in one transaction (each shard written
     once). Returns the voxels, (x, y, z, c)."""
     scale = {"key": "s0", "size": [side] * 3, "chunk_size": [chunk] * 3, "resolution": [1, 1, 1]}
@@ -199,12 +201,12 @@ def write_tensorstore_scale(root: pathlib.Path, side: int, chunk: int, sharding:
         {
             "driver": "neuroglancer_precomputed",
             "kvstore": {"driver": "file", "path": str(root)},
-            "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
+            "multiscale_metadata": {"type": "image", "data_type": dtype, "num_channels": 1},
             "scale_metadata": dict(scale, encoding="raw", sharding=sharding),
             "create": True,
         }
     ).result()
-    data = np.random.default_rng(seed).integers(0, 16, size=(side, side, side, 1), dtype=np.uint8)
+    data = np.random.default_rng(seed).integers(0, 16, size=(side, side, side, 1), dtype=dtype)
     with ts.Transaction() as txn:
         volume.with_transaction(txn)[...].write(data).result()
     return data

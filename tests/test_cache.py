@@ -1,5 +1,6 @@
 """The byte-bounded cache shared by every cache of a mount."""
 
+import itertools
 import sys
 import threading
 import time
@@ -10,10 +11,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from shardfs.cache import ByteCache, entry_cost
+from shardfs.cache import LARGE_VALUE, ByteCache, entry_cost, large_value_turn, serving
 from shardfs.shards.neuroglancer import MinishardIndex
+from shardfs.source import open_source
 from shardfs.stores.local import Owner
 from shardfs.tree import BytesFile, Dir
+from tests import peers
 
 
 def test_bounded_in_bytes_and_least_recently_used_goes_first() -> None:
@@ -36,6 +39,24 @@ def test_one_value_larger_than_the_budget_is_kept_alone() -> None:
     made = []
     cache.get_or_make("huge", lambda: made.append(1) or bytes(5000))
     assert made == [1]
+
+
+def test_each_mount_has_its_own_turn_for_large_values() -> None:
+    """Two mounts of one process (two caches): a large value made for one lets go of that mount's file over
+    budget only, and waits for no large value of the other's."""
+    a, b = ByteCache(budget=1000), ByteCache(budget=1000)
+    a.get_or_make("x", lambda: bytes(4000))
+    b.get_or_make("y", lambda: bytes(4000))
+    serving(a)  # as a request of a's mount does (codecs.start_request)
+    try:
+        with large_value_turn(LARGE_VALUE + 1):
+            assert a.oversized == 0 and b.oversized > 0
+            other = threading.Thread(target=lambda: (serving(b), large_value_turn(LARGE_VALUE + 1).__enter__()))
+            other.start()
+            other.join(60)
+            assert not other.is_alive(), "a large value of one mount waited for another mount's"
+    finally:
+        serving(None)
 
 
 def test_concurrent_misses_make_a_value_once() -> None:
@@ -102,3 +123,26 @@ def test_the_budget_bounds_what_many_small_entries_really_cost(make: Callable[[i
         tracemalloc.stop()
     assert cache.evictions and cache.nbytes <= budget
     assert 0.75 * budget < held <= 1.02 * budget, f"{held / budget:.2f} of the budget"
+
+
+def test_a_transcoded_block_counts_the_closure_that_makes_it(tmp_path) -> None:
+    """`--view n5` of a uint16 gzip volume written by tensorstore transcodes each block (N5 is big-endian): a
+    block's node keeps the decoded stored chunk and a closure making the block. Looking up more blocks than a
+    1 MiB budget holds, what the process allocates for the cache stays within the budget (with the closure
+    uncounted it held 1.6 times the budget)."""
+    sharding = peers.sharding_spec(hash="identity", preshift_bits=6, minishard_bits=3, shard_bits=0)
+    peers.write_tensorstore_scale(tmp_path, 128, 8, sharding, dtype="uint16")
+    budget = 1 << 20
+    tree = open_source(str(tmp_path), budget, view="n5").tree
+    blocks = [f"s0/{x}/{y}/{z}" for x, y, z in itertools.product(range(16), repeat=3)]
+    assert type(tree.lookup(blocks[0])).__name__ == "LazyFile"  # a block made when read, not a stored chunk
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for path in blocks:
+            tree.lookup(path)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert tree.cache.evictions and tree.cache.nbytes <= budget
+    assert held <= 1.02 * budget, f"{held / budget:.2f} of the budget"

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from shardfs.formats.precomputed import TABLE_CELLS
+from shardfs.formats.precomputed_names import TABLE_CELLS
 from tests import peers
 from tests.conftest import errno_of
 

@@ -2,7 +2,7 @@
 (missing fields, idempotent publish and unpublish, capabilities and info), then real publishes of a remote
 dataset on a loopback server, served by a daemon running as uid 65534 with no capabilities and read through
 the target path by tensorstore, cloud-volume and another user; an unpublish whose daemon hangs; the publish
-secret nowhere but the daemon's memory."""
+secret nowhere but the daemon's memory; two volumes served by one daemon, each with its own figures."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from shardfs.csi import DRIVER
 from shardfs.csi import csi_pb2 as pb
 from shardfs.csi import csi_pb2_grpc as rpc
 from shardfs.service import mountinfo
-from tests.conftest import as_user
+from tests.conftest import as_user, scrape
 from tests.http_server import RangeServer
 
 PATIENCE = 120.0  # seconds: only a hang waits this long
@@ -208,7 +208,7 @@ def test_publish_serves_the_dataset_from_an_unprivileged_daemon(plugin: Plugin, 
     target.parent.mkdir(parents=True)
     attributes = {"source": f"precomputed://{server.url}", "cacheSize": "16M", "timeout": "20", "logLevel": "INFO"}
     publish(plugin, target, attributes)
-    assert re.search(rf"msg=\"?{re.escape(str(target))}: mounted ", plugin.log.read_text())  # the daemon's, named
+    assert re.search(rf"msg=\"?mounted \S+ at {re.escape(str(target))},", plugin.log.read_text())  # the daemon's
     mounted = mountinfo.exactly_at(str(target))
     assert mounted is not None and mounted.fstype == "fuse.shardfs"
     assert {"ro", "allow_other", "default_permissions"} <= set(mounted.options.split(",") + _vfs(target))
@@ -337,20 +337,58 @@ def _readable_by_another_daemon_user(pid: int) -> bool:
     return read.returncode == 0
 
 
-def test_kubelet_publishes_while_another_volume_is_read(plugin: Plugin, server, raw_volume) -> None:
-    """Two volumes at once, each with its own daemon; unpublishing one leaves the other serving."""
-    _, twin, _ = raw_volume
+def figures(target: Path) -> dict[tuple[str, frozenset], float]:
+    """`shardfs stats --prometheus TARGET`, as an operator asks a volume's daemon."""
+    done = subprocess.run(
+        [sys.executable, "-m", "shardfs", "stats", "--prometheus", str(target)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return scrape(done.stdout)
+
+
+def test_one_daemon_serves_two_volumes_each_with_its_own_figures(plugin: Plugin, server, raw_volume) -> None:
+    """Two volumes published as kubelet publishes them share one unprivileged daemon, which took the second
+    one's descriptor over its hand-off socket; tensorstore reads one and cloud-volume the other through their
+    targets, and each volume's stats show its own cache budget, its own bytes served and its own mountpoint; the
+    daemon's log lines of each volume's requests start with that volume's target. Unpublishing one leaves the
+    other served by the same daemon; unpublishing the last ends it."""
+    _, twin, expected = raw_volume
     a, b = plugin.pods / "two-a", plugin.pods / "two-b"
-    attributes = {"source": f"precomputed://{server.url}"}
-    publish(plugin, a, attributes, volume_id="vol-a")
-    publish(plugin, b, {**attributes, "cacheSize": "8M"}, volume_id="vol-b")
-    assert len(plugin.daemons()) == 2
+    attributes = {"source": f"precomputed://{server.url}", "timeout": "20"}
+    publish(plugin, a, {**attributes, "cacheSize": "16M"}, volume_id="vol-a")
+    publish(plugin, b, {**attributes, "cacheSize": "8M", "logLevel": "DEBUG"}, volume_id="vol-b")  # a line a request
+    [daemon] = plugin.daemons()
+    assert _status(daemon.pid)["Uid"].split() == ["65534"] * 4
+    connections = {int(mountinfo.exactly_at(str(t)).device.split(":")[1]) for t in (a, b)}  # type: ignore[union-attr]
+    assert _fuse_connections_held(daemon.pid) in (connections, {-1})  # -1: a kernel whose fdinfo does not say
+
+    first = sorted(os.listdir(twin / "4_4_40"))[0]
+    assert (b / "4_4_40" / first).read_bytes() == (twin / "4_4_40" / first).read_bytes()
+    spec = {"driver": "neuroglancer_precomputed", "kvstore": f"file://{a}", "scale_index": 0}
+    assert np.array_equal(ts.open(spec).result().read().result(), expected)
+    for target in (a, b):  # the log level is the process's: the most verbose its volumes ask
+        assert re.search(rf"op=read .*msg=\"?{re.escape(str(target))}: answered", plugin.log.read_text()), target
+    served = "shardfs_served_bytes_total", frozenset()
+    budget = "shardfs_cache_budget_bytes", frozenset()
+    of_a, of_b = figures(a), figures(b)
+    assert of_a[budget] == 16 << 20 and of_b[budget] == 8 << 20
+    assert of_a[served] >= expected.nbytes and 0 < of_b[served] < expected.nbytes  # a's reads counted as a's alone
+    assert [dict(labels)["mountpoint"] for name, labels in of_a if name == "shardfs_mount_info"] == [str(a)]
+
+    cv = CloudVolume(f"file://{b}", mip=0, fill_missing=True, progress=False)
+    assert np.array_equal(np.asarray(cv[cv.bounds]), expected)
+    assert figures(b)[served] > of_b[served] and figures(a)[served] == of_a[served]
+
     unpublish(plugin, a, "vol-a")
-    assert len(plugin.daemons()) == 1
+    assert not a.exists() and plugin.daemons() == [daemon]
     name = sorted(os.listdir(twin / "4_4_40"))[1]
     assert (b / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+    lookups = ("shardfs_fuse_op_seconds_count", frozenset({("op", "getattr")}))  # LOOKUP asks the attributes
+    before = figures(b).get(lookups, 0)
+    assert not (b / "4_4_40" / "no-such-chunk").exists()  # a name the kernel never saw: asked of the daemon
+    assert figures(b)[lookups] > before
     unpublish(plugin, b, "vol-b")
-    assert not a.exists() and not b.exists()
+    assert not b.exists() and not plugin.daemons()
 
 
 def _fuse_connections_held(pid: int) -> set[int]:
@@ -404,6 +442,7 @@ def test_a_killed_daemon_is_replaced_under_16_readers_with_no_error(plugin: Plug
         [second] = plugin.daemons()
         assert second.pid != first.pid
         assert mountinfo.exactly_at(str(target)) == mounted  # the same mount, the same connection
+        assert figures(target)["shardfs_served_bytes_total", frozenset()] > 0  # stats reach the new daemon
         assert "a new one takes the connection up" in plugin.log.read_text()
         unpublish(plugin, target, "vol-replaced")
     assert mountinfo.exactly_at(str(target)) is None and not plugin.daemons()

@@ -54,6 +54,19 @@ def test_a_listing_is_sorted_deduplicated_and_paged_from_any_offset() -> None:
     assert listing.complete and Listing.of(reversed(entries()), "/d", ino) == listing  # the same set, the same offsets
 
 
+def test_a_listing_sorted_in_runs_is_the_listing_sorted_at_once(monkeypatch) -> None:
+    """Names are sorted RUN at a time while gathered and merged: runs of 3 give what one run gives, in order,
+    each name once, a file where a name is both a file and a directory."""
+    many = [(f"n{i * 37 % 101}", i % 7 == 0) for i in range(202)]  # each name twice, some once as a directory
+    many += [("sub", True), ("sub", True)]
+    whole = Listing.of(many, "/d", ino)
+    files = {name for name, is_dir in many if not is_dir}
+    expected = [(b".", True), (b"..", True), *((n.encode(), n not in files) for n in sorted({n for n, _ in many}))]
+    assert [whole.entry(i) for i in range(len(whole))] == expected and any(d for _, d in expected[2:])
+    monkeypatch.setattr("shardfs.fuse.listing.RUN", 3)
+    assert Listing.of(many, "/d", ino) == whole
+
+
 def test_a_listing_past_its_bound_keeps_what_it_has_and_says_so(monkeypatch, caplog) -> None:
     monkeypatch.setattr("shardfs.fuse.listing.LISTED_NAMES", 5)
 

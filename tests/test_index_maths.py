@@ -10,7 +10,8 @@ import pytest
 from shardfs.cache import LARGE_VALUE
 from shardfs.codecs import gunzip
 from shardfs.errors import SourceError
-from shardfs.formats.precomputed import GridCells, SegmentIds, VolumeChunks, fragment_bytes
+from shardfs.formats.precomputed_dirs import fragment_bytes
+from shardfs.formats.precomputed_names import GridCells, SegmentIds, VolumeChunks
 from shardfs.shards.morton import MortonCode
 from shardfs.shards.neuroglancer import MinishardIndex, ShardingSpec
 

@@ -65,7 +65,8 @@ def start(thread):
 threading.Thread.start = start
 options = {"ro": True, "max_threads": "50", "fsname": source}
 try:
-    serve.serve(open_source(Path(source), 1 << 20).tree, 0, Path(point), options, lambda granted: None)
+    settings = serve.settings_of(options, Path(point))
+    serve.serve(open_source(Path(source), 1 << 20).tree, 0, Path(point), settings, lambda granted: None)
 except RuntimeError as e:
     print(json.dumps({"error": str(e), "mounted": [m.fstype for p, m in mountinfo._mounts() if p == point]}))
 """

@@ -5,11 +5,14 @@ server fails on is left out while the others list. Through the kernel, against R
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import struct
 import subprocess
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ import zarr
 
 from shardfs.fuse.listing import WORKERS
 from shardfs.service.daemon import REMOTE_THREADS
-from shardfs.shards.neuroglancer import LISTING_BLOCK, LISTING_BUDGET
+from shardfs.shards.listing import LISTING_BLOCK, LISTING_BUDGET
 from shardfs.stores.location import parse_source
 from shardfs.stores.remote import READS_AT_ONCE, Access, RemoteStore
 from tests import peers
@@ -225,3 +228,53 @@ def test_a_directory_lists_its_files_and_each_subdirectory_once(tmp_path) -> Non
         assert server.lists == 2
         assert sorted(store.list("d/2")) == [("deep", True)]
         assert list(store.list("d/nothing")) == []
+
+
+def test_remembered_objects_cost_at_most_their_bound_and_absence_costs_nothing_more(tmp_path, monkeypatch) -> None:
+    """Sizes and versions are remembered within REMEMBERED_BYTES, counted as measured: opening 600 objects and
+    600 absent names against a 32 KiB bound allocates about that much (it was a count of 65,536 objects, some
+    25 MiB outside the cache's budget), and the first, forgotten, is asked for again. A missing object asked for
+    again and again costs nothing more: the one error remembered was raised again each time, keeping every
+    traceback and its frames (with both, 3,000 lookups held 12 MB)."""
+    monkeypatch.setattr("shardfs.stores.remote.REMEMBERED_BYTES", 32 << 10)
+    for i in range(600):
+        (tmp_path / f"object-{i:04d}").write_bytes(b"x")
+    with RangeServer(tmp_path).running() as server:
+        store = RemoteStore(parse_source(server.url), Access())
+        for warm in ("object-warm", "object-0000"):  # the client and the first of each kind made
+            with contextlib.suppress(FileNotFoundError):
+                store.open(warm)
+        tracemalloc.start(8)  # frames enough to see shardfs below cachetools, prometheus_client, threading
+        try:
+            before = snapshot()
+            for i in range(600):
+                assert store.open(f"object-{i:04d}").size == 1
+                with pytest.raises(FileNotFoundError):
+                    store.open(f"absent-{i:04d}")
+            opened = snapshot()
+            for _ in range(500):
+                with pytest.raises(FileNotFoundError):
+                    store.open("absent-0599")  # the last remembered: no request
+            again = snapshot()
+        finally:
+            tracemalloc.stop()
+        remembered, more = grown(before, opened), grown(opened, again)
+        assert server.requests[("HEAD", "absent-0599")] == 1
+        assert 0.5 * (32 << 10) <= remembered <= 1.1 * (32 << 10), f"{remembered} bytes remembered"
+        assert more <= 4096, f"{more} bytes more after 500 lookups of one missing object"
+        heads = server.requests[("HEAD", "object-0000")]
+        store.open("object-0000")
+        assert server.requests[("HEAD", "object-0000")] == heads + 1  # forgotten, asked for again
+
+
+def snapshot() -> tracemalloc.Snapshot:
+    """What is allocated now, garbage collected first (an error's traceback and its frames form cycles)."""
+    gc.collect()
+    return tracemalloc.take_snapshot()
+
+
+def grown(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot) -> int:
+    """Bytes allocated between two snapshots and still held, by shardfs's code (not the test's server, which
+    runs in this process and keeps every request's headers)."""
+    ours = [tracemalloc.Filter(True, "*/shardfs/*", all_frames=True)]
+    return sum(stat.size_diff for stat in after.filter_traces(ours).compare_to(before.filter_traces(ours), "filename"))

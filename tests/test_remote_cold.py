@@ -20,7 +20,7 @@ import pytest
 import zarr
 from zarr.codecs import ShardingCodec
 
-from shardfs.shards.neuroglancer import LISTING_BUDGET
+from shardfs.shards.listing import LISTING_BUDGET
 from tests import peers
 from tests.helpers import chunk_names, counted, home, read_errno
 from tests.http_server import RangeServer

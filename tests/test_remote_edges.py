@@ -16,7 +16,7 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 
-from shardfs.shards.neuroglancer import LISTING_BLOCK, LISTING_BUDGET
+from shardfs.shards.listing import LISTING_BLOCK, LISTING_BUDGET
 from tests import peers
 from tests.conftest import shardfs
 from tests.helpers import counted, home, read_errno

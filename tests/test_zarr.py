@@ -19,8 +19,9 @@ from google_crc32c import value as crc32c
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, TransposeCodec, ZstdCodec
 
 from shardfs.codecs import UNDO
-from shardfs.formats.zarr import ChunkKeys, Unsupported, unshard
-from shardfs.shards.zarr import EMPTY, IndexLayout
+from shardfs.errors import Unsupported
+from shardfs.formats.zarr_codecs import unshard
+from shardfs.shards.zarr import EMPTY, ChunkKeys, IndexLayout
 from tests import peers
 from tests.conftest import assert_eio, shardfs
 from tests.helpers import innermost, rewrite_index

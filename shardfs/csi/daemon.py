@@ -1,12 +1,16 @@
-"""`python -m shardfs.csi.daemon UID GID FD KEEPER TARGET`: the unprivileged daemon that serves one volume.
+"""`python -m shardfs.csi.daemon UID GID FD`: the unprivileged daemon that serves a node's volumes, one or many.
 
-The plugin starts it as root for two things only: to import from wherever Python lies (an image's
-/usr/local, a pyenv under /root), and to take the mounted /dev/fuse descriptor from the plugin's keeper at
-KEEPER, under the name TARGET (the keeper answers root and its own user only). Then, before it reads
-anything else, it becomes UID:GID with no supplementary groups, no capabilities, no_new_privs, and not
-dumpable, so that another process of the same user (another volume's daemon) cannot read its memory or
-environment, where the publish secret will be. It reads the volume from the socket FD (see handoff.py) and
-serves it as `shardfs mount SOURCE /dev/fd/N -f` would, logging to the stderr it shares with the plugin.
+The plugin starts it as root for one thing only: to import from wherever Python lies (an image's /usr/local, a
+pyenv under /root). Then, before it reads anything, it becomes UID:GID with no supplementary groups, no
+capabilities, no_new_privs, and not dumpable, so that another process of the same user (another daemon) cannot
+read its memory or environment, where the publish secret will be. It takes volumes from the socket FD (see
+handoff.py), each with its mounted /dev/fuse descriptor, and serves each as `shardfs mount SOURCE /dev/fd/N -f`
+would, from a thread of its own, with its own cache, decode budget, figures and stats socket (a `Mount`),
+logging to the stderr it shares with the plugin. It ends once the plugin has closed the socket and no volume is
+served any more, or on SIGTERM.
+
+Volumes share a daemon only if they carry the same publish secret (none, mostly): the secret is set in the
+process's environment, where the AWS and GCS credential chains read it.
 """
 
 from __future__ import annotations
@@ -17,20 +21,25 @@ import importlib
 import logging
 import os
 import re
+import signal
 import socket
 import sys
-import time
+import threading
 from pathlib import Path
 
+from shardfs.cache import ByteCache, served, serving
+from shardfs.context import Context
 from shardfs.csi import handoff
 from shardfs.csi.volume import Volume
-from shardfs.errors import ServiceError, SourceError
+from shardfs.errors import SourceError
 from shardfs.fuse.record import Kept, RecordError
 from shardfs.logs import log_to, log_to_terminal, redact
-from shardfs.service import keeper, lifecycle
-from shardfs.service.daemon import serve
+from shardfs.service import lifecycle
+from shardfs.service.daemon import Mount, MountError, serve, settings
 from shardfs.source import open_source
 from shardfs.stores.remote import Access
+
+log = logging.getLogger("shardfs")
 
 # What serving may import only later (credentials.aws, for an s3:// source), imported while the daemon is still
 # root: where the interpreter lies under a directory its user cannot reach, an import after would fail.
@@ -41,25 +50,13 @@ PR_SET_NO_NEW_PRIVS = 38
 
 class _ToPlugin:
     """Where a fresh connection is kept for the next daemon (a fuse.record Carrier): the plugin, over the
-    socket, which keeps it in its keeper."""
+    socket, which keeps it in its keeper under the volume's target."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, target: str) -> None:
+        self.sock, self.target = sock, target
 
     def keep(self, kept: Kept) -> None:
-        handoff.keep(self.sock, kept.fds)
-
-
-class _Naming(logging.Filter):
-    """Every record starts with the volume's target: the daemons of all volumes share the plugin's stderr."""
-
-    def __init__(self, target: str) -> None:
-        super().__init__()
-        self.prefix = f"{target}: ".replace("%", "%%")  # the message is a %-format
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = self.prefix + str(record.msg)
-        return True
+        handoff.send(self.sock, handoff.KEEP, self.target, kept.fds)
 
 
 def become(uid: int, gid: int) -> None:
@@ -76,44 +73,165 @@ def become(uid: int, gid: int) -> None:
         raise PermissionError(f"still privileged after becoming {uid}:{gid}")
 
 
+class _Naming(logging.Filter):
+    """A record of a volume's work starts with the volume's target: every daemon shares the plugin's stderr. A
+    thread's volume is that of the request it answers (the cache its decodes are counted against, see
+    cache.serving), or the one it opens and serves."""
+
+    def __init__(self, targets: dict[ByteCache, str]) -> None:
+        super().__init__()
+        self.targets = targets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        cache = served()
+        target = self.targets.get(cache) if cache is not None else None
+        if target is not None:
+            record.msg = f"{target}: ".replace("%", "%%") + str(record.msg)  # the message is a %-format
+        return True
+
+
+class Daemon:
+    """The volumes this process serves, by target: each a Mount served from a thread of its own."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.taken: set[str] = set()  # the targets given to this daemon and not yet ended
+        self.mounts: dict[str, Mount] = {}  # of those, the ones served
+        self.named: dict[ByteCache, str] = {}  # their targets, by their caches (see _Naming)
+        self.secrets: dict[str, str] | None = None  # the publish secret of the volumes served (all the same)
+        self._lock = threading.Lock()
+        self.idle = threading.Event()  # no volume served
+        self.idle.set()
+
+    def take(self, message: handoff.Message) -> None:
+        """Serve the volume of a SERVE message, in a thread of its own; anything else is refused."""
+        target = message.target
+        if message.kind != handoff.SERVE or len(message.fds) not in (1, 2):
+            for fd in message.fds:
+                os.close(fd)
+            handoff.answer(self.sock, target, f"{handoff.FAILED}not a volume to serve ({message.kind})")
+            return
+        with self._lock:
+            self.idle.clear()
+            self.taken.add(target)
+        threading.Thread(target=self._serve, args=(message,), name=f"shardfs-volume-{target}", daemon=True).start()
+
+    def _serve(self, message: handoff.Message) -> None:
+        target, fds = message.target, message.fds
+        try:
+            self._answered(target, fds, message.fields.get("volume"))
+        finally:
+            with self._lock:
+                self.taken.discard(target)
+                mount = self.mounts.pop(target, None)
+                if mount is not None:
+                    self.named.pop(mount.tree.cache, None)
+                if not self.taken:
+                    self.idle.set()
+
+    def _answered(self, target: str, fds: list[int], config: object) -> None:
+        """Serve target until its mount ends, having told the plugin READY, or why not."""
+        try:
+            kept = Kept.of(fds) if len(fds) == 2 else None  # with its record: a daemon before served it
+            volume = Volume.from_json(config)  # type: ignore[arg-type]
+        except (OSError, ValueError, TypeError, RecordError) as e:
+            for fd in fds:
+                os.close(fd)
+            handoff.answer(self.sock, target, f"{handoff.FAILED}{e}")
+            return
+        with self._lock:
+            if self.secrets is None:
+                self.secrets = dict(volume.secrets)
+                os.environ.update(volume.secrets)  # this process's only: the credential chains read them here
+            shared = self.secrets == volume.secrets
+            root = logging.getLogger()  # one log for the process: as verbose as its most verbose volume asks
+            root.setLevel(min(root.level, logging.getLevelName(volume.log_level)))
+        if not shared:
+            for fd in fds:
+                os.close(fd)
+            handoff.answer(self.sock, target, f"{handoff.FAILED}another publish secret than this daemon's volumes'")
+            return
+        access = Access(volume.anonymous, volume.endpoint, volume.region, volume.timeout, None, volume.requester_pays)
+        context = Context()
+        mountpoint = Path(f"/dev/fd/{fds[0]}")
+        try:
+            asked = settings(volume.options, mountpoint)
+            source = open_source(
+                volume.source, volume.cache_size, volume.view, volume.max_file_size, access, None, context
+            )
+        except (SourceError, MountError) as e:
+            for fd in fds:
+                os.close(fd)
+            why = handoff.REFUSED if isinstance(e, SourceError) else handoff.FAILED
+            handoff.answer(self.sock, target, f"{why}{redact(str(e))}")
+            return
+        mount = Mount(source.tree, mountpoint, asked, context, source.name, volume.view)
+        serving(source.cache)  # this thread's records name the volume too
+        with self._lock:
+            self.mounts[target] = mount
+            self.named[source.cache] = target
+        try:
+            serve(
+                mount, lambda: handoff.answer(self.sock, target, handoff.READY), None,
+                _ToPlugin(self.sock, target), kept, signals=False,
+            )  # fmt: skip
+        except Exception as e:
+            log.error("%s: %s", target, e, extra={"event": "mount_failed"})
+            handoff.answer(self.sock, target, f"{handoff.FAILED}{redact(str(e))}")
+
+    def stop(self) -> None:
+        """Stop serving every volume (SIGTERM): their mounts stay, the plugin's to end or to hand a next daemon."""
+        with self._lock:
+            mounts = list(self.mounts.values())
+        for mount in mounts:
+            mount.control.stop()
+
+
 def main(argv: list[str]) -> int:
     uid, gid, fd = (int(a) for a in argv[:3])
-    holder, target = Path(argv[3]), argv[4]
     sock = socket.socket(fileno=fd)
     try:
         for name in IMPORTED_FIRST:
             importlib.import_module(name)
-        fds = keeper.take(holder, target)  # as root: the keeper answers root and its own user only
-        if not fds:
-            raise ValueError(f"{holder}: the keeper holds no descriptor for {target}")
-        fuse_fd = fds[0]
-        kept = Kept.of(fds) if len(fds) == 2 else None  # with its record: a daemon before served it
         become(uid, gid)
-        volume = Volume.from_json(handoff.take(sock))
-    except (OSError, ValueError, TypeError, ServiceError, RecordError) as e:
-        handoff.answer(sock, f"{handoff.FAILED}{e}")
+    except (OSError, ImportError) as e:
+        print(f"shardfs csi daemon: {e}", file=sys.stderr)
         return 1
-    os.environ.update(volume.secrets)  # this process's only: the AWS and GCS credential chains read them here
-    log_to_terminal(volume.log_level)
+    log_to_terminal("WARNING")
     log_to(None)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_Naming(target))
     lifecycle.block_signals()  # before obstore's runtime starts a thread
-    access = Access(volume.anonymous, volume.endpoint, volume.region, volume.timeout, None, volume.requester_pays)
-    try:
-        source = open_source(volume.source, volume.cache_size, volume.view, volume.max_file_size, access, None)
-    except SourceError as e:
-        handoff.answer(sock, f"{handoff.REFUSED}{redact(str(e))}")
-        return 2
-    try:
-        serve(
-            source.tree, time.time_ns(), Path(f"/dev/fd/{fuse_fd}"), volume.options,
-            lambda: handoff.answer(sock, handoff.READY), None, source.name, volume.view, _ToPlugin(sock), kept,
-        )  # fmt: skip
-    except Exception as e:
-        handoff.answer(sock, f"{handoff.FAILED}{redact(str(e))}")
-        return 1
-    return 0
+    daemon = Daemon(sock)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Naming(daemon.named))
+    stopped = threading.Event()
+
+    def stop(*_: object) -> None:
+        stopped.set()
+        daemon.stop()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+
+    def listen() -> None:
+        while True:
+            try:
+                message = handoff.receive(sock)
+            except ValueError as e:
+                log.error("the plugin sent %s", e, extra={"event": "handoff"})
+                continue
+            except OSError:
+                message = None
+            if message is None:  # the plugin closed it (a Slurm Prolog ends; a plugin restarts): serve on
+                break
+            daemon.take(message)
+        daemon.idle.wait()
+        stopped.set()
+
+    threading.Thread(target=listen, name="shardfs-csi-handoff", daemon=True).start()
+    while not stopped.wait(1.0):  # a timed wait: the signal handlers run between two
+        pass
+    logging.shutdown()
+    os._exit(0)  # obstore's runtime threads are not waited for (see cli.run)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
-"""The privileged plugin hands the volume's configuration to the daemon that serves it: one message on a
-SOCK_SEQPACKET socket pair inherited by the daemon, so that the configuration (with the publish secret) never
-passes through argv, the environment or a file. (The mounted /dev/fuse descriptor comes from the plugin's
-keeper, shardfs/service/keeper.py.) The daemon of a fresh connection first sends KEEP with the descriptor and
-the record its session keeps of the connection (fuse/record.py), which the plugin keeps for a next daemon;
-then it answers once: READY when the kernel's INIT is answered (or the connection taken up), or why it could
-not serve."""
+"""The privileged plugin hands volumes to the unprivileged daemon that serves them: messages on a SOCK_SEQPACKET
+socket pair inherited by the daemon, so that a volume's configuration (with the publish secret) never passes
+through argv, the environment or a file. One daemon may serve several volumes (as mountpoint-s3's Mountpoint
+Pods do): each message names its volume's target path.
+
+The plugin sends SERVE for a volume, with its mounted /dev/fuse descriptor, or with the descriptor and the record
+of a connection a daemon before served (fuse/record.py), which the daemon takes up. The daemon of a fresh
+connection first sends KEEP with the descriptor and the record its session keeps, which the plugin keeps for a
+next daemon; then it answers once for that volume: READY when the kernel's INIT is answered (or the connection
+taken up), or why it could not serve."""
 
 from __future__ import annotations
 
@@ -12,15 +15,25 @@ import contextlib
 import json
 import os
 import socket
-import time
-from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+SERVE = "serve"  # {target, volume}, with [/dev/fuse] or [/dev/fuse, record]
+KEEP = "keep"  # {target}, with [/dev/fuse, record]: what the next daemon takes up
+ANSWER = "answer"  # {target, text}: READY, or REFUSED or FAILED and why
 READY = "ready"
-KEEP = "keep"  # with [/dev/fuse, record]: what the next daemon takes up
 REFUSED = "refused: "  # the source could not be opened: the volume's fault, said in the daemon's words
 FAILED = "failed: "  # anything else
 MOST = 1 << 20  # bytes of one message: a configuration is a few KB (a GCS service-account key is ~2 KB)
+
+
+@dataclass
+class Message:
+    kind: str
+    target: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    fds: list[int] = field(default_factory=list)
 
 
 def pair() -> tuple[socket.socket, socket.socket]:
@@ -30,41 +43,28 @@ def pair() -> tuple[socket.socket, socket.socket]:
     return ours, theirs
 
 
-def hand(sock: socket.socket, config: dict[str, Any]) -> None:
-    sock.send(json.dumps(config).encode())
+def send(sock: socket.socket, kind: str, target: str, fds: Sequence[int] = (), **fields: Any) -> None:
+    """One message; OSError if the other end is gone."""
+    socket.send_fds(sock, [json.dumps({"kind": kind, "target": target, **fields}).encode()], list(fds))
 
 
-def take(sock: socket.socket) -> dict[str, Any]:
-    """The configuration; ValueError if the message is not one."""
-    return json.loads(sock.recv(MOST))
-
-
-def answer(sock: socket.socket, text: str) -> None:
-    """Tell the plugin, if it still listens (it gives up waiting after a while)."""
+def answer(sock: socket.socket, target: str, text: str) -> None:
+    """The daemon's answer for target, if the plugin still listens (it gives up waiting after a while; a Slurm
+    Prolog's has ended)."""
     with contextlib.suppress(OSError):
-        sock.send(text.encode()[:MOST])
+        send(sock, ANSWER, target, text=text[: MOST // 2])
 
 
-def keep(sock: socket.socket, fds: list[int]) -> None:
-    """The daemon's part of a fresh connection: its /dev/fuse and the record its session writes, sent back
-    for the plugin to keep for the next daemon."""
-    socket.send_fds(sock, [KEEP.encode()], fds)
-
-
-def answer_of(sock: socket.socket, timeout: float, kept: Callable[[list[int]], None]) -> str:
-    """The daemon's answer; '' if it ended without one. Descriptors sent to be kept before it are given to
-    kept (which closes them). TimeoutError after timeout seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        try:
-            data, fds, _, _ = socket.recv_fds(sock, MOST, 2)
-        except (ConnectionResetError, BrokenPipeError):  # the daemon ended without a word
-            return ""
-        text = data.decode(errors="replace")
-        if text == KEEP and len(fds) == 2:
-            kept(fds)
-            continue
+def receive(sock: socket.socket) -> Message | None:
+    """The next message, its descriptors ours to close; None once the other end has closed. ValueError (the
+    descriptors closed) if it is not one."""
+    data, fds, _, _ = socket.recv_fds(sock, MOST, 2)
+    if not data:
+        return None
+    try:
+        message = json.loads(data)
+        return Message(str(message.pop("kind")), str(message.pop("target")), message, fds)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         for fd in fds:
             os.close(fd)
-        return text
+        raise ValueError(f"not a hand-off message: {e}") from None

@@ -2,15 +2,17 @@
 
 Publish: the plugin (root) opens /dev/fuse and mounts it at the target with `fd=` (the mount(2) shardfs
 makes as root), gives the descriptor to its keeper (shardfs/service/keeper.py) under the target's path,
-starts a daemon that takes it from there and makes itself an unprivileged user (see daemon.py), sends it
-the volume, and answers kubelet once the daemon has answered the kernel's INIT. The daemon sends back its
-connection's record (fuse/record.py), kept beside the descriptor: a daemon that ends while its volume is
-published is replaced by one that takes the connection up (see Node._watch).
+hands it with the volume to a daemon that made itself an unprivileged user (see daemon.py), and answers
+kubelet once the daemon has answered the kernel's INIT. Volumes with the same publish secret (none, mostly)
+share one daemon, as mountpoint-s3's Mountpoint Pods do: a process and its Python interpreter, not one a
+volume. The daemon sends back each connection's record (fuse/record.py), kept beside its descriptor: a daemon
+that ends while its volumes are published is replaced by one that takes every connection up (Node._watch).
 
 Unpublish never touches a path inside the mount (its daemon may hang, and so would the caller): the mount
 is found in /proc/self/mountinfo by the target's path as given, detached (a lazy unmount, which never
 waits), its FUSE connection aborted if anything still holds it after a moment (a reader stuck on a hung
-daemon would hold it for ever), the daemon ended, and the target removed.
+daemon would hold it for ever), and the target removed; the daemon's session for it ends with the connection,
+and the daemon itself once it serves no other volume.
 
 Every daemon is this process's child, and in Kubernetes this process is its container's first one, so the
 daemons end with the plugin: a shardfs mount at a target that this plugin did not make is a dead one from
@@ -26,13 +28,14 @@ import errno
 import functools
 import logging
 import os
+import queue
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.csi import NOBODY, handoff
@@ -59,13 +62,80 @@ class NodeError(Exception):
         self.code = code
 
 
+class Daemon:
+    """A daemon process as the plugin sees it: the volumes it serves (by target), and the answers it owes. A
+    thread reads what it says: connections to keep (kept is given the target and descriptors, and closes
+    them) and answers, handed to the publish waiting for each."""
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], sock: socket.socket, secrets: dict[str, str],
+        kept: Callable[[str, list[int]], None],
+    ) -> None:  # fmt: skip
+        self.process, self.sock, self.secrets = process, sock, secrets
+        self.targets: set[str] = set()
+        self.restarts: list[float] = []  # when daemons before this one were replaced lately (monotonic)
+        self._kept = kept
+        self._owed: dict[str, queue.Queue[str]] = {}
+        self._closed = False
+        self._lock = threading.Lock()
+        threading.Thread(target=self._listen, name="shardfs-csi-daemon-link", daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None and not self._closed
+
+    def serve(self, target: str, volume: Volume, fds: list[int]) -> str:
+        """Hand the volume and its descriptors (the mounted /dev/fuse, and a kept connection's record) to the
+        daemon; its answer: READY, or why not ('' if it ended without one)."""
+        owed: queue.Queue[str] = queue.Queue(1)
+        with self._lock:
+            if self._closed:
+                return ""
+            self._owed[target] = owed
+        try:
+            handoff.send(self.sock, handoff.SERVE, target, fds, volume=volume.to_json())
+            return owed.get(timeout=READY_TIMEOUT)
+        except OSError:
+            return ""
+        except queue.Empty:
+            return f"{handoff.FAILED}its daemon did not answer in {READY_TIMEOUT:.0f} s"
+        finally:
+            with self._lock:
+                self._owed.pop(target, None)
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                message = handoff.receive(self.sock)
+            except ValueError as e:
+                log.error("a daemon sent %s", e, extra={"event": "handoff"})
+                continue
+            except OSError:
+                message = None
+            if message is None:
+                break
+            if message.kind == handoff.KEEP and len(message.fds) == 2:
+                self._kept(message.target, message.fds)
+                continue
+            for fd in message.fds:
+                os.close(fd)
+            with self._lock:
+                owed = self._owed.get(message.target)
+            if owed is not None and message.kind == handoff.ANSWER:
+                owed.put(str(message.fields.get("text", "")))
+        with self._lock:  # it ended: every answer still owed is none
+            self._closed = True
+            for owed in self._owed.values():
+                owed.put("")
+        self.sock.close()
+
+
 @dataclass
 class Published:
     volume_id: str
     volume: Volume
-    daemon: subprocess.Popen[bytes]  # the one serving now: replaced when one ends (see Node._watch)
+    daemon: Daemon  # the one serving now: replaced when it ends (see Node._watch)
     connection: int | None
-    restarts: list[float] = field(default_factory=list)  # when daemons were replaced lately (monotonic)
 
 
 class Node:
@@ -76,6 +146,8 @@ class Node:
         self.uid, self.gid = uid, gid
         self.env = {**DAEMON_ENV, "HOME": home}
         self.published: dict[str, Published] = {}
+        self.daemons: list[Daemon] = []
+        self._sharing = threading.Lock()  # daemons chosen, started and let go one at a time
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self._run_dir = run_dir
@@ -84,8 +156,8 @@ class Node:
     @functools.cached_property
     def keeper(self) -> Path:
         """The socket of this process's keeper (shardfs/service/keeper.py), started when first needed: it holds
-        every published volume's /dev/fuse descriptor, which its daemon takes from it (as root, before it
-        becomes its user: the keeper answers root and its own user only)."""
+        every published volume's /dev/fuse descriptor and its record, which a next daemon is handed when the
+        one serving it ends."""
         self._run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         os.chmod(self._run_dir, 0o700)
         path = self._run_dir / f"keeper.{os.getpid()}.sock"
@@ -137,7 +209,7 @@ class Node:
         with self._only(target):
             mounted = mountinfo.exactly_at(target)
             known = self.published.get(target)
-            if mounted is not None and known is not None and known.daemon.poll() is None:
+            if mounted is not None and known is not None and known.daemon.alive:
                 if known.volume_id != volume_id or not known.volume.same_mount(volume):
                     raise NodeError("ALREADY_EXISTS", f"{target}: volume {known.volume_id} is published here otherwise")
                 return  # published twice: the same mount
@@ -159,108 +231,139 @@ class Node:
         try:
             connection = connection_of(fd) or _connection(target)
             keeper.keep(self.keeper, target, [fd])
+            daemon, answer = self._served(target, volume, [fd])
         except ServiceError as e:
-            self._end(target, connection, None)
+            self._end(target, connection)
             raise NodeError("INTERNAL", str(e)) from None
         finally:
-            os.close(fd)  # the keeper's copy is the one the daemon takes
-        daemon, answer = self._started(target, volume)
+            os.close(fd)  # the keeper's copy is the one a next daemon takes
         if answer == handoff.READY:
-            published = self.published[target] = Published(volume_id, volume, daemon, connection)
-            threading.Thread(
-                target=self._watch, args=(target, published), name="shardfs-csi-reaper", daemon=True
-            ).start()
+            self.published[target] = Published(volume_id, volume, daemon, connection)
             return
-        self._end(target, connection, daemon)
+        self._end(target, connection)
+        self._let_go(daemon, target)
         with contextlib.suppress(OSError):
             os.rmdir(target)
         if answer.startswith(handoff.REFUSED):
             raise NodeError("FAILED_PRECONDITION", f"volume {volume_id}: {answer.removeprefix(handoff.REFUSED)}")
-        why = answer.removeprefix(handoff.FAILED) or f"its daemon exited ({daemon.wait()})"
+        why = answer.removeprefix(handoff.FAILED) or f"its daemon exited ({daemon.process.wait()})"
         raise NodeError("INTERNAL", f"volume {volume_id}: {why}")
 
-    def _started(self, target: str, volume: Volume) -> tuple[subprocess.Popen[bytes], str]:
-        """A daemon for target, and its answer (READY, or why not)."""
-        daemon, sock = self._start_daemon(target, volume)
+    def _served(self, target: str, volume: Volume, fds: list[int]) -> tuple[Daemon, str]:
+        """The daemon handed target (one serving volumes with the same publish secret, or a new one), and its
+        answer: READY, or why not (then the caller lets it go)."""
+        with self._sharing:
+            daemon = next((d for d in self.daemons if d.alive and d.secrets == volume.secrets), None)
+            if daemon is None:
+                daemon = self._start_daemon(volume.secrets)
+            daemon.targets.add(target)  # before the answer: it must not be let go meanwhile
+        return daemon, daemon.serve(target, volume, fds)
 
-        def kept(fds: list[int]) -> None:  # the connection and its record: what a next daemon takes up
-            try:
-                keeper.keep(self.keeper, target, fds)
-            except ServiceError as e:
-                log.error("%s: not kept for a next daemon: %s", target, e, extra={"event": "handover"})
-            finally:
-                for fd in fds:
-                    os.close(fd)
-
+    def _kept(self, target: str, fds: list[int]) -> None:
+        """A daemon's fresh connection and its record: what a next daemon takes up."""
         try:
-            return daemon, handoff.answer_of(sock, READY_TIMEOUT, kept)
-        except TimeoutError:
-            return daemon, f"{handoff.FAILED}its daemon did not answer in {READY_TIMEOUT:.0f} s"
+            keeper.keep(self.keeper, target, fds)
+        except ServiceError as e:
+            log.error("%s: not kept for a next daemon: %s", target, e, extra={"event": "handover"})
         finally:
-            sock.close()
+            for fd in fds:
+                os.close(fd)
 
-    def _start_daemon(self, target: str, volume: Volume) -> tuple[subprocess.Popen[bytes], socket.socket]:
-        """The daemon, in a session of its own (a signal to the plugin's group is not for it), logging to the
-        plugin's stderr, which takes target's descriptor from the keeper; and the plugin's end of its socket,
-        the volume sent."""
+    def _start_daemon(self, secrets: dict[str, str], watched: bool = True) -> Daemon:
+        """A daemon in a session of its own (a signal to the plugin's group is not for it), logging to the
+        plugin's stderr; watched (see _watch) unless it replaces one, whose watch goes on with it."""
         ours, theirs = handoff.pair()
         with theirs:
-            daemon = subprocess.Popen(
-                [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno()),
-                 str(self.keeper), target],
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno())],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), cwd="/",
                 env=self.env, start_new_session=True,
             )  # fmt: skip
-        handoff.hand(ours, volume.to_json())
-        return daemon, ours
+        daemon = Daemon(process, ours, dict(secrets), self._kept)
+        self.daemons.append(daemon)
+        if watched:
+            threading.Thread(target=self._watch, args=(daemon,), name="shardfs-csi-reaper", daemon=True).start()
+        return daemon
 
-    def _watch(self, target: str, published: Published) -> None:
-        """A daemon that ends while its volume is published (it crashed, or was killed) is replaced: the next
-        one takes the connection and its record from the keeper and serves it without mounting or INIT, and
+    def _let_go(self, daemon: Daemon, target: str) -> None:
+        """target is no longer daemon's: a daemon that serves nothing more is ended."""
+        with self._sharing:
+            daemon.targets.discard(target)
+            idle = not daemon.targets
+            if idle and daemon in self.daemons:
+                self.daemons.remove(daemon)
+        if idle:
+            _stop(daemon.process)
+
+    def _watch(self, daemon: Daemon | None) -> None:
+        """A daemon that ends while its volumes are published (it crashed, or was killed) is replaced: the next
+        one takes each connection and its record from the keeper and serves it without mounting or INIT, and
         the kernel resends what the one before read and never answered (Linux 6.9+), so readers see no error.
-        Where that cannot be (no record kept yet, a daemon that keeps failing), the keeper's copy is dropped:
-        readers get ENOTCONN rather than wait for ever on a connection nobody serves."""
-        while True:
-            code = published.daemon.wait()
-            try:
-                with self._only(target):
-                    if self.published.get(target) is not published:
-                        return  # unpublished, or published again: not this watch's to replace
-                    if self._replaced(target, published, code):
-                        continue
-                    log.error("%s: its daemon ended (%s) while published; the mount is dead until published again",
-                              target, code, extra={"event": "daemon_ended"})  # fmt: skip
-                    with contextlib.suppress(ServiceError):
-                        keeper.drop(self.keeper, target)
-                    return
-            except NodeError:  # another call on target is in progress: it takes the mount up or down
-                return
+        Where that cannot be (no record kept yet, daemons that keep failing), the keeper's copy is dropped:
+        readers get ENOTCONN rather than wait for ever on a connection nobody serves. The watch goes on with
+        the replacement, once it has every volume (it may end before it answers: it is replaced in turn)."""
+        while daemon is not None:
+            code = daemon.process.wait()
+            with self._sharing:
+                if daemon in self.daemons:
+                    self.daemons.remove(daemon)
+                targets = sorted(daemon.targets)
+            now = time.monotonic()
+            restarts = [t for t in daemon.restarts if now - t < RESTART_WINDOW]
+            after: Daemon | None = None
+            for target in targets:
+                try:
+                    with self._only(target):
+                        published = self.published.get(target)
+                        if published is None or published.daemon is not daemon:
+                            continue  # unpublished, or published again: not this watch's to replace
+                        after = self._replaced(target, published, code, restarts, after)
+                        if published.daemon is daemon:
+                            log.error("%s: its daemon ended (%s) while published; the mount is dead until published"
+                                      " again", target, code, extra={"event": "daemon_ended"})  # fmt: skip
+                            with contextlib.suppress(ServiceError):
+                                keeper.drop(self.keeper, target)
+                except NodeError:  # another call on target is in progress: it takes the mount up or down
+                    continue
+            if after is not None and not after.targets:  # it took up nothing
+                self._let_go(after, "")
+                after = None
+            daemon = after
 
-    def _replaced(self, target: str, published: Published, code: int) -> bool:
-        now = time.monotonic()
-        published.restarts = [t for t in published.restarts if now - t < RESTART_WINDOW]
+    def _replaced(
+        self, target: str, published: Published, code: int, restarts: list[float], after: Daemon | None
+    ) -> Daemon | None:
+        """The daemon that takes target up in place of the one that ended (after, if one was started already
+        for its other volumes), which published.daemon is then; None if there is none."""
         try:
             held = keeper.take(self.keeper, target)
         except ServiceError:
             held = []
-        for fd in held:
-            os.close(fd)
-        if len(held) != 2 or len(published.restarts) >= RESTARTS:
-            return False
-        published.restarts.append(now)
-        log.warning("%s: its daemon ended (%s); a new one takes the connection up", target, code,
-                    extra={"event": "daemon_replaced"})  # fmt: skip
         try:
-            daemon, answer = self._started(target, published.volume)
-        except OSError as e:  # it could not even start
-            log.error("%s: no new daemon: %s", target, e, extra={"event": "handover"})
-            return False
+            if len(held) != 2 or len(restarts) >= RESTARTS:
+                return after
+            log.warning("%s: its daemon ended (%s); a new one takes the connection up", target, code,
+                        extra={"event": "daemon_replaced"})  # fmt: skip
+            try:
+                with self._sharing:
+                    if after is None:
+                        after = self._start_daemon(published.volume.secrets, watched=False)
+                        after.restarts = [*restarts, time.monotonic()]
+                    after.targets.add(target)
+            except OSError as e:  # it could not even start
+                log.error("%s: no new daemon: %s", target, e, extra={"event": "handover"})
+                return after
+            answer = after.serve(target, published.volume, held)
+        finally:
+            for fd in held:
+                os.close(fd)
         if answer and answer != handoff.READY:  # it said why it cannot serve: another would fare no better
             log.error("%s: the new daemon did not serve: %s", target, answer, extra={"event": "handover"})
-            _stop(daemon)
-            return False
-        published.daemon = daemon  # serving, or ended before it could say so (killed too): the watch goes on
-        return True
+            with self._sharing:
+                after.targets.discard(target)
+            return after
+        published.daemon = after  # serving, or ended before it could say so (killed too): the watch goes on
+        return after
 
     def unpublish(self, volume_id: str, target: str) -> None:
         target = _real(target)
@@ -278,19 +381,19 @@ class Node:
             log.info("unpublished %s from %s", volume_id, target, extra={"event": "unpublished"})
 
     def _take_down(self, target: str) -> None:
-        """Every shardfs mount at target (one over another, if a retry stacked them), and its daemon."""
+        """Every shardfs mount at target (one over another, if a retry stacked them), and its daemon's part."""
         known = self.published.pop(target, None)
         for _ in range(16):  # the most stacked mounts taken down; more is a loop that must not spin for ever
             mounted = mountinfo.exactly_at(target)
             if mounted is None or mounted.fstype != mountinfo.SHARDFS_TYPE:
                 break
-            connection = _device_connection(mounted.device)
-            self._end(target, connection, known.daemon if known and known.connection == connection else None)
-        if known is not None and known.daemon.poll() is None:
-            _stop(known.daemon)
+            self._end(target, _device_connection(mounted.device))
+        if known is not None:
+            self._let_go(known.daemon, target)
 
-    def _end(self, target: str, connection: int | None, daemon: subprocess.Popen[bytes] | None) -> None:
-        """Detach the mount at target, abort its connection if still held, stop its daemon: never waits long."""
+    def _end(self, target: str, connection: int | None) -> None:
+        """Detach the mount at target, abort its connection if still held: never waits long. Its daemon's session
+        ends with the connection."""
         try:
             unmount(Path(target), lazy=True)
         except OSError as e:
@@ -308,8 +411,6 @@ class Node:
                 (held / "abort").write_text("1")
                 log.warning("%s: connection %d aborted (still held after it was unmounted)", target, connection,
                             extra={"event": "aborted"})  # fmt: skip
-        if daemon is not None:
-            _stop(daemon)
 
 
 def _stop(daemon: subprocess.Popen[bytes]) -> None:

@@ -17,7 +17,7 @@ from shardfs.cli import DEFAULT_CACHE, DEFAULT_MAX_FILE, LOG_LEVELS, byte_size, 
 from shardfs.fuse.mount import FuseMountError, MountOptions
 from shardfs.fuse.serve import settings_of
 from shardfs.logs import redact_userinfo
-from shardfs.service.daemon import fuse_options
+from shardfs.service.daemon import fuse_options, parse_options
 from shardfs.source import is_remote
 from shardfs.stores.remote import DEFAULT_TIMEOUT
 
@@ -133,13 +133,9 @@ def mount_options(source: str, mount_flags: Sequence[str], others: bool = True) 
     """The `-o` options a volume is mounted and served with: shardfs's defaults for immutable data, the
     PersistentVolume's mountOptions (FUSE and mount(8) options, as `shardfs mount -o` takes them), and, if
     others, `allow_other`: a pod's processes are not the daemon's user. Read-only whatever is asked."""
-    extra: dict[str, str | bool] = {}
-    for flag in mount_flags:
-        for item in filter(None, flag.split(",")):
-            name, eq, value = item.partition("=")
-            if name in PLUGINS_OWN:
-                raise BadVolume(f"mountOptions: {name} is the plugin's to set ({PLUGINS_OWN[name]})")
-            extra[name] = value if eq else True
+    extra = parse_options(mount_flags)
+    if owned := [name for name in extra if name in PLUGINS_OWN]:
+        raise BadVolume(f"mountOptions: {owned[0]} is the plugin's to set ({PLUGINS_OWN[owned[0]]})")
     if others:
         extra["allow_other"] = True
     options = fuse_options(redact_userinfo(source), extra, is_remote(source))

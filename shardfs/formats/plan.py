@@ -4,16 +4,18 @@ for the cross-format views, its groups and arrays described in one common shape.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any
 
 import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
+from shardfs.shards.kv import Extent
 from shardfs.stores.local import Owner, Store
-from shardfs.tree import File, Provider
+from shardfs.tree import BytesFile, File, Provider, RangeFile
 
 LARGEST = 1 << 62  # sizes, shapes and offsets past it would overflow the int64 maths of chunk positions
 METADATA_LIMIT = 64 << 20  # bytes of one metadata file (`info`, `zarr.json`) parsed
@@ -57,33 +59,12 @@ class Array:
     separator: str = "/"  # between the indices of its chunk keys in the source (zarr's `c/1/2` or `1.2`)
 
 
-def grid_position(parts: list[str]) -> tuple[int, ...] | None:
-    """Chunk indices spelled in canonical decimal (one chunk, one name: no '01', no '+1'), or None."""
-    if not all(p.isascii() and p.isdigit() and str(int(p)) == p for p in parts):
-        return None
-    return tuple(map(int, parts))
-
-
-def grid_index(pos: Sequence[int], grid: Sequence[int]) -> int | None:
-    """The number of a chunk position on a grid in C order (the key a chunk file's node id carries), or
-    None for a position off the grid or of another rank."""
-    if len(pos) != len(grid):
-        return None
-    index = 0
-    for p, g in zip(pos, grid, strict=True):
-        if not 0 <= p < g:
-            return None
-        index = index * g + p
-    return index
-
-
-def grid_at(index: int, grid: Sequence[int]) -> tuple[int, ...] | None:
-    """The chunk position `grid_index` numbered index, or None if it numbers none."""
-    pos = []
-    for g in reversed(grid):
-        index, p = divmod(index, g) if g else (index, -1)
-        pos.append(p)
-    return None if index or min(pos, default=0) < 0 else tuple(reversed(pos))
+def extent_file(extent: Extent) -> File:
+    """A key's stored bytes as a file: read from its shard's range as it is asked for, or cut from the shard's
+    decoded bytes."""
+    if extent.data is None:
+        return RangeFile(extent.file, extent.start, extent.stop)
+    return BytesFile(bytes(extent.data[extent.start : extent.stop]), extent.file.owner, extent.shard)
 
 
 def load_json(store: Store, path: str) -> Any:
@@ -116,13 +97,38 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+class Category(IntEnum):
+    """What a line of a source's report says, in the order `shardfs info` shows them."""
+
+    FOUND = 0  # what a directory holds
+    REFUSED = 1  # served as stored: shardfs cannot present it (`shardfs check` does not check it)
+    NOT_IN_VIEWS = 2  # left out of --view n5/zarr2
+    WARNING = 3  # most likely a typo in the metadata
+    NOTE = 4
+
+
+PREFIXES = {Category.REFUSED: "refused: ", Category.NOT_IN_VIEWS: "not in other views: ",
+            Category.WARNING: "warning: ", Category.NOTE: "note: "}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One line of what was found in a source, for `shardfs info` and `shardfs check`."""
+
+    text: str
+    category: Category = Category.FOUND
+
+    def __str__(self) -> str:
+        return PREFIXES.get(self.category, "") + self.text
+
+
 @dataclass
 class Plan:
     store: Store
     cache: ByteCache
     files: dict[str, bytes] = field(default_factory=dict)  # metadata rewritten without sharding
     providers: dict[str, Provider] = field(default_factory=dict)  # sharded directories, by path
-    kinds: list[str] = field(default_factory=list)  # what was found, for `shardfs info`
+    report: list[Finding] = field(default_factory=list)  # what was found, for `shardfs info`
     groups: dict[str, dict[str, Any]] = field(default_factory=dict)  # attributes of each group, by path
     arrays: dict[str, Array] = field(default_factory=dict)  # every array the views can show, by path
     format: str = ""  # "zarr" or "precomputed": what the views translate from

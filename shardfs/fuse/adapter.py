@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from shardfs import metrics
 from shardfs.codecs import start_request
 from shardfs.errors import CorruptChunk, over_max_file_size
 from shardfs.fuse import wire
 from shardfs.fuse.listing import Listing, ListingWorkers
+from shardfs.metrics import Metrics
 from shardfs.tree import Dir, Owner, Tree
 
 log = logging.getLogger("shardfs")
@@ -27,8 +27,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
 NAME_MAX = 255  # the longest name a Linux filesystem holds (STATFS says so); the kernel passes FUSE up to 1,024
 REQUEST_FILES = 4  # a request may decode as much as this many of the largest files (nested shards, a view)
-READDIR = metrics.OPS.labels("readdir")
-OPENED = metrics.OPS.labels("open")
 
 
 class FuseError(Exception):
@@ -43,43 +41,42 @@ def errors_to_errno(name: str) -> Callable[[F], F]:
     """Absent → ENOENT; corrupt data → EIO with a log line naming shard and key; a bug → EIO, logged.
     Every call is timed under name, and every error but ENOENT counted, for `--metrics` and `shardfs stats`.
     The wrapped method's first argument after self is the path, for the log lines."""
-    timer = metrics.OPS.labels(name)
 
     def decorate(op: F) -> F:
         @functools.wraps(op)
         def wrapper(self: TreeOps, path: str, *args: Any) -> Any:
-            start_request(self.request_limit)
+            start_request(self.request_limit, self.tree.cache)
             start = time.perf_counter()
             try:
                 return op(self, path, *args)
             except FuseError as e:
-                count(e.errno)
+                count(self.metrics, e.errno)
                 raise
             except CorruptChunk as e:
-                refused(e, self.tree.cache.max_value, path)
-                raise error(errno.EIO) from None
+                refused(self.metrics, e, self.tree.cache.max_value, path)
+                raise error(self.metrics, errno.EIO) from None
             except (FileNotFoundError, NotADirectoryError):
                 raise FuseError(errno.ENOENT) from None
             except OSError as e:
                 log.error("%s: %s", name, e, extra={"event": "os_error", "path": "/" + path})
-                raise error(e.errno or errno.EIO) from None
+                raise error(self.metrics, e.errno or errno.EIO) from None
             except Exception:
                 log.exception("%s failed", name, extra={"event": "bug", "path": "/" + path})
-                raise error(errno.EIO) from None
+                raise error(self.metrics, errno.EIO) from None
             finally:
-                timer.observe(time.perf_counter() - start)
+                self.metrics.ops.labels(name).observe(time.perf_counter() - start)
 
         @functools.wraps(op)
         def logged(self: TreeOps, path: str, *args: Any) -> Any:
             if not log.isEnabledFor(logging.DEBUG):
                 return wrapper(self, path, *args)
-            reads, start = metrics.STORE_READS.mine(), time.perf_counter()
+            reads, start = self.metrics.store_reads.mine(), time.perf_counter()
             try:
                 answer = wrapper(self, path, *args)
             except FuseError as e:
-                log_request(name, path, start, reads, code=e.errno)
+                log_request(self.metrics, name, path, start, reads, code=e.errno)
                 raise
-            log_request(name, path, start, reads, answer)
+            log_request(self.metrics, name, path, start, reads, answer)
             return answer
 
         return logged  # type: ignore[return-value]
@@ -87,7 +84,9 @@ def errors_to_errno(name: str) -> Callable[[F], F]:
     return decorate
 
 
-def log_request(op: str, path: str, start: float, reads: float, answer: object = None, code: int = 0) -> None:
+def log_request(
+    metrics: Metrics, op: str, path: str, start: float, reads: float, answer: object = None, code: int = 0
+) -> None:
     """The DEBUG line of one request: what was asked, how many bytes it answered or which errno, how many
     byte ranges it read from the source (this thread's count), and how long it took."""
     fields: dict[str, object] = {"event": "request", "op": op, "path": "/" + path}
@@ -95,30 +94,30 @@ def log_request(op: str, path: str, start: float, reads: float, answer: object =
         fields["bytes"] = len(answer)
     if code or (answer is None and op == "getattr"):  # getattr's None: absent
         fields["errno"] = errno.errorcode.get(code or errno.ENOENT, code)
-    fields["store_reads"] = int(metrics.STORE_READS.mine() - reads)
+    fields["store_reads"] = int(metrics.store_reads.mine() - reads)
     fields["us"] = round((time.perf_counter() - start) * 1e6)
     log.debug("answered", extra=fields)
 
 
-def refused(e: CorruptChunk, max_file_size: int, path: str) -> None:
+def refused(metrics: Metrics, e: CorruptChunk, max_file_size: int, path: str) -> None:
     """Log and count a chunk that cannot be served: too large for --max-file-size (the operator can raise it),
     else corrupt."""
     if (too_large := over_max_file_size(e, max_file_size)) is not None:
-        metrics.OVER_MAX_FILE_SIZE.inc()
+        metrics.over_max_file_size.inc()
         log.error("%s", too_large, extra={**e.log_fields("too_large"), "path": "/" + path})
     else:
-        metrics.DECODE_ERRORS.inc()
+        metrics.decode_errors.inc()
         log.error("%s", e, extra={**e.log_fields("eio"), "path": "/" + path})
 
 
-def count(code: int) -> None:
+def count(metrics: Metrics, code: int) -> None:
     """Count an error answer for the metrics (ENOENT is an answer, not an error)."""
     if code != errno.ENOENT:
-        metrics.ERRORS.labels(errno.errorcode.get(code, str(code))).inc()
+        metrics.errors.labels(errno.errorcode.get(code, str(code))).inc()
 
 
-def error(code: int) -> FuseError:
-    count(code)
+def error(metrics: Metrics, code: int) -> FuseError:
+    count(metrics, code)
     return FuseError(code)
 
 
@@ -165,8 +164,10 @@ class TreeOps:
     """Read-only operations over a Tree, by path ('' is the root). The session owns node ids and the
     wire; this owns what the answers say."""
 
-    def __init__(self, tree: Tree, mtime_ns: int, shown: Shown = Shown()) -> None:
+    def __init__(self, tree: Tree, mtime_ns: int, shown: Shown = Shown(), metrics: Metrics | None = None) -> None:
+        """metrics: the mount's, where its answers are counted."""
         self.tree = tree
+        self.metrics = metrics or Metrics()
         self.shown = shown
         self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
         self._times = (*divmod(mtime_ns, 1_000_000_000),)
@@ -206,9 +207,9 @@ class TreeOps:
     def read(self, path: str, offset: int, size: int) -> bytes:
         node = self.tree.lookup(path)
         if isinstance(node, Dir):
-            raise error(errno.EISDIR)
+            raise error(self.metrics, errno.EISDIR)
         data = node.read(offset, size)
-        metrics.SERVED.inc(len(data))
+        self.metrics.served.inc(len(data))
         return data
 
     @errors_to_errno("opendir")
@@ -216,7 +217,7 @@ class TreeOps:
         """A directory handle holds nothing: its listing is the directory's (`listed`), and an offset is
         all the kernel needs to resume it."""
         if not isinstance(self.tree.lookup(path), Dir):
-            raise error(errno.ENOTDIR)
+            raise error(self.metrics, errno.ENOTDIR)
 
     def listed(self, path: str) -> Listing | None:
         """The directory's listing if it is made already (answering from it waits on nothing), else None."""
@@ -225,19 +226,19 @@ class TreeOps:
     def listing(self, path: str, ino: Callable[[str], int]) -> Listing:
         """The directory's listing, made here if it is not made yet (the session asks for that in a listing
         worker), within its bounds; ino: the inode number an entry shows, by name. EIO if it cannot be made."""
-        start_request(self.request_limit)
-        start, reads, code = time.perf_counter(), metrics.STORE_READS.mine(), 0
+        start_request(self.request_limit, self.tree.cache)
+        start, reads, code = time.perf_counter(), self.metrics.store_reads.mine(), 0
         try:
             make = lambda: Listing.of(self.tree.listdir(path), "/" + path, ino)  # noqa: E731
             return self.tree.cache.get_or_make(("listing", path), make)
         except Exception as e:
             log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
             code = errno.EIO
-            raise error(errno.EIO) from None
+            raise error(self.metrics, errno.EIO) from None
         finally:
-            READDIR.observe(time.perf_counter() - start)
+            self.metrics.ops.labels("readdir").observe(time.perf_counter() - start)
             if log.isEnabledFor(logging.DEBUG):
-                log_request("readdir", path, start, reads, code=code)
+                log_request(self.metrics, "readdir", path, start, reads, code=code)
 
 
 def attr(ino: int, fields: tuple[int, ...]) -> bytes:

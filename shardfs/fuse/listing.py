@@ -11,14 +11,17 @@ that wait: the session's threads never wait on a listing, so reads go on while d
 from __future__ import annotations
 
 import bisect
+import heapq
+import itertools
 import logging
 import os
 import stat
+import sys
 import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from shardfs.fuse import wire
@@ -29,6 +32,7 @@ LISTED_NAMES = 1 << 20  # the most entries a directory lists
 LISTED_BYTES = 32 << 20  # the most bytes of names a directory lists
 LISTING_SECONDS = 300.0  # the longest a directory's listing may take
 WORKERS = 4  # threads per mount that make listings; one user may keep all but one busy
+RUN = 1 << 14  # names sorted at a time while a listing is made (as objects: about 1 MiB)
 DOTS = 2  # "." and "..", first in every listing
 DT_DIR, DT_REG = stat.S_IFDIR >> 12, stat.S_IFREG >> 12
 
@@ -41,38 +45,34 @@ class Listing:
     False where a bound cut it short (said in the log when it was made)."""
 
     dirents: bytearray  # never changed once made
-    starts: array  # of 'Q': where each entry starts in dirents, and where the last ends
+    starts: array  # of 'I': where each entry starts in dirents, and where the last ends (dirents stay well
+    # below 4 GiB: LISTED_NAMES entries of 32 bytes and LISTED_BYTES of names)
     complete: bool = True
 
     @classmethod
     def of(cls, entries: Iterable[tuple[str, bool]], where: str, ino: Callable[[str], int]) -> Listing:
         """The first LISTED_NAMES entries (LISTED_BYTES of names) found within LISTING_SECONDS, sorted, each
         name once; ino: the inode number an entry shows, by name. A listing cut short is logged once."""
-        started = time.monotonic()
-        found: list[bytes] = []  # each name with its kind after it, a byte below any a name may hold
-        nbytes, complete = 0, True
+        names = _SortedRuns()
+        until, complete = time.monotonic() + LISTING_SECONDS, True
         for name, is_dir in entries:
             if name in (".", ".."):  # every listing's own two, whatever a server names
                 continue
-            found.append(os.fsencode(name) + (b"\1" if is_dir else b"\0"))
-            nbytes += len(found[-1])
-            if len(found) >= LISTED_NAMES or nbytes >= LISTED_BYTES or time.monotonic() - started > LISTING_SECONDS:
+            names.add(os.fsencode(name) + (b"\1" if is_dir else b"\0"))
+            if len(names) >= LISTED_NAMES or names.nbytes >= LISTED_BYTES or time.monotonic() > until:
                 complete = False
                 log.warning(
                     "%s: a listing shows at most %d entries, %d bytes of names, listed within %.0f s; this one "
                     "stops after %d entries (each name past them is still found by name)", where, LISTED_NAMES,
-                    LISTED_BYTES, LISTING_SECONDS, len(found), extra={"event": "listing_bound"},
+                    LISTED_BYTES, LISTING_SECONDS, len(names), extra={"event": "listing_bound"},
                 )  # fmt: skip
                 break
-        found.sort(reverse=True)
-        found += (b"..\1", b".\1")  # first, since they are taken from the end
-        dirents, starts = bytearray(), array("Q")
+        dirents, starts = bytearray(), array("I")
         last = None
-        while found:  # each name let go as it is packed: the names are held once, not twice
-            item = found.pop()
+        for item in itertools.chain((b".\1", b"..\1"), names.merged()):
             name = item[:-1]
             if name == last:
-                continue  # listed twice (a name both a file and a directory): a file
+                continue  # listed twice (a name both a file and a directory): a file, which sorts first
             last = name
             starts.append(len(dirents))
             number = ino(os.fsdecode(name)) if len(starts) > DOTS else wire.UNKNOWN_INO
@@ -82,7 +82,7 @@ class Listing:
 
     @property
     def nbytes(self) -> int:
-        return len(self.dirents) + 8 * len(self.starts)
+        return sys.getsizeof(self.dirents) + sys.getsizeof(self.starts)  # as allocated: a grown buffer has room spare
 
     def __len__(self) -> int:
         """Entries, "." and ".." included."""
@@ -160,3 +160,46 @@ class ListingWorkers:
                     if not self._running[uid]:
                         del self._running[uid]
                     self._wake.notify_all()
+
+
+class _SortedRuns:
+    """Names gathered for a listing, held packed: RUN names at a time are sorted as objects, then appended end
+    to end to one buffer, with where each ends, so a directory's names cost their bytes and 4 more each while
+    it is listed, not a Python object each (some 60 bytes, which the allocator keeps once they are freed among
+    objects that live on), and the buffer is given back whole. `merged` gives them back in order, one at a time."""
+
+    def __init__(self) -> None:
+        self._packed = bytearray()
+        self._ends = array("I", [0])  # where each name starts and ends: names are at most LISTED_BYTES
+        self._runs = [0]  # where each sorted run starts and ends, in names
+        self._batch: list[bytes] = []
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._ends) - 1 + len(self._batch)
+
+    def add(self, name: bytes) -> None:
+        self._batch.append(name)
+        self.nbytes += len(name)
+        if len(self._batch) >= RUN:
+            self._pack()
+
+    def _pack(self) -> None:
+        self._batch.sort()
+        ends = itertools.accumulate(map(len, self._batch), initial=len(self._packed))
+        next(ends)  # where the last run ended, there already
+        self._ends.extend(ends)
+        self._packed += b"".join(self._batch)
+        self._runs.append(len(self._ends) - 1)
+        self._batch = []
+
+    def merged(self) -> Iterator[bytes]:
+        """Every name, sorted (duplicates kept)."""
+        if self._batch:
+            self._pack()
+        return heapq.merge(*(self._run(start, stop) for start, stop in itertools.pairwise(self._runs)))
+
+    def _run(self, start: int, stop: int) -> Iterator[bytes]:
+        packed = memoryview(self._packed)
+        for begin, end in itertools.pairwise(self._ends[start : stop + 1]):
+            yield packed[begin:end].tobytes()

@@ -5,7 +5,8 @@ Its options that change nothing here are accepted (and named in the log at INFO,
 work, or that nobody knows, refuses the mount in one line, as libfuse did. SIGTERM and SIGINT unmount
 (lazily, as libfuse does). Given somewhere to keep the connection (a `Carrier`), the descriptor and its
 record are handed there once mounted, a connection kept there is taken up instead of mounting, and SIGUSR2
-hands the mount over to the next daemon: this one ends, and the mount stays.
+hands the mount over to the next daemon: this one ends, and the mount stays. A process serving several mounts
+(the CSI daemon) serves each from a thread of its own and stops them through their `Control`, not signals.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from shardfs.fuse.adapter import Shown, TreeOps
 from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, handed_number, mount, unmount
 from shardfs.fuse.record import Carrier, Kept, Record
 from shardfs.fuse.session import Session, Timeouts
+from shardfs.metrics import Metrics
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
@@ -68,12 +70,17 @@ class Settings:
     shown: Shown  # uid=, gid=, umask=
     owner: int | None  # allow_root: the one user besides root whose requests are served
     debug: bool
+    ignored: tuple[str, ...] = ()  # libfuse's options given that change nothing here (IGNORED)
+
+    def say_ignored(self) -> None:
+        """Name each option given that changes nothing, with why: in the log of the daemon that serves them."""
+        for name in self.ignored:
+            log.info("-o %s changes nothing: %s", name, IGNORED[name], extra={"event": "option_ignored"})
 
 
 def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
-    """What `-o` options (as daemon.fuse_options makes them) ask of the mount and the session."""
-    for name in IGNORED.keys() & options.keys():
-        log.info("-o %s changes nothing: %s", name, IGNORED[name], extra={"event": "option_ignored"})
+    """What `-o` options (as daemon.fuse_options makes them) ask of the mount and the session, checked once;
+    FuseMountError naming mountpoint and the option if one cannot work."""
     left = {k: v for k, v in options.items() if k not in IGNORED}
 
     def refuse(why: str) -> FuseMountError:
@@ -134,20 +141,67 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
     if threads == 0:
         raise refuse("invalid value max_threads=0")
     owner = os.getuid() if allow_root else None
-    return Settings(mount_options, timeouts, threads or DEFAULT_THREADS, kernel_cache, shown, owner, debug)
+    ignored = tuple(name for name in options if name in IGNORED)
+    return Settings(mount_options, timeouts, threads or DEFAULT_THREADS, kernel_cache, shown, owner, debug, ignored)
+
+
+class Control:
+    """Ends a mount being served, or hands it over to the next daemon, from a signal handler or another thread.
+    Asked before its session runs, it is done as soon as it does."""
+
+    def __init__(self) -> None:
+        self.handed_over = False
+        self._session: Session | None = None
+        self._take_away: Callable[[], None] = lambda: None
+        self._carrier: Carrier | None = None
+        self._asked: Callable[[], None] | None = None
+
+    def _bind(self, session: Session, take_away: Callable[[], None], carrier: Carrier | None) -> None:
+        self._session, self._take_away, self._carrier = session, take_away, carrier
+        if self._asked is not None:
+            self._asked()
+
+    def stop(self) -> None:
+        """Unmount (lazily: a mount made by a parent is its to end) and stop serving."""
+        if self._session is None:
+            self._asked = self.stop
+            return
+        self._take_away()
+        self._session.stop()
+
+    def hand_over(self) -> None:
+        """Leave the mount to the next daemon: what this one read and has not answered, the kernel resends to
+        it. A kernel that cannot resend would leave those callers waiting for ever: refused."""
+        session = self._session
+        if session is None:
+            self._asked = self.hand_over
+            return
+        if self._carrier is None:
+            log.error("SIGUSR2: nothing keeps this mount's connection; not handed over", extra={"event": "handover"})
+        elif not session.resend:
+            log.error(
+                "SIGUSR2: this kernel cannot resend requests (FUSE_HAS_RESEND, Linux 6.9): not handed over",
+                extra={"event": "handover"},
+            )  # fmt: skip
+        else:
+            log.warning("SIGUSR2: handing the mount over to the next daemon", extra={"event": "handover"})
+            self.handed_over = True
+            session.stop()
 
 
 def serve(
-    tree: Tree, mtime_ns: int, mountpoint: Path, options: dict[str, str | bool], on_ready: Callable[[str], None],
-    carrier: Carrier | None = None, kept: Kept | None = None,
+    tree: Tree, mtime_ns: int, mountpoint: Path, settings: Settings, on_ready: Callable[[str], None],
+    carrier: Carrier | None = None, kept: Kept | None = None, metrics: Metrics | None = None,
+    control: Control | None = None, signals: bool = True,
 ) -> bool:  # fmt: skip
     """Mount and serve until unmounted, SIGTERM or SIGINT; FuseMountError if the mount cannot be made.
-    on_ready is told what the kernel granted, once the mount answers. Every option is checked before
-    mount(2); whatever fails after it (a thread that cannot start) takes the mount away before it is
-    raised, so that no dead mount is left behind. carrier: where the connection is kept for the next daemon;
-    kept: the connection taken from it, served instead of mounting. True if the mount was handed over
-    (SIGUSR2), False if it ended."""
-    settings = settings_of(options, mountpoint)
+    on_ready is told what the kernel granted, once the mount answers. The options were checked before
+    mount(2) (settings_of); whatever fails after it (a thread that cannot start) takes the mount away before it
+    is raised, so that no dead mount is left behind. carrier: where the connection is kept for the next daemon;
+    kept: the connection taken from it, served instead of mounting. metrics: the mount's. control: how the mount
+    is stopped from elsewhere; signals: whether SIGTERM and SIGINT stop it and SIGUSR2 hands it over (then this
+    runs in the main thread). True if the mount was handed over, False if it ended."""
+    settings.say_ignored()
     record = None
     if kept is not None:
         fd, record = kept.fd, kept.record
@@ -162,7 +216,7 @@ def serve(
                 carrier = None
     ours = handed_number(mountpoint) is None  # a handed descriptor's mount is its parent's to end
     session: Session | None = None
-    handed_over = False
+    control = control or Control()
 
     def ready() -> None:
         assert session is not None
@@ -173,36 +227,17 @@ def serve(
             with contextlib.suppress(OSError, FuseMountError):
                 unmount(mountpoint, lazy=True)
 
-    def stop(signum: int, frame: object) -> None:
-        take_away()
-        assert session is not None
-        session.stop()
-
-    def hand_over(signum: int, frame: object) -> None:
-        """Leave the mount to the next daemon: what this one read and has not answered, the kernel resends
-        to it. A kernel that cannot resend would leave those callers waiting for ever: refused."""
-        nonlocal handed_over
-        assert session is not None
-        if carrier is None:
-            log.error("SIGUSR2: nothing keeps this mount's connection; not handed over", extra={"event": "handover"})
-        elif not session.resend:
-            log.error(
-                "SIGUSR2: this kernel cannot resend requests (FUSE_HAS_RESEND, Linux 6.9): not handed over",
-                extra={"event": "handover"},
-            )  # fmt: skip
-        else:
-            log.warning("SIGUSR2: handing the mount over to the next daemon", extra={"event": "handover"})
-            handed_over = True
-            session.stop()
-
     try:
         session = Session(
-            fd, TreeOps(tree, mtime_ns, settings.shown), settings.threads, settings.timeouts,
+            fd, TreeOps(tree, mtime_ns, settings.shown, metrics), settings.threads, settings.timeouts,
             settings.kernel_cache, ready, owner=settings.owner, debug=settings.debug, record=record,
             kept=kept is not None,
         )  # fmt: skip
-        signals = {signal.SIGTERM: stop, signal.SIGINT: stop, signal.SIGUSR2: hand_over}
-        previous = {sig: signal.signal(sig, handler) for sig, handler in signals.items()}
+        control._bind(session, take_away, carrier)
+        handlers = {signal.SIGTERM: control.stop, signal.SIGINT: control.stop, signal.SIGUSR2: control.hand_over}
+        previous = {}
+        if signals:
+            previous = {sig: signal.signal(sig, lambda *_, do=do: do()) for sig, do in handlers.items()}
         try:
             session.run()
         finally:
@@ -214,4 +249,4 @@ def serve(
     finally:
         if session is None or session.ended:  # else a thread still reads it: the number must not name another file
             os.close(fd)
-    return handed_over
+    return control.handed_over

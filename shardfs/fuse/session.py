@@ -27,10 +27,9 @@ from typing import Protocol
 
 from shardfs import logs
 from shardfs.fuse import wire
-from shardfs.fuse.adapter import BLOCK_SIZE, NAME_MAX, OPENED, FuseError, TreeOps, attr, count
+from shardfs.fuse.adapter import BLOCK_SIZE, NAME_MAX, FuseError, TreeOps, attr, count
 from shardfs.fuse.record import Record, Terms
 from shardfs.fuse.wire import InitFlag, InitFlag2, Op
-from shardfs.metrics import RESENT
 
 log = logging.getLogger("shardfs")
 
@@ -310,7 +309,7 @@ class Session:
     def _dispatch(self, request: memoryview) -> None:
         _, opcode, unique, nodeid, uid, _, pid, *_ = wire.IN_HEADER.unpack_from(request)
         if unique & wire.UNIQUE_RESEND:
-            RESENT.inc()
+            self.ops.metrics.resent.inc()
         body = request[wire.IN_HEADER.size :]
         handler = self._handlers.get(opcode)
         logs.serving(uid)
@@ -352,7 +351,7 @@ class Session:
 
     def _error(self, unique: int, code: int, counted: bool = True) -> None:
         if counted:
-            count(code)
+            count(self.ops.metrics, code)
         if self.debug:
             log.debug("answer %d: %s", unique, errno.errorcode.get(code, code), extra={"event": "fuse_answer"})
         try:
@@ -438,7 +437,7 @@ class Session:
         """ENOSYS tells a kernel that can do without it not to ask again (FUSE no_open): it then sends
         neither OPEN nor RELEASE and keeps a file's pages across opens. Permissions are the kernel's
         (`default_permissions`); writes are refused by the `ro` mount."""
-        OPENED.observe(0)  # counted, so that `shardfs stats` shows whether the kernel still asks
+        self.ops.metrics.ops.labels("open").observe(0)  # so that `shardfs stats` shows whether the kernel still asks
         if self.no_open:
             self._error(unique, errno.ENOSYS, counted=False)
         else:

@@ -19,21 +19,22 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cysystemd.daemon import Notification
 
-from shardfs import metrics
 from shardfs.cache import return_freed_memory
+from shardfs.context import Context
 from shardfs.errors import ServiceError, SourceError
-from shardfs.fuse import serve as session
+from shardfs.fuse import serve as fuse_serve
 from shardfs.fuse.mount import FuseMountError, connection_of, handed_fd, handed_number
 from shardfs.fuse.record import Carrier, Kept
+from shardfs.fuse.serve import Control, Settings, settings_of
 from shardfs.logs import log_to, open_log, replay_early
 from shardfs.service import handover, holders, lifecycle, mountinfo, stats_socket
 from shardfs.service.rundir import own_dir
 from shardfs.source import Source
-from shardfs.stores.remote import WAITING
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
@@ -71,14 +72,39 @@ def fuse_options(fsname: str, extra: dict[str, str | bool], remote: bool = False
     return options
 
 
-def parse_options(text: list[str]) -> dict[str, str | bool]:
-    """`-o a,b=c` (repeatable) to {'a': True, 'b': 'c'}."""
+def parse_options(groups: Sequence[str]) -> dict[str, str | bool]:
+    """`-o a,b=c` (repeatable) to {'a': True, 'b': 'c'}: the one reading of `-o` text, for `shardfs mount`,
+    a CSI volume's mountOptions and a Slurm job's datasets alike."""
     options: dict[str, str | bool] = {}
-    for group in text:
+    for group in groups:
         for item in filter(None, group.split(",")):
             key, eq, value = item.partition("=")
             options[key] = value if eq else True
     return options
+
+
+def settings(options: dict[str, str | bool], mountpoint: Path) -> Settings:
+    """What the options ask of the mount and its session, read once; MountError naming the one that cannot work."""
+    try:
+        return settings_of(options, mountpoint)
+    except FuseMountError as e:
+        raise MountError(str(e)) from None
+
+
+@dataclass
+class Mount:
+    """One mount this process serves: its tree and where, its settings (its `-o` options, read once) and a
+    context of its own (its figures, its requests under way; its cache and decode budget are its tree's), so
+    that one process can serve several, each counted apart (the CSI daemon). control stops it from elsewhere."""
+
+    tree: Tree
+    mountpoint: Path
+    settings: Settings
+    context: Context = field(default_factory=Context)
+    name: str = ""  # the source, as `shardfs stats` and the mount's log line say it
+    view: str = "native"
+    mtime_ns: int = field(default_factory=time.time_ns)
+    control: Control = field(default_factory=Control)
 
 
 def is_stale(mountpoint: Path) -> bool:
@@ -198,36 +224,41 @@ def default_log_file(mountpoint: Path) -> Path:
     return directory / f"{slug}.log"
 
 
+def stats_name(mountpoint: Path, kept: Kept | None) -> Path | None:
+    """The path `shardfs stats` asks for this mount by: the mountpoint; for `/dev/fd/N` the directory the kernel
+    shows it at (see shown_mountpoint), whether this daemon mounts it or takes up a kept connection; a kept
+    connection's mountpoint with its name as given (it answers nothing until this daemon serves it)."""
+    if handed_number(mountpoint) is not None:
+        return shown_mountpoint(mountpoint)
+    return handover.mount_name(mountpoint) if kept is not None else mountpoint
+
+
 def serve(
-    tree: Tree,
-    mtime_ns: int,
-    mountpoint: Path,
-    options: dict[str, str | bool],
+    mount: Mount,
     on_ready: Callable[[], None] | None = None,
     metrics_at: tuple[str, int] | None = None,
-    name: str = "",
-    view: str = "native",
     carrier: Carrier | None = None,
     kept: Kept | None = None,
+    signals: bool = True,
 ) -> bool:
-    """Serve the tree at mountpoint until unmounted, SIGTERM or SIGINT (which unmount), or handed over to the
-    next daemon (SIGUSR2; then True). name and view: what is served, as `shardfs stats` and the mount's log
-    line say it. carrier and kept: see service/handover.py."""
-    # /dev/fd/N: the directory the kernel shows it at, if it can be seen; a kept connection's mountpoint is
-    # not looked at (it answers nothing until this daemon serves it)
-    where = handover.mount_name(mountpoint) if kept is not None else shown_mountpoint(mountpoint)
-    metrics.MOUNT.info({"source": name, "mountpoint": str(where or mountpoint), "view": view})
+    """Serve the mount until unmounted, stopped (its control; SIGTERM or SIGINT if signals: they unmount), or
+    handed over to the next daemon (SIGUSR2; then True). carrier and kept: see service/handover.py. signals:
+    whether this mount is the process's one, served from its main thread."""
+    tree, mountpoint, figures_of = mount.tree, mount.mountpoint, mount.context.metrics
+    where = stats_name(mountpoint, kept)
+    figures_of.mount.info({"source": mount.name, "mountpoint": str(where or mountpoint), "view": mount.view})
 
     def ready(granted: str) -> None:
-        metrics.START_TIME.set_to_current_time()
-        log.info("mounted %s at %s, view %s; %s", name, where or mountpoint, view, granted, extra={"event": "mounted"})
+        figures_of.start_time.set_to_current_time()
+        log.info("mounted %s at %s, view %s; %s", mount.name, where or mountpoint, mount.view, granted,
+                 extra={"event": "mounted"})  # fmt: skip
         lifecycle.tell_systemd(Notification.READY)
         if on_ready is not None:
             on_ready()
 
-    lifecycle.handle_signals(tree)  # before the session's threads: they inherit the blocked signals
+    unhandled = lifecycle.handle_signals(tree)  # before the session's threads: they inherit the blocked signals
     return_freed_memory()
-    figures = lifecycle.Paced(metrics.text)
+    figures = lifecycle.Paced(figures_of.text)
     try:
         if metrics_at is not None:
             lifecycle.serve_metrics(metrics_at, figures)
@@ -236,20 +267,25 @@ def serve(
         else:
             remove_stats_socket = stats_socket.serve(where, figures, real=where != mountpoint or kept is not None)
     except ServiceError as e:
+        unhandled()
         raise MountError(str(e)) from None
-    metrics.watch_cache(tree.cache)
+    figures_of.watch_cache(tree.cache)
     try:
-        handed_over = session.serve(tree, mtime_ns, mountpoint, options, ready, carrier, kept)
+        handed_over = fuse_serve.serve(
+            tree, mount.mtime_ns, mountpoint, mount.settings, ready, carrier, kept, figures_of, mount.control, signals
+        )
     except FuseMountError as e:
         raise MountError(str(e)) from None
     finally:
         remove_stats_socket()
+        unhandled()
     if handed_over:
         log.info("handed %s over to the next daemon", mountpoint, extra={"event": "handed_over"})
         return True
-    if (waiting := WAITING.said()) is not None:  # left to end with the process, which does not wait for them
+    if (waiting := mount.context.waiting.said()) is not None:  # left to end with the process, which does not wait
         log.warning("%s", waiting, extra={"event": "stopping"})
-    lifecycle.tell_systemd(Notification.STOPPING)
+    if signals:
+        lifecycle.tell_systemd(Notification.STOPPING)
     log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})
     return False
 
@@ -266,6 +302,7 @@ def mount(
     keep: Sequence[int] = (),
     name: str = "",
     view: str = "native",
+    context: Context | None = None,
 ) -> bool:
     """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise.
     In the foreground, returns True once the mount has been handed over to the next daemon (SIGUSR2).
@@ -274,16 +311,22 @@ def mount(
     fork, so a remote source is opened by the daemon itself, which reports a refusal back as SourceError.
     local is the source's directory, if it has one, which the mountpoint must keep clear of. keep: other
     descriptors the daemon needs (--cache-dir's directory), left open when it detaches. name and view: the
-    source as messages show it, and the view served. A connection kept for this mountpoint (by systemd or a
-    keeper: service/handover.py) is taken up, not mounted again."""
+    source as messages show it, and the view served. context: the one the source was (or is to be) opened
+    with. A connection kept for this mountpoint (by systemd or a keeper: service/handover.py) is taken up, not
+    mounted again."""
     carrier, kept = handover.choose(mountpoint, options, foreground)
     if kept is None:
         prepare_mountpoint(mountpoint, local, allow_non_empty)
     mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
+
+    def mounted(tree: Tree) -> Mount:
+        """The mount, its options read here, in the daemon: a refusal is in its log, and told to the caller."""
+        return Mount(tree, mountpoint, settings(options, mountpoint), context or Context(), name, view, mtime_ns)
+
     if foreground:
         lifecycle.block_signals()  # before a remote source is opened: obstore's threads start with it
         log_to(log_file)
-        return serve(_opened(source).tree, mtime_ns, mountpoint, options, None, metrics_at, name, view, carrier, kept)
+        return serve(mounted(_opened(source).tree), None, metrics_at, carrier, kept)
     chosen = log_file is not None
     handed = handed_number(mountpoint)
     log_file = log_file or default_log_file(shown_mountpoint(mountpoint) or Path(f"{mountpoint}-{os.getpid()}"))
@@ -329,7 +372,7 @@ def mount(
             with contextlib.suppress(OSError):
                 os.write(ready_w, f"{REFUSED}{e}".encode())
             os._exit(2)
-        handed_over = serve(tree, mtime_ns, mountpoint, options, ready, metrics_at, name, view, carrier, kept)
+        handed_over = serve(mounted(tree), ready, metrics_at, carrier, kept)
     except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
         known = isinstance(e, MountError)  # says why in its message; anything else is a bug: a traceback
         log.error("mount failed: %s", e, exc_info=not known, extra={"event": "mount_failed"})

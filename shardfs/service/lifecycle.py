@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -49,23 +50,37 @@ def block_signals() -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
 
 
-def handle_signals(tree: Tree) -> None:
-    """Take SIGHUP and SIGUSR1 in one thread of ours: SIGHUP drops every cache, SIGUSR1 toggles DEBUG."""
+# The trees this process serves, for SIGHUP: signals are the process's, whatever number of mounts it serves.
+_served: weakref.WeakSet[Tree] = weakref.WeakSet()
+_handling = threading.Lock()
+_listening = threading.Event()  # set once the signal thread is started
+
+
+def handle_signals(tree: Tree) -> Callable[[], None]:
+    """Take SIGHUP and SIGUSR1 in one thread of the process, started with its first mount: SIGHUP drops every
+    cache of every mount served, SIGUSR1 toggles DEBUG. Returns what leaves tree out again, once unmounted."""
     block_signals()  # idempotent; already done where the daemon began
-    base_level = logging.getLogger().level
+    with _handling:
+        _served.add(tree)
+        first = not _listening.is_set()
+        _listening.set()
+    if first:
+        base_level = logging.getLogger().level
 
-    def wait() -> None:
-        while True:
-            if signal.sigwait(SIGNALS) == signal.SIGHUP:
-                tree.drop_caches()
-                log.warning("SIGHUP: caches dropped", extra={"event": "caches_dropped"})
-            else:
-                root = logging.getLogger()
-                level = base_level if root.level == logging.DEBUG else logging.DEBUG
-                root.setLevel(level)
-                log.warning("SIGUSR1: log level %s", logging.getLevelName(level), extra={"event": "log_level"})
+        def wait() -> None:
+            while True:
+                if signal.sigwait(SIGNALS) == signal.SIGHUP:
+                    for served in list(_served):
+                        served.drop_caches()
+                    log.warning("SIGHUP: caches dropped", extra={"event": "caches_dropped"})
+                else:
+                    root = logging.getLogger()
+                    level = base_level if root.level == logging.DEBUG else logging.DEBUG
+                    root.setLevel(level)
+                    log.warning("SIGUSR1: log level %s", logging.getLevelName(level), extra={"event": "log_level"})
 
-    threading.Thread(target=wait, name="shardfs-signals", daemon=True).start()
+        threading.Thread(target=wait, name="shardfs-signals", daemon=True).start()
+    return lambda: _served.discard(tree)
 
 
 class Paced:

@@ -26,7 +26,6 @@ import threading
 import time
 from pathlib import Path
 
-from shardfs import metrics
 from shardfs.codecs import crc32c
 from shardfs.errors import CacheDirRefused
 
@@ -78,7 +77,6 @@ class DiskCache:
             with contextlib.suppress(OSError):
                 os.unlink(key.hex(), dir_fd=self._fd)
             data = None
-        metrics.DISK_CACHE.labels("miss" if data is None else "hit").inc()
         return data
 
     def _read(self, key: bytes, length: int) -> bytes:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from shardfs import metrics
+from shardfs.context import Context
 
 T = TypeVar("T")
 # The bits a class of users needs on a directory to pass it: search for owner, group, others.
@@ -181,8 +181,10 @@ class LocalStore:
     piece_size = 1 << 20
     reads_at_once = 1  # a pread is over before a thread could be handed it
 
-    def __init__(self, root: str | Path, max_open: int = 256) -> None:
+    def __init__(self, root: str | Path, max_open: int = 256, context: Context | None = None) -> None:
+        """context: the mount's, where its reads are counted."""
         self.root = Path(root).absolute()
+        self.context = context or Context()
         self._root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         weakref.finalize(self, os.close, self._root)
         st = os.fstat(self._root)
@@ -284,8 +286,8 @@ class LocalStore:
         if version != file.version:
             raise StoreChanged(self.where(file.path), "replaced since its index was read")
         data = os.pread(f.fileno(), stop - start, start)
-        metrics.STORE_READS.inc()
-        metrics.STORE_BYTES.inc(len(data))
+        self.context.metrics.store_reads.inc()
+        self.context.metrics.store_bytes.inc(len(data))
         if len(data) != stop - start:
             raise StoreChanged(self.where(file.path), f"{len(data)} bytes at {start}, not {stop - start}: truncated")
         return data

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import itertools
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
@@ -37,7 +37,8 @@ from cachetools import LRUCache
 from obstore.exceptions import NotSupportedError, PermissionDeniedError, PreconditionError, UnauthenticatedError
 from obstore.store import GCSStore, HTTPStore, S3Store
 
-from shardfs import metrics
+from shardfs.cache import key_cost
+from shardfs.context import Context
 from shardfs.errors import SourceError
 from shardfs.stores import credentials
 from shardfs.stores.disk_cache import DiskCache
@@ -55,43 +56,12 @@ LISTING_REQUESTS = 10_000  # requests one walk may make: 10 million objects wher
 LISTING_BYTES = 64 << 20  # bytes of object names one walk may gather
 LISTING_TIMEOUTS = 4  # one walk may take this many --timeout (2 minutes by default)
 SKIP = "\U0010ffff"  # sorts after every character: `d/` + SKIP sorts after every key below `d/`
-OPENED = 65536  # objects whose size and version are remembered: a few MB, and a shard is opened once
+# What remembering objects' sizes and versions (and absences) may cost, counted as measured (`_remembered_cost`):
+# some 10,000 objects, 400 bytes each. An object forgotten is opened again (one request) when next read.
+REMEMBERED_BYTES = 4 << 20
+TABLE_ENTRY = 200  # cachetools' LRU per key: an entry in each of its three tables (measured: 168 bytes)
 T = TypeVar("T")
 Listed = Generator[tuple[str, bool], None, str | None]  # entries, then where a listing goes on
-
-
-class _Waiting:
-    """Requests under way, so that stopping can say what it leaves behind (`shardfs mount -f` and Ctrl-C)."""
-
-    def __init__(self) -> None:
-        self._requests: dict[int, tuple[str, str, float]] = {}
-        self._ids = itertools.count()
-        self._lock = threading.Lock()
-
-    def run(self, what: str, url: str, request: Callable[[], T]) -> T:
-        """request(), known to be under way until it returns (in whichever thread runs it)."""
-        with self._lock:
-            token = next(self._ids)
-            self._requests[token] = (what, url, time.monotonic())
-        try:
-            return request()
-        finally:
-            with self._lock:
-                del self._requests[token]
-
-    def said(self) -> str | None:
-        """`stopping: 3 requests still waiting on the source (the oldest: get URL, for 12.0 s)`, or None."""
-        with self._lock:
-            requests = list(self._requests.values())
-        if not requests:
-            return None
-        what, url, started = min(requests, key=lambda r: r[2])
-        n = len(requests)
-        oldest = f"{'the oldest: ' if n > 1 else ''}{what} {url}, for {time.monotonic() - started:.1f} s"
-        return f"stopping: {n} request{'s' if n > 1 else ''} still waiting on the source ({oldest})"
-
-
-WAITING = _Waiting()
 
 
 def _interruptible(request: Callable[[], T]) -> T:
@@ -187,14 +157,30 @@ def _say_unsigned(remote: Remote, access: Access, signed: bool) -> None:
         log.info("%s: no credentials found; requests are sent unsigned", remote.url, extra={"event": "unsigned"})
 
 
+@dataclass(frozen=True, slots=True)
+class Absent:
+    """An object found not to exist, remembered as such."""
+
+    path: str
+
+
+def _remembered_cost(found: StoredFile | Absent) -> int:
+    """What remembering found costs: its path (the table's key too), itself, its version and the table's entry."""
+    return key_cost(found.path) + sys.getsizeof(found) + key_cost(getattr(found, "version", ())) + TABLE_ENTRY
+
+
 class RemoteStore:
     """The Store protocol over obstore. Objects have no owner: everything is shown as the daemon's user's,
     readable by all. A directory is a key prefix; HTTP servers cannot list, so there a directory lists
     as empty and only what metadata names is found."""
 
-    def __init__(self, remote: Remote, access: Access, disk: DiskCache | None = None) -> None:
-        """disk: where byte ranges are kept across mounts (--cache-dir), if anywhere."""
+    def __init__(
+        self, remote: Remote, access: Access, disk: DiskCache | None = None, context: Context | None = None
+    ) -> None:
+        """disk: where byte ranges are kept across mounts (--cache-dir), if anywhere. context: the mount's, where
+        its requests are counted and tracked."""
         self.remote, self.access, self.disk = remote, access, disk
+        self.context = context or Context()
         self.can_list = remote.scheme in ("gs", "s3")
         self.piece_size = 8 << 20  # one GET for nearly every chunk, yet a bounded part of a large one
         self.reads_at_once = READS_AT_ONCE
@@ -202,7 +188,7 @@ class RemoteStore:
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
         self._reads: tuple[int, ThreadPoolExecutor] | None = None
-        self._opened: LRUCache[str, StoredFile | FileNotFoundError] = LRUCache(OPENED)
+        self._opened: LRUCache[str, StoredFile | Absent] = LRUCache(REMEMBERED_BYTES, getsizeof=_remembered_cost)
         self._said_unversioned = False
         self._suffixes = True  # until the server refuses a suffix range
 
@@ -235,7 +221,7 @@ class RemoteStore:
         started = time.monotonic()
         outcome = "ok"
         try:
-            return _interruptible(lambda: WAITING.run(what, self.where(path), request))
+            return _interruptible(lambda: self.context.waiting.run(what, self.where(path), request))
         except FileNotFoundError:
             outcome = "not_found"
             raise FileNotFoundError(errno.ENOENT, "not in the source", self.where(path)) from None
@@ -262,8 +248,8 @@ class RemoteStore:
             outcome = "interrupted"
             raise
         finally:
-            metrics.REMOTE_REQUESTS.labels(what, outcome).inc()
-            metrics.REMOTE_SECONDS.labels(what).observe(time.monotonic() - started)
+            self.context.metrics.remote_requests.labels(what, outcome).inc()
+            self.context.metrics.remote_seconds.labels(what).observe(time.monotonic() - started)
 
     # -- the Store protocol -------------------------------------------------------------------------------------------
 
@@ -276,10 +262,10 @@ class RemoteStore:
             try:
                 meta = self._call("head", path, lambda: obstore.head(self._store(), path))
                 found = self._remember(path, self._file(path, meta))
-            except FileNotFoundError as e:
-                found = self._remember(path, e)
-        if isinstance(found, FileNotFoundError):
-            raise found
+            except FileNotFoundError:
+                found = self._remember(path, Absent(path))
+        if isinstance(found, Absent):
+            raise self._absent(path)
         return found
 
     def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
@@ -310,8 +296,8 @@ class RemoteStore:
         counted."""
         try:
             file, data, start = self._call("get", path, get)
-        except FileNotFoundError as e:
-            self._remember(path, e)
+        except FileNotFoundError:
+            self._remember(path, Absent(path))
             raise
         if (opened := self._remember(path, file)) != file:  # another thread found another version, or none
             was = _described_version(opened.version) if isinstance(opened, StoredFile) else "absent"
@@ -326,11 +312,15 @@ class RemoteStore:
             raise FileNotFoundError(errno.ENOENT, "not a name an object can have", self.where(path))
         with self._lock:  # cachetools' LRU reorders itself on get: not safe to share unlocked
             found = self._opened.get(path)
-        if isinstance(found, FileNotFoundError):
-            raise found
+        if isinstance(found, Absent):
+            raise self._absent(path)
         return found
 
-    def _remember(self, path: str, found: T) -> T | StoredFile | FileNotFoundError:
+    def _absent(self, path: str) -> FileNotFoundError:
+        """A new error each time: one raised again keeps every traceback it was raised with, and their frames."""
+        return FileNotFoundError(errno.ENOENT, "not in the source", self.where(path))
+
+    def _remember(self, path: str, found: T) -> T | StoredFile | Absent:
         """Remember what path was found to be (a version, or absent); what was remembered first stays, and
         is returned."""
         with self._lock:
@@ -346,8 +336,11 @@ class RemoteStore:
         """Bytes [start, stop) of file's version, from --cache-dir if kept there (never for a version that
         is only a size: another object of that size would be answered)."""
         disk = self._disk(file)
-        if disk is not None and (kept := disk.get(self.where(file.path), file.version, start, stop)) is not None:
-            return kept
+        if disk is not None:
+            kept = disk.get(self.where(file.path), file.version, start, stop)
+            self.context.metrics.disk_cache.labels("miss" if kept is None else "hit").inc()
+            if kept is not None:
+                return kept
         data = self._call("get", file.path, lambda: self._get(file, start, stop))
         self._count(file, start, stop, data)
         return data
@@ -357,8 +350,8 @@ class RemoteStore:
 
     def _count(self, file: StoredFile, start: int, stop: int, data: bytes) -> None:
         """A range read from the source: counted, and kept in --cache-dir if its version allows."""
-        metrics.STORE_READS.inc()
-        metrics.STORE_BYTES.inc(len(data))
+        self.context.metrics.store_reads.inc()
+        self.context.metrics.store_bytes.inc(len(data))
         if (disk := self._disk(file)) is not None:
             disk.put(self.where(file.path), file.version, start, stop, data)
 

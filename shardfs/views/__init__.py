@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shardfs.errors import SourceError
-from shardfs.formats.plan import Plan
+from shardfs.formats.plan import Category, Finding, Plan
 from shardfs.views.chunks import nbytes
 from shardfs.views.n5 import n5_view
 from shardfs.views.zarr2 import zarr2_view
@@ -18,8 +18,10 @@ def view_of(plan: Plan, view: str) -> Plan:
         raise SourceError(f"{root}: --view {view} shows zarr v3 and precomputed volumes, not a {plan.format}")
     for path, array in list(plan.arrays.items()):  # a chunk decoded must fit one file's cap
         if (size := nbytes(array.chunks, array.dtype)) > plan.cache.max_value:
-            plan.kinds.append(f"not in other views: {path or '.'}: chunks of {size} bytes exceed --max-file-size")
+            plan.report.append(
+                Finding(f"{path or '.'}: chunks of {size} bytes exceed --max-file-size", Category.NOT_IN_VIEWS)
+            )
             del plan.arrays[path]
     if not plan.arrays:
-        raise SourceError(f"{root}: holds no array that --view {view} can show ({'; '.join(plan.kinds)})")
+        raise SourceError(f"{root}: holds no array that --view {view} can show ({'; '.join(map(str, plan.report))})")
     return VIEWS[view](plan)

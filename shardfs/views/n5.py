@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
-from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
+from shardfs.formats.plan import Array, Finding, Plan
+from shardfs.shards.grid import grid_at, grid_index, grid_position
 from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
 from shardfs.views.axes import Axes, axes_of, pyramids
 from shardfs.views.chunks import (
@@ -163,17 +164,19 @@ def n5_view(plan: Plan) -> Plan:
     axes = axes_of(plan)
     for path, array in plan.arrays.items():
         if array.dtype.name not in DATA_TYPES or not array.shape:
-            view.kinds.append(f"not in the N5 view: {path or '.'}: N5 has no {array.dtype.name} or 0-d datasets")
+            view.report.append(
+                Finding(f"not in the N5 view: {path or '.'}: N5 has no {array.dtype.name} or 0-d datasets")
+            )
             continue
         if max(array.chunks) >= 1 << 32:
-            view.kinds.append(f"not in the N5 view: {path or '.'}: N5 block dimensions are 32-bit")
+            view.report.append(Finding(f"not in the N5 view: {path or '.'}: N5 block dimensions are 32-bit"))
             continue
         dataset = Dataset(array, plan.cache, path)
         view.providers[path] = dataset
         attributes[path] = {**attributes.get(path, {}), **dataset.attributes}
         if path in axes:
             attributes[path].update(axis_attributes(axes[path]))
-        view.kinds.append(f"{path or '.'}: N5 dataset, {dataset.describe()['blocks']}")
+        view.report.append(Finding(f"{path or '.'}: N5 dataset, {dataset.describe()['blocks']}"))
     for group, levels in pyramids(plan).items():
         _pyramid(attributes, group, [path for path in levels if path in view.providers], axes)
     attributes[""] = {**attributes.get("", {}), "n5": VERSION}

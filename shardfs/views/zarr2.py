@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
-from shardfs.formats.plan import Array, Plan, grid_at, grid_index, grid_position
+from shardfs.formats.plan import Array, Finding, Plan
+from shardfs.shards.grid import grid_at, grid_index, grid_position
 from shardfs.tree import Dir, File, LazyFile, Node
 from shardfs.views.axes import axes_of
 from shardfs.views.chunks import decoded, edge_shape, nbytes, next_level, number, numcodecs_config, stored_under
@@ -205,7 +206,9 @@ def zarr2_view(plan: Plan) -> Plan:
         view.files[posixpath.join(path, ".zarray")] = json.dumps(served.meta, indent=1).encode()
         view.files[posixpath.join(path, ".zattrs")] = json.dumps(attributes, indent=1).encode()
         first = served.separator.join("0" * served.ndim) or "0"  # the first chunk's file: it shows the separator
-        view.kinds.append(f"{path or '.'}: zarr v2 array, chunk files like {first}, {served.describe()['chunk files']}")
+        view.report.append(
+            Finding(f"{path or '.'}: zarr v2 array, chunk files like {first}, {served.describe()['chunk files']}")
+        )
     for path, attrs in groups.items():
         view.files[posixpath.join(path, ".zgroup")] = json.dumps({"zarr_format": 2}).encode()
         view.files[posixpath.join(path, ".zattrs")] = json.dumps(attrs, indent=1).encode()

@@ -1,0 +1,94 @@
+"""A Neuroglancer precomputed volume scale as an array, for the other views: its chunks, sharded or one
+source file each (`.gz` ones decoded), and how their encodings decode."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shardfs.codecs import gunzip
+from shardfs.errors import CorruptChunk
+from shardfs.formats.encodings import decode_precomputed
+from shardfs.formats.plan import Array
+from shardfs.formats.precomputed_dirs import chunk_file
+from shardfs.formats.precomputed_names import VolumeChunks
+from shardfs.shards.neuroglancer_kv import NeuroglancerKV
+from shardfs.stores.local import Store
+from shardfs.tree import BytesFile, File, RangeFile
+
+
+@dataclass
+class VolumeScale:
+    """A volume scale as an array in C order: (z, y, x), or (c, z, y, x) with several channels. That is
+    the memory order of a raw precomputed chunk, so raw chunks need no reordering anywhere."""
+
+    store: Store
+    directory: str
+    naming: VolumeChunks
+    kv: NeuroglancerKV | None  # None: an unsharded scale, one source file per chunk
+    data_type: str
+    channels: int
+    scale: dict[str, Any]
+    chunk_limit: int  # the most one chunk may decode to
+
+    def array(self) -> Array:
+        lead = (self.channels,) if self.channels > 1 else ()
+        return Array(
+            shape=(*lead, *self.naming.size[::-1]),
+            chunks=(*lead, *self.naming.chunk[::-1]),
+            dtype=np.dtype(self.data_type).newbyteorder("<"),
+            fill_value=0,
+            attributes={},
+            compressor=None,
+            opaque=self.scale.get("encoding", "raw") != "raw",
+            clipped=True,
+            chunk=self.chunk,
+            stored=self.stored,
+            narrows=False,
+            decode=self.decode,
+            owner=self.store.owner(self.directory),
+            multiscale={"resolution": self.scale.get("resolution", [1, 1, 1]), "voxel_offset": self.naming.offset},
+        )
+
+    def chunk(self, pos: tuple[int, ...]) -> File | None:
+        xyz = list(pos[::-1][:3])
+        if self.kv is not None:
+            found = self.kv.locate(self.naming.morton.encode(xyz))
+            return None if found is None else chunk_file(self.kv, found)
+        path = posixpath.join(self.directory, self.naming.name_of(xyz))
+        for name, gzipped in ((path, False), (f"{path}.gz", True)):
+            try:
+                file = self.store.open(name)
+            except FileNotFoundError:
+                continue
+            if not gzipped:
+                return RangeFile(file, 0, file.size)
+            try:
+                return BytesFile(gunzip(file.pieces(0, file.size), self.chunk_limit), file.owner, name)
+            except ValueError as e:
+                raise CorruptChunk(name, xyz, str(e)) from e
+        return None
+
+    def stored(self, prefix: tuple[int, ...] = ()) -> Iterator[tuple[int, ...]]:
+        """Positions of the stored chunks that start with prefix: the shard index or the directory is read
+        whole (Morton order has no prefix to narrow it by), and filtered."""
+        lead = (0,) if self.channels > 1 else ()
+        if self.kv is not None:
+            codes: Iterator[int | None] = iter(self.kv.stored_keys())
+        else:
+            codes = (self.naming.key(name.removesuffix(".gz")) for name, _ in self.store.list(self.directory))
+        for code in codes:
+            xyz = None if code is None else self.naming.morton.decode(code)
+            if xyz is not None and (pos := (*lead, *xyz[::-1]))[: len(prefix)] == prefix:
+                yield pos
+
+    def decode(self, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
+        x, y, z = shape[::-1][:3]
+        decoded = decode_precomputed(
+            data, self.scale.get("encoding", "raw"), (x, y, z, self.channels), np.dtype(self.data_type), self.scale
+        )
+        return decoded.reshape(shape)
