@@ -123,7 +123,7 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
     from shardfs.cache import ByteCache
     from shardfs.logs import log_to
     from shardfs.service.daemon import Mount, fuse_options, serve, settings
-    from shardfs.stores.local import Owner
+    from shardfs.stores.protocol import Owner
     from shardfs.tree import BytesFile, Dir
 
     owner = Owner(os.getuid(), os.getgid(), 0o555)

@@ -14,10 +14,12 @@ from shardfs.formats.plan import Array, Category, Finding
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
 from shardfs.stores.disk_cache import DiskCache
-from shardfs.stores.local import LocalStore, Store
+from shardfs.stores.local import LocalStore
 from shardfs.stores.location import Remote, parse_source
+from shardfs.stores.protocol import Store
 from shardfs.stores.remote import Access, RemoteStore
-from shardfs.tree import UNLISTED, Provider, Tree
+from shardfs.stores.unlisted import UNLISTED, NamedListing
+from shardfs.tree import Provider, Tree
 from shardfs.views import view_of
 
 
@@ -76,10 +78,12 @@ def open_source(
         raise SourceError(f"{e.filename or name}: cannot be read: {e.strerror}") from None
     if view != "native":
         plan = view_of(plan, view)
-    marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
-    tree = Tree(store, cache, plan.files, plan.providers, view == "native", plan.directories, plan.found, marker)
+    shown: Store = store
     if not store.can_list and view == "native":
+        marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
+        shown = NamedListing(store, plan.directories, plan.found, marker, plan.providers)
         plan.report.append(Finding(UNLISTED, Category.NOTE))
+    tree = Tree(shown, cache, plan.files, plan.providers, view == "native")
     return Source(name, local, tree, plan.report, plan.providers, cache, plan.arrays, context)
 
 

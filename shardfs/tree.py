@@ -7,25 +7,13 @@ The FUSE adapter, `shardfs ls`/`cat` and the tests all use this, so FUSE knows n
 
 from __future__ import annotations
 
-import logging
-import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cachetools import LRUCache
-
 from shardfs.cache import LARGE_VALUE, ByteCache, closure_cost, key_cost
-from shardfs.stores.local import Owner, Store, StoredFile
-
-log = logging.getLogger("shardfs")
-BY_NAME = 65536  # directories found by name kept (a few MB); one forgotten is found again from its parents
-UNLISTED = (
-    "a web server cannot list directories: only what the metadata names is listed (scales, meshes, groups and "
-    "arrays, their info and zarr.json files, and sharded directories' chunks); other files, such as an "
-    "unsharded scale's or array's chunks, are not listed, though each is found by name"
-)
+from shardfs.stores.protocol import Owner, Store, StoredFile
 
 
 class File(Protocol):
@@ -157,15 +145,15 @@ class Tree:
     """Paths are relative to the mount root, '' being the root itself, with '/' separators."""
 
     def __init__(
-        self, store: Store, cache: ByteCache, files: dict[str, bytes], providers: dict[str, Provider],
-        passthrough: bool = True, directories: set[str] | frozenset[str] = frozenset(),
-        found: set[str] | frozenset[str] = frozenset(), marker: str = "",
-    ) -> None:  # fmt: skip
+        self,
+        store: Store,
+        cache: ByteCache,
+        files: dict[str, bytes],
+        providers: dict[str, Provider],
+        passthrough: bool = True,
+    ) -> None:
         """passthrough: whether source files the overlay and providers do not name are shown as they are
-        (the native view), or nothing but the overlay and providers is (the other views). directories and
-        found: the directories the metadata names and the metadata files read, listed where the store
-        cannot list them. marker: the metadata file every directory of the format's nodes holds (zarr.json),
-        by which a directory no metadata names is still found by name where the store cannot list."""
+        (the native view), or nothing but the overlay and providers is (the other views)."""
         self.passthrough = passthrough
         self.store = store
         self.cache = cache
@@ -177,20 +165,11 @@ class Tree:
         self._last: tuple[str | None, Node | None] = (None, None)
         # Overlay entries by parent directory, including the ancestors that the source may lack.
         self._overlay: dict[str, set[str]] = defaultdict(set)
-        unlisted = passthrough and not store.can_list
-        named = directories if unlisted else ()
-        self._found = frozenset(found) if unlisted else frozenset()
-        self._marker = marker if unlisted else ""
-        self._by_name: LRUCache[str, bool] = LRUCache(BY_NAME)  # directories found by name (see _found_by_name)
-        self._lock = threading.Lock()
-        self._said_unlisted = not unlisted
-        for path in (*files, *providers, *named, *self._found):
+        for path in (*files, *providers):
             while path:
                 parent, _, name = path.rpartition("/")
                 self._overlay[parent].add(name)
                 path = parent
-        for path in named:
-            self._overlay.setdefault(path, set())  # a directory, even with nothing known in it
 
     def lookup(self, path: str) -> Node:
         """The node at path; FileNotFoundError if there is none. The last one is kept apart, since a read
@@ -268,25 +247,7 @@ class Tree:
         if kind == "file":
             file = self.store.open(path)
             return RangeFile(file, 0, file.size)
-        if kind is None and self._marker and self._found_by_name(path):
-            return Dir(self.store.owner(path))
         raise FileNotFoundError(path)
-
-    def _found_by_name(self, path: str) -> bool:
-        """Whether path is a directory where the store cannot say (a web server): a node no metadata names,
-        known by its marker file (its files then pass through as stored), or any name inside such a node
-        that is not an object itself (a chunk key's directories: nothing can tell one from an absent name,
-        and the object below it decides)."""
-        with self._lock:
-            if path in self._by_name:
-                return True
-        parent = path.rpartition("/")[0]
-        inside = bool(parent) and parent not in self.files and self.store.kind(parent) is None
-        if not (inside and self._found_by_name(parent)) and self.store.kind(f"{path}/{self._marker}") != "file":
-            return False
-        with self._lock:
-            self._by_name[path] = True
-        return True
 
     def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
         """(name, is_dir) of a directory's entries, streamed: overlay, then the provider's, then the
@@ -294,11 +255,8 @@ class Tree:
         overlay = self._overlay.get(path, set())
         for name in sorted(overlay):
             child = f"{path}/{name}" if path else name
-            yield name, child not in self.files and child not in self._found
+            yield name, child not in self.files
         provider, rel = (self.providers[path], "") if path in self.providers else self._provider_of(path)
-        if provider is None and not self._said_unlisted:
-            self._said_unlisted = True
-            log.warning("%s (first seen listing %s)", UNLISTED, self.store.where(path), extra={"event": "unlisted"})
         if provider is not None:
             yield from provider.entries(rel)
         if not self.passthrough:

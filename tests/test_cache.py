@@ -14,7 +14,7 @@ import pytest
 from shardfs.cache import LARGE_VALUE, ByteCache, entry_cost, large_value_turn, serving
 from shardfs.shards.neuroglancer import MinishardIndex
 from shardfs.source import open_source
-from shardfs.stores.local import Owner
+from shardfs.stores.protocol import Owner
 from shardfs.tree import BytesFile, Dir
 from tests import peers
 

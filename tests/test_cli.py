@@ -13,7 +13,7 @@ import pytest
 
 from shardfs import __version__
 from shardfs.cache import entry_cost
-from shardfs.stores.local import Owner
+from shardfs.stores.protocol import Owner
 from shardfs.tree import BytesFile
 from tests import peers
 from tests.conftest import scrape, shardfs

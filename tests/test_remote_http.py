@@ -212,6 +212,7 @@ def test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata(tmp_path, moun
             assert back[path].shards is None and np.array_equal(back[path][...], data), path
         # Listed: the metadata files it was walked from, as files; the chunks below them: said not to be.
         assert sorted(os.listdir(m.path)) == ["0", "1", "zarr.json"]
+        assert {e.name: e.is_file() for e in os.scandir(m.path)} == {"0": False, "1": False, "zarr.json": True}
         assert [(e.name, e.is_file()) for e in os.scandir(m.path / "0") if e.name == "zarr.json"] == [
             ("zarr.json", True)
         ]

@@ -16,6 +16,8 @@ import numpy as np
 import pyspng
 import simplejpeg
 
+from shardfs.shards.grid import grid_shape
+
 _DTYPES = frozenset(("u1", "u2", "u4", "u8", "i1", "i2", "i4", "i8", "f4", "f8"))
 
 
@@ -248,8 +250,8 @@ def _compresso_boundaries(
     """The (z, y, x) boundary voxels the library will derive, checking the run-length-coded windows first:
     each must land inside the block grid and name a stored window value."""
     (x, y, z), (xs, ys, zs) = size, steps
-    nx, ny = -(-x // xs), -(-y // ys)
-    grid = nx * ny * -(-z // zs)
+    nx, ny, nz = grid_shape(size, steps)
+    grid = nx * ny * nz
     skip = (runs & 1).astype(bool)
     advance = np.where(skip, runs >> 1, 1).astype(np.uint64)
     if (advance > grid).any():

@@ -14,12 +14,15 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
 from shardfs.shards.kv import Extent
-from shardfs.stores.local import Owner, Store
+from shardfs.stores.protocol import Owner, Store
 from shardfs.tree import BytesFile, File, Provider, RangeFile
 
 LARGEST = 1 << 62  # sizes, shapes and offsets past it would overflow the int64 maths of chunk positions
 METADATA_LIMIT = 64 << 20  # bytes of one metadata file (`info`, `zarr.json`) parsed
 METADATA_DEPTH = 64  # nesting of its JSON: real metadata has under 10
+# What code walking metadata of an unexpected shape raises (a string where a list was, a key missing, a zero
+# where a size was): the file is refused in words, as for a SourceError, never with a traceback.
+MALFORMED = (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,11 @@ class Array:
     multiscale: dict[str, Any] = field(default_factory=dict)  # precomputed: resolution and voxel_offset (x, y, z)
     dimension_names: tuple[str | None, ...] | None = None  # zarr v3's `dimension_names`, if it has them
     separator: str = "/"  # between the indices of its chunk keys in the source (zarr's `c/1/2` or `1.2`)
+
+
+def senseless(where: str, e: Exception) -> SourceError:
+    """The refusal of the metadata file at where, for an error MALFORMED names."""
+    return SourceError(f"{where}: cannot make sense of it ({type(e).__name__}: {e})")
 
 
 def extent_file(extent: Extent) -> File:

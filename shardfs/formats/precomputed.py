@@ -14,13 +14,13 @@ from typing import Any
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
 from shardfs.formats import encodings
-from shardfs.formats.plan import LARGEST, Category, Finding, Plan, load_json
+from shardfs.formats.plan import LARGEST, MALFORMED, Category, Finding, Plan, load_json, senseless
 from shardfs.formats.precomputed_dirs import ChunkDir, MeshDir
 from shardfs.formats.precomputed_names import GridCells, Naming, SegmentIds, VolumeChunks
 from shardfs.formats.precomputed_scales import VolumeScale
 from shardfs.shards.neuroglancer import ShardingSpec
 from shardfs.shards.neuroglancer_kv import NeuroglancerKV
-from shardfs.stores.local import Store
+from shardfs.stores.protocol import Store
 
 log = logging.getLogger("shardfs")
 
@@ -51,8 +51,8 @@ class Precomputed(Plan):
             part._plan_info(directory, path, required)
         except SourceError as e:
             why = str(e)
-        except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
-            why = f"{self.store.where(path)}: cannot make sense of it ({type(e).__name__}: {e})"
+        except MALFORMED as e:
+            why = str(senseless(self.store.where(path), e))
         else:
             self.files.update(part.files)
             self.providers.update(part.providers)

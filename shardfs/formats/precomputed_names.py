@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Protocol
 
+from shardfs.shards.grid import grid_shape
 from shardfs.shards.morton import MortonCode
 from shardfs.shards.neuroglancer import UINT64_MAX
 
@@ -67,7 +68,7 @@ class VolumeChunks:
     def __init__(self, size: list[int], chunk: list[int], offset: list[int], table_cells: int = TABLE_CELLS) -> None:
         self.size, self.chunk, self.offset = size, chunk, offset
         self._dims = list(zip(chunk, offset, size, strict=True))
-        self.grid = [-(-s // c) for s, c in zip(size, chunk, strict=True)]
+        self.grid = list(grid_shape(size, chunk))
         self.morton = MortonCode(self.grid)
         self._table_cells = table_cells
 

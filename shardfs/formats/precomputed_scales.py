@@ -17,7 +17,7 @@ from shardfs.formats.plan import Array
 from shardfs.formats.precomputed_dirs import chunk_file
 from shardfs.formats.precomputed_names import VolumeChunks
 from shardfs.shards.neuroglancer_kv import NeuroglancerKV
-from shardfs.stores.local import Store
+from shardfs.stores.protocol import Store
 from shardfs.tree import BytesFile, File, RangeFile
 
 

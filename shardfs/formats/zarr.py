@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError, Unsupported
-from shardfs.formats.plan import LARGEST, Array, Category, Finding, Plan, load_json
+from shardfs.formats.plan import LARGEST, MALFORMED, Array, Category, Finding, Plan, load_json, senseless
 from shardfs.formats.zarr_array import SourceChunks, ZarrArray
 from shardfs.formats.zarr_codecs import (
     KNOWN_CODECS,
@@ -30,7 +30,7 @@ from shardfs.formats.zarr_codecs import (
 from shardfs.formats.zarr_draft import DRAFT_FORMAT, walk_draft
 from shardfs.shards.zarr import ChunkKeys
 from shardfs.shards.zarr_kv import ZarrKV
-from shardfs.stores.local import Store
+from shardfs.stores.protocol import Store
 from shardfs.tree import File
 
 log = logging.getLogger("shardfs")
@@ -93,8 +93,8 @@ class ZarrPlan(Plan):
         except SourceError as e:
             self.refuse(e, root)
             return []
-        except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
-            self.refuse(SourceError(f"{where}: cannot make sense of it ({type(e).__name__}: {e})"), root)
+        except MALFORMED as e:
+            self.refuse(senseless(where, e), root)
             return []
         self.report.append(Finding(f"{directory or '.'}: zarr v3 group"))
         self.groups[directory] = meta.get("attributes") or {}

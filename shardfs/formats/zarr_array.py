@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from shardfs.formats.plan import extent_file
-from shardfs.shards.grid import grid_at, grid_index
+from shardfs.shards.grid import grid_at, grid_index, grid_shape
 from shardfs.shards.kv import files_below
 from shardfs.shards.zarr import ChunkKeys
 from shardfs.shards.zarr_kv import ZarrKV
-from shardfs.stores.local import Store
+from shardfs.stores.protocol import Store
 from shardfs.tree import Dir, File, Node, RangeFile
 
 
@@ -119,7 +119,7 @@ class SourceChunks:
 
     def stored(self, prefix: tuple[int, ...] = ()) -> Iterator[tuple[int, ...]]:
         """Positions of the chunk files that start with prefix: with `/` keys, only its directory is walked."""
-        grid = [-(-s // c) for s, c in zip(self.shape, self.chunks, strict=True)]
+        grid = grid_shape(self.shape, self.chunks)
         below = self.keys.key(prefix) if prefix and self.keys.separator == "/" else ""
         for path in files_below(self.store, posixpath.join(self.directory, below) if below else self.directory):
             parsed = self.keys.parse(path[len(self.directory) :].lstrip("/"))

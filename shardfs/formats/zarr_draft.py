@@ -9,7 +9,7 @@ import posixpath
 from typing import TYPE_CHECKING
 
 from shardfs.errors import SourceError
-from shardfs.formats.plan import Finding, load_json
+from shardfs.formats.plan import MALFORMED, Finding, load_json, senseless
 from shardfs.formats.zarr_array import ZarrArray
 from shardfs.formats.zarr_codecs import itemsize, positive_ints
 from shardfs.shards.kv import files_below
@@ -33,9 +33,8 @@ def walk_draft(plan: ZarrPlan) -> None:
                 _draft_array(plan, path)
             except SourceError as e:
                 plan.refuse(e, root=False)
-            except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError) as e:
-                where = plan.store.where(path)
-                plan.refuse(SourceError(f"{where}: cannot make sense of it ({type(e).__name__}: {e})"), False)
+            except MALFORMED as e:
+                plan.refuse(senseless(plan.store.where(path), e), False)
 
 
 def _draft_array(plan: ZarrPlan, path: str) -> None:

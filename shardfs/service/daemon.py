@@ -13,8 +13,6 @@ import itertools
 import logging
 import os
 import re
-import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -27,6 +25,7 @@ from cysystemd.daemon import Notification
 from shardfs.cache import return_freed_memory
 from shardfs.context import Context
 from shardfs.errors import ServiceError, SourceError
+from shardfs.fuse import mount as fuse_mount
 from shardfs.fuse import serve as fuse_serve
 from shardfs.fuse.mount import FuseMountError, connection_of, handed_fd, handed_number
 from shardfs.fuse.record import Carrier, Kept
@@ -135,15 +134,6 @@ def waits_for_daemon(mountpoint: Path, patience: float = 1.0) -> bool:
     return not answered.wait(patience)
 
 
-def fusermount(lazy: bool, mountpoint: Path) -> subprocess.CompletedProcess[str]:
-    tool = shutil.which("fusermount3") or shutil.which("fusermount")
-    if tool:
-        command = [tool, "-uz" if lazy else "-u", str(mountpoint)]
-    else:
-        command = ["umount", *(["-l"] if lazy else []), str(mountpoint)]
-    return subprocess.run(command, capture_output=True, text=True, check=False)
-
-
 def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: bool) -> None:
     """Clear a dead mount; refuse a mountpoint that cannot work. One inside a local source (or holding it)
     would deadlock: the daemon would read the source through its own mount. A `/dev/fd/N` is checked to be
@@ -162,9 +152,13 @@ def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: b
         )
     if is_stale(mountpoint):
         log.warning("clearing the stale mount at %s", mountpoint, extra={"event": "stale_mount"})
-        cleared = fusermount(True, mountpoint)
-        if cleared.returncode != 0 or is_stale(mountpoint):
-            raise MountError(f"{mountpoint}: a dead mount is there and could not be cleared ({cleared.stderr.strip()})")
+        try:
+            fuse_mount.unmount(mountpoint, lazy=True)
+        except (OSError, FuseMountError) as e:
+            why = _unmount_failure(e)
+            raise MountError(f"{mountpoint}: a dead mount is there and could not be cleared ({why})") from None
+        if is_stale(mountpoint):
+            raise MountError(f"{mountpoint}: a dead mount is there and could not be cleared")
     if not mountpoint.exists():
         raise UsageError(f"{mountpoint}: mountpoint does not exist")
     if not mountpoint.is_dir():
@@ -193,11 +187,19 @@ def unmount(mountpoint: Path, any_type: bool = False, lazy: bool = False) -> Non
         raise MountError(f"{mountpoint}: not mounted")
     if not any_type and found is not None and found.fstype != mountinfo.SHARDFS_TYPE:
         raise MountError(f"{mountpoint}: a {found.fstype} mount, not shardfs; pass --any-type to unmount it anyway")
-    result = fusermount(lazy, mountpoint)
-    if result.returncode != 0 and "busy" in result.stderr:
-        raise MountError(f"{mountpoint}: {holders.said(mountpoint)}; close them, or pass --lazy to detach it now")
-    if result.returncode != 0:
-        raise MountError(result.stderr.strip() or f"{mountpoint}: unmount failed")
+    try:
+        fuse_mount.unmount(mountpoint, lazy)
+    except (OSError, FuseMountError) as e:
+        if getattr(e, "errno", None) == errno.EBUSY or "busy" in str(e):
+            raise MountError(
+                f"{mountpoint}: {holders.said(mountpoint)}; close them, or pass --lazy to detach it now"
+            ) from None
+        raise MountError(f"{mountpoint}: unmount failed: {_unmount_failure(e)}") from None
+
+
+def _unmount_failure(e: OSError | FuseMountError) -> str:
+    """Why an unmount failed, in words: umount2's errno, or fusermount3's own line."""
+    return (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
 
 
 def shown_mountpoint(mountpoint: Path) -> Path | None:

@@ -6,6 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def grid_shape(shape: Sequence[int], chunks: Sequence[int]) -> tuple[int, ...]:
+    """Chunks along each dimension of an array of shape: a partial chunk at an edge counts as one."""
+    return tuple(-(-s // c) for s, c in zip(shape, chunks, strict=True))
+
+
 def grid_position(parts: list[str]) -> tuple[int, ...] | None:
     """Chunk indices spelled in canonical decimal (one chunk, one name: no '01', no '+1'), or None."""
     if not all(p.isascii() and p.isdigit() and str(int(p)) == p for p in parts):

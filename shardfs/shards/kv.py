@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk
-from shardfs.stores.local import Store, StoredFile
+from shardfs.stores.protocol import ByteRange, Store, StoredFile
 
 log = logging.getLogger("shardfs")
 
@@ -108,13 +108,9 @@ class ShardedKV(ABC):
         """FileNotFoundError if it is absent."""
         return self.store.open(path)
 
-    def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
-        """A file and its bytes [start, stop), fewer where it ends sooner, from one request."""
-        return self.store.open_reading(path, start, stop)
-
-    def open_tail(self, path: str, n: int) -> tuple[StoredFile, bytes]:
-        """A file and its last n bytes, from one request."""
-        return self.store.open_tail(path, n)
+    def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
+        """A file and the bytes want asks for (fewer where it ends sooner), from one request."""
+        return self.store.open_reading(path, want)
 
     def list_dir(self, path: str) -> Iterator[tuple[str, bool]]:
         return self.store.list(path)

@@ -28,7 +28,7 @@ from shardfs.shards.listing import (
     in_order,
 )
 from shardfs.shards.neuroglancer import EMPTY, MINISHARD_INDEX_LIMIT, SUFFIXES, MinishardIndex, ShardingSpec, adjacent
-from shardfs.stores.local import JoinedFile, Store, StoredFile
+from shardfs.stores.protocol import JoinedFile, Range, Store, StoredFile
 
 log = logging.getLogger("shardfs")
 
@@ -105,7 +105,7 @@ class NeuroglancerKV(ShardedKV):
     def _shard_bytes(self, shard: int, key: object, start: int, stop: int) -> tuple[StoredFile, bytes]:
         """The shard's file and its bytes [start, stop) (fewer where it ends sooner)."""
         try:
-            return self.open_reading(self.shard_path(shard), start, stop)
+            return self.open_reading(self.shard_path(shard), Range(start, stop - start))
         except FileNotFoundError:
             pass
         file = self._pair(shard, key)

@@ -17,9 +17,10 @@ import numpy as np
 
 from shardfs.cache import ByteCache, large_value_turn
 from shardfs.errors import CorruptChunk
+from shardfs.shards.grid import grid_shape
 from shardfs.shards.kv import Extent, ShardedKV, ShardFile, ShardReport, skipped
 from shardfs.shards.zarr import ChunkKeys, Level, decode_blob
-from shardfs.stores.local import Store, StoredFile
+from shardfs.stores.protocol import Range, Store, StoredFile, Suffix
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,9 @@ class ZarrKV(ShardedKV):
         self.levels, self.keys, self.shape = levels, keys, shape
         self._nothing = Present.of(np.empty((0, len(shape)), np.int64))
         self.inner = levels[-1].inner
-        self.grid = tuple(-(-s // c) for s, c in zip(shape, self.inner, strict=True))
+        self.grid = grid_shape(shape, self.inner)
         self.per_shard = tuple(s // c for s, c in zip(levels[0].shape, self.inner, strict=True))
-        self.shard_grid = tuple(-(-g // n) for g, n in zip(self.grid, self.per_shard, strict=True))
+        self.shard_grid = grid_shape(self.grid, self.per_shard)
         # Per level and dimension: (innermost chunks per chunk of this level, chunks per shard, C-order stride).
         self._steps = [
             [
@@ -158,7 +159,7 @@ class ZarrKV(ShardedKV):
                 return self.open_file(path)
             size = level.layout.size
             at_start = level.layout.at_start
-            file, raw = self.open_reading(path, 0, size) if at_start else self.open_tail(path, size)
+            file, raw = self.open_reading(path, Range(0, size) if at_start else Suffix(size))
             self._index(Blob.whole(file), level, 0, raw if len(raw) == size else None)
             return file
 

@@ -42,8 +42,8 @@ from shardfs.context import Context
 from shardfs.errors import SourceError
 from shardfs.stores import credentials
 from shardfs.stores.disk_cache import DiskCache
-from shardfs.stores.local import Owner, StoreChanged, StoredFile
 from shardfs.stores.location import Remote
+from shardfs.stores.protocol import ByteRange, Owner, Range, StoreChanged, StoredFile
 
 log = logging.getLogger("shardfs")
 
@@ -174,6 +174,9 @@ class RemoteStore:
     readable by all. A directory is a key prefix; HTTP servers cannot list, so there a directory lists
     as empty and only what metadata names is found."""
 
+    piece_size = 8 << 20  # one GET for nearly every chunk, yet a bounded part of a large one
+    reads_at_once = READS_AT_ONCE
+
     def __init__(
         self, remote: Remote, access: Access, disk: DiskCache | None = None, context: Context | None = None
     ) -> None:
@@ -181,9 +184,6 @@ class RemoteStore:
         its requests are counted and tracked."""
         self.remote, self.access, self.disk = remote, access, disk
         self.context = context or Context()
-        self.can_list = remote.scheme in ("gs", "s3")
-        self.piece_size = 8 << 20  # one GET for nearly every chunk, yet a bounded part of a large one
-        self.reads_at_once = READS_AT_ONCE
         self._owner = Owner(os.getuid(), os.getgid(), 0o555)
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
@@ -191,6 +191,11 @@ class RemoteStore:
         self._opened: LRUCache[str, StoredFile | Absent] = LRUCache(REMEMBERED_BYTES, getsizeof=_remembered_cost)
         self._said_unversioned = False
         self._suffixes = True  # until the server refuses a suffix range
+
+    @property
+    def can_list(self) -> bool:
+        """Object stores list by key prefix; a web server has no listing to ask for."""
+        return self.remote.scheme in ("gs", "s3")
 
     def _store(self) -> Any:
         """The client of this process: obstore's runtime threads do not survive the daemon's fork, so a
@@ -268,28 +273,22 @@ class RemoteStore:
             raise self._absent(path)
         return found
 
-    def open_reading(self, path: str, start: int, stop: int) -> tuple[StoredFile, bytes]:
-        """The object's version and its bytes [start, stop) (fewer where it ends sooner), in one GET where
-        the version is not known yet: the answer names it (Content-Range's total size, ETag, Last-Modified),
-        so no HEAD goes first, and the bytes are surely of that version. A version already known is read as
-        any range is, under its precondition."""
+    def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
+        """The object's version and the bytes want asks for, in one GET where the version is not known yet: the
+        answer names it (Content-Range's total size, ETag, Last-Modified), so no HEAD goes first, and the bytes
+        are surely of that version. A Suffix is a suffix range (`bytes=-n`); a server that refuses those (some
+        answer the whole object) is not asked again: there a HEAD goes first. A version already known is read
+        as any range is, under its precondition."""
         found = self._known(path)
-        if found is not None:
-            return found, found.read(start, min(stop, found.size))
-        return self._open_by(path, lambda: self._get_first(path, start, stop))
-
-    def open_tail(self, path: str, n: int) -> tuple[StoredFile, bytes]:
-        """The object's version and its last n bytes (all of it where it is shorter), in one GET of a suffix
-        range (`bytes=-n`) where the version is not known yet, as open_reading. A server that refuses suffix
-        ranges (some answer the whole object) is not asked again: there a HEAD goes first."""
-        found = self._known(path)
+        if found is None and isinstance(want, Range):
+            return self._open_by(path, lambda: self._get_first(path, want.offset, want.offset + want.length))
         if found is None and self._suffixes:
             try:
-                return self._open_by(path, lambda: self._get_tail(path, n))
+                return self._open_by(path, lambda: self._get_tail(path, want.length))
             except NoSuffixRanges:
                 self._refuse_suffixes()
         file = found or self.open(path)
-        return file, file.read(max(file.size - n, 0), file.size)
+        return file, file.read(*want.within(file.size))
 
     def _open_by(self, path: str, get: Callable[[], tuple[StoredFile, bytes, int]]) -> tuple[StoredFile, bytes]:
         """The version and bytes that get()'s one GET answered (with where they start), remembered and

@@ -14,7 +14,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk
 from shardfs.formats.plan import Array, Compressor
-from shardfs.stores.local import Owner
+from shardfs.stores.protocol import Owner
 from shardfs.tree import File
 
 BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
@@ -84,7 +84,7 @@ def encode(compressor: Compressor, values: np.ndarray) -> bytes:
 def stored_under(array: Array, cache: ByteCache, key: tuple, prefix: tuple[int, ...]) -> Iterable[tuple[int, ...]]:
     """Positions of an array's stored chunks that start with prefix. A source that cannot narrow a listing by
     prefix (precomputed) is read whole once, into the byte-bounded cache as one array of positions, which
-    each directory of a nested listing filters: reading it whole per directory made `find` quadratic. More
+    each directory of a nested listing filters, so that `find` reads it once, not once per directory. More
     positions than one cached value may hold are filtered as they stream, every time."""
     if array.narrows:
         return array.stored(prefix)

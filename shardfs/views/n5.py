@@ -23,7 +23,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Finding, Plan
-from shardfs.shards.grid import grid_at, grid_index, grid_position
+from shardfs.shards.grid import grid_at, grid_index, grid_position, grid_shape
 from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
 from shardfs.views.axes import Axes, axes_of, pyramids
 from shardfs.views.chunks import (
@@ -66,7 +66,7 @@ class Dataset:
     def __init__(self, array: Array, cache: ByteCache, directory: str) -> None:
         self.array, self.cache, self.directory = array, cache, directory
         self.ndim = len(array.shape)
-        self.grid = [-(-s // c) for s, c in zip(array.shape, array.chunks, strict=True)][::-1]  # N5 order
+        self.grid = grid_shape(array.shape, array.chunks)[::-1]  # N5 order
         self.zero_copy = compression(array)
         # N5 has no fill value: a reader takes a missing block for zero bytes. Where the source's fill value is
         # other bytes (NaN, and -0.0, which equals 0), every block of the grid is shown, those never written made

@@ -23,7 +23,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.formats.plan import Array, Finding, Plan
-from shardfs.shards.grid import grid_at, grid_index, grid_position
+from shardfs.shards.grid import grid_at, grid_index, grid_position, grid_shape
 from shardfs.tree import Dir, File, LazyFile, Node
 from shardfs.views.axes import axes_of
 from shardfs.views.chunks import decoded, edge_shape, nbytes, next_level, number, numcodecs_config, stored_under
@@ -53,7 +53,7 @@ class Zarr2Array:
             "filters": None,
             "dimension_separator": separator,
         }
-        self.grid = tuple(-(-s // c) for s, c in zip(self.meta["shape"], self.meta["chunks"], strict=True))
+        self.grid = grid_shape(self.meta["shape"], self.meta["chunks"])
 
     def describe(self) -> dict[str, Any]:
         how = "zero-copy" if self.zero_copy else "transcoded (decoded, raw)"
