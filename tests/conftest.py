@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from shardfs.service.daemon import unmount
+from shardfs.service.daemon import MountError, unmount
 from tests import peers
 from tests.helpers import BIG, SHARDING, write_small_volume
 from tests.peers import write_zarr_python
@@ -82,8 +82,14 @@ def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mo
 
     yield make
     for point in made:
-        if os.path.ismount(point):
-            unmount(point)  # what `shardfs unmount` runs, without starting an interpreter for it
+        deadline = time.monotonic() + 60
+        while os.path.ismount(point):
+            try:
+                unmount(point)  # what `shardfs unmount` runs, without starting an interpreter for it
+            except MountError:  # busy: a peer library in this process (tensorstore) may still be closing files
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
 
 USER = "shardfs-test"  # an unprivileged local user: the other users a root `allow_other` mount serves
