@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,10 +16,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shardfs.service.daemon import MountError, unmount
 from tests import peers
+from tests.helpers import BIG, SHARDING, write_small_volume
+from tests.peers import write_zarr_python
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
-REPO = Path(__file__).resolve().parent.parent
 
 
 def shardfs(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -79,8 +82,14 @@ def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mo
 
     yield make
     for point in made:
-        if os.path.ismount(point):
-            shardfs("unmount", point)
+        deadline = time.monotonic() + 60
+        while os.path.ismount(point):
+            try:
+                unmount(point)  # what `shardfs unmount` runs, without starting an interpreter for it
+            except MountError:  # busy: a peer library in this process (tensorstore) may still be closing files
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
 
 USER = "shardfs-test"  # an unprivileged local user: the other users a root `allow_other` mount serves
@@ -89,8 +98,14 @@ USER = "shardfs-test"  # an unprivileged local user: the other users a root `all
 @pytest.fixture(scope="session")
 def user() -> tuple[int, int]:
     """(uid, gid) of an unprivileged user, created if missing."""
-    if subprocess.run(["id", "-u", USER], capture_output=True).returncode:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER], check=True)
+    # Parallel workers (and a second suite) may add it at once: the loser's useradd fails (exists, or the
+    # passwd file locked), and the user is there once the winner's is done.
+    add = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER]
+    deadline = time.monotonic() + 60
+    while subprocess.run(["id", "-u", USER], capture_output=True).returncode:
+        assert time.monotonic() < deadline, f"{USER} could not be added: {' '.join(add)}"
+        if subprocess.run(add, capture_output=True).returncode:
+            time.sleep(0.2)
     uid, gid = (int(subprocess.run(["id", f, USER], capture_output=True, text=True).stdout) for f in ("-u", "-g"))
     return uid, gid
 
@@ -127,3 +142,72 @@ def raw_volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np
     root = tmp_path_factory.mktemp("raw-volume")
     source, twin = root / "src", root / "twin"
     return source, twin, peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin)
+
+
+@pytest.fixture(scope="session")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sharded volume; tensorstore writes the same data unsharded beside it, at `twin`. Shared: tests
+    damage copies (`corrupted`)."""
+    where = tmp_path_factory.mktemp("bad")
+    data = np.random.default_rng(0).integers(0, 255, (64, 64, 16, 1), dtype=np.uint8)
+    write_small_volume(where / "vol", data, SHARDING)
+    write_small_volume(where / "twin", data, None)
+    return where / "vol"
+
+
+@pytest.fixture
+def corrupted(pristine: Path, tmp_path: Path):
+    def make(damage: Callable[[Path], None]) -> Path:
+        root = tmp_path / "vol"
+        shutil.copytree(pristine, root)
+        damage(root / "1_1_1")
+        return root
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def zarr_source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
+    """zarr-python 3's hierarchy (peers.write_zarr_python) and each array's contents. Shared: tests damage
+    copies (`damaged`)."""
+    root = tmp_path_factory.mktemp("zarr") / "brain.zarr"
+    return root, write_zarr_python(root)
+
+
+@pytest.fixture
+def damaged(zarr_source, tmp_path):
+    def make(edit: Callable[[Path], None]) -> Path:
+        root = tmp_path / "brain.zarr"
+        shutil.copytree(zarr_source[0], root)
+        edit(root)
+        return root
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def shared() -> Iterator[tuple[Path, dict[int, bytes]]]:
+    """A key-value dataset any user may read, in a directory any user may search, and what it holds."""
+    root = Path(tempfile.mkdtemp(prefix="shardfs-mounting-", dir="/tmp"))
+    root.chmod(0o755)
+    values = {1: np.random.default_rng(1).bytes(BIG), 2: b"two", 3: b"three"}
+    peers.write_tensorstore_kv(root / "kv", values)
+    for path in [root / "kv", *(root / "kv").rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield root / "kv", values
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# The modules that take longest, begun first: parallel workers (scripts/test) take a module at a time, and
+# one begun last would run on alone after the others are done.
+SLOW_FIRST = [
+    *("test_memory.py", "test_fuzz.py", "test_bounds.py", "test_fuse_session.py", "test_views.py"),
+    *("test_zarr.py", "test_service.py", "test_remote_edges.py", "test_remote_http.py", "test_restart.py"),
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        return SLOW_FIRST.index(item.path.name) if item.path.name in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=rank)  # stable: within a module, the order stays as written

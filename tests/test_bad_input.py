@@ -2,98 +2,22 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
 import shutil
 import struct
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorstore as ts
 
-from tests import peers
 from tests.conftest import assert_eio, shardfs
-
-SHARDING = {
-    "@type": "neuroglancer_uint64_sharded_v1",
-    "preshift_bits": 0,
-    "hash": "identity",  # keys spread predictably over 4 shards x 2 minishards
-    "minishard_bits": 1,
-    "shard_bits": 2,
-    "minishard_index_encoding": "raw",
-    "data_encoding": "gzip",
-}
-
-
-GRID = (4, 4, 1)  # chunks of 16 x 16 x 16 in a 64 x 64 x 16 volume
-
-
-def write(root: Path, data: np.ndarray, sharding: dict | None) -> None:
-    scale = {"size": [64, 64, 16], "chunk_size": [16, 16, 16], "resolution": [1, 1, 1], "encoding": "raw"}
-    store = ts.open(
-        {
-            "driver": "neuroglancer_precomputed",
-            "kvstore": f"file://{root}",
-            "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
-            "scale_metadata": {**scale, "sharding": sharding} if sharding else scale,
-            "create": True,
-        }
-    ).result()
-    store[...] = data
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sharded volume; tensorstore writes the same data unsharded beside it, at `twin`."""
-    where = tmp_path_factory.mktemp("bad")
-    data = np.random.default_rng(0).integers(0, 255, (64, 64, 16, 1), dtype=np.uint8)
-    write(where / "vol", data, SHARDING)
-    write(where / "twin", data, None)
-    return where / "vol"
+from tests.helpers import SHARDING, chunks_by_shard
 
 
 def twin_chunk(pristine: Path, name: str) -> bytes:
     return (pristine.parent / "twin" / "1_1_1" / name).read_bytes()
-
-
-def stored_range(shard: bytes, key: int) -> tuple[int, int]:
-    """[start, stop) of key in a shard of two raw minishards, decoded as the spec describes: the shard index
-    gives each minishard index's range after the 32-byte shard index; its rows are key deltas, start deltas
-    (from the end of the previous chunk, the first from the end of the shard index) and sizes."""
-    lo, hi = struct.unpack_from("<QQ", shard, 16 * (key & 1))
-    deltas, gaps, sizes = np.frombuffer(shard, "<u8", (hi - lo) // 8, 32 + lo).reshape(3, -1).astype(np.int64)
-    stops = 32 + np.cumsum(gaps + sizes)
-    i = int(np.flatnonzero(np.cumsum(deltas) == key)[0])
-    return int(stops[i] - sizes[i]), int(stops[i])
-
-
-def chunks_by_shard(root: Path) -> dict[str, list[tuple[str, int, int, int]]]:
-    """(name, key, start, stop) of every chunk, by shard file, from the pristine copy and the spec's maths alone:
-    shard by peers.volume_chunk_shards, key the compressed Morton code, the byte range by `stored_range`."""
-    shard_of = peers.volume_chunk_shards(root, "1_1_1")
-    found: dict[str, list] = {}
-    for pos in itertools.product(*map(range, GRID)):
-        name = "_".join(f"{16 * p}-{16 * p + 16}" for p in pos)
-        key = peers.compressed_morton_code(pos, GRID)
-        start, stop = stored_range((root / "1_1_1" / shard_of[name]).read_bytes(), key)
-        found.setdefault(shard_of[name], []).append((name, key, start, stop))
-    assert sorted(found) == ["0.shard", "1.shard", "2.shard", "3.shard"]
-    return found
-
-
-@pytest.fixture
-def corrupted(pristine: Path, tmp_path: Path):
-    def make(damage: Callable[[Path], None]) -> Path:
-        root = tmp_path / "vol"
-        shutil.copytree(pristine, root)
-        damage(root / "1_1_1")
-        return root
-
-    return make
 
 
 def assert_healthy(mnt: Path, pristine: Path, names: list[str]) -> None:

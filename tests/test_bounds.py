@@ -27,9 +27,9 @@ from google_crc32c import value as crc32c
 from shardfs.formats.plan import METADATA_LIMIT
 from tests import peers
 from tests.conftest import SHARDFS, assert_eio, shardfs
+from tests.helpers import daemon_of, peak_and_now_kib, wait_until
 from tests.http_server import RangeServer
-from tests.test_daemon import daemon_of, wait_until
-from tests.test_hostile_input import kv_dataset
+from tests.peers import kv_dataset
 
 # Even keys in 0.shard, odd keys in 1.shard.
 TWO_SHARDS = peers.sharding_spec(preshift_bits=0, hash="identity", minishard_bits=0, shard_bits=1)
@@ -179,11 +179,6 @@ def gzip_bomb(claimed: int) -> bytes:
     packer = zlib.compressobj(9, zlib.DEFLATED, 31)
     zeros = bytes(1 << 20)
     return b"".join([*(packer.compress(zeros) for _ in range(claimed >> 20)), packer.flush()])
-
-
-def peak_and_now_kib(pid: int) -> tuple[int, int]:
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
-    return int(status["VmHWM"].split()[0]), int(status["VmRSS"].split()[0])
 
 
 def test_memory_stays_within_the_budget_and_one_file(tmp_path, mount) -> None:

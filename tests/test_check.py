@@ -23,9 +23,8 @@ import zarr
 
 from tests import peers
 from tests.conftest import SHARDFS, shardfs
-from tests.test_bad_input import chunks_by_shard, corrupted, pristine  # noqa: F401 (fixtures)
-from tests.test_hostile_input import kv_dataset
-from tests.test_zarr import _innermost, damaged, rewrite_index, zarr_source  # noqa: F401 (fixtures)
+from tests.helpers import chunks_by_shard, innermost, rewrite_index
+from tests.peers import kv_dataset
 
 
 def run_check(root: Path) -> tuple[int, list[str], str]:
@@ -41,7 +40,7 @@ def line_of(lines: list[str], directory: str) -> str:
 # Sound datasets: exact counts, exit 0, nothing on stderr when it is not a terminal
 
 
-def test_sound_precomputed(pristine) -> None:  # noqa: F811
+def test_sound_precomputed(pristine) -> None:
     assert sum(len(c) for c in chunks_by_shard(pristine).values()) == 16  # 64x64x16 voxels in 16^3 chunks
     code, lines, err = run_check(pristine)
     assert code == 0, lines
@@ -84,10 +83,10 @@ def test_sound_peer_datasets(tmp_path, name) -> None:
 def written_chunks(array: zarr.Array) -> int:
     """Inner chunks holding data: test_zarr's writer fills the first two thirds of each dimension."""
     written = [max(1, s * 2 // 3) for s in array.shape]
-    return math.prod(-(-w // c) for w, c in zip(written, _innermost(array), strict=True))
+    return math.prod(-(-w // c) for w, c in zip(written, innermost(array), strict=True))
 
 
-def test_sound_zarr(zarr_source) -> None:  # noqa: F811
+def test_sound_zarr(zarr_source) -> None:
     root, contents = zarr_source
     code, lines, err = run_check(root)
     assert code == 0, lines
@@ -156,7 +155,7 @@ CORRUPTIONS = {
 
 
 @pytest.mark.parametrize("case", CORRUPTIONS)
-def test_corrupt_precomputed_shard(pristine, corrupted, case) -> None:  # noqa: F811
+def test_corrupt_precomputed_shard(pristine, corrupted, case) -> None:
     damage, shard, minishard, message = CORRUPTIONS[case]
     lost = [c for c in chunks_by_shard(pristine)[shard] if minishard is None or c[1] & 1 == minishard]
     assert lost
@@ -168,7 +167,7 @@ def test_corrupt_precomputed_shard(pristine, corrupted, case) -> None:  # noqa: 
     assert len(lines) == 3 and err == ""
 
 
-def test_chunk_past_end_of_file(pristine, corrupted) -> None:  # noqa: F811
+def test_chunk_past_end_of_file(pristine, corrupted) -> None:
     _, key, *_ = chunks_by_shard(pristine)["3.shard"][0]
     # Each chunk starts where the one before it ends, so the chunks after it in its minishard move out too.
     lost = [k for _, k, *_ in chunks_by_shard(pristine)["3.shard"] if k & 1 == key & 1 and k >= key]
@@ -203,7 +202,7 @@ def test_bad_gzip_minishard_index_and_two_corrupt_shards(tmp_path) -> None:
 # Corrupt zarr shards, and arrays shardfs serves as stored
 
 
-def test_zarr_index_byte_flipped(zarr_source, damaged) -> None:  # noqa: F811
+def test_zarr_index_byte_flipped(zarr_source, damaged) -> None:
     def edit(root: Path) -> None:
         data = bytearray((root / "raw/c/1/0").read_bytes())
         data[-5] ^= 0x01  # the last byte of the index table, under its crc32c
@@ -219,7 +218,7 @@ def test_zarr_index_byte_flipped(zarr_source, damaged) -> None:  # noqa: F811
     assert lines[-1].endswith(", 1 corrupt")
 
 
-def test_zarr_entry_past_end_of_file(zarr_source, damaged) -> None:  # noqa: F811
+def test_zarr_entry_past_end_of_file(zarr_source, damaged) -> None:
     """A sound index (crc32c matches) pointing outside the file: listing shows the chunk, check reports it."""
     root = damaged(lambda r: rewrite_index(r / "raw/c/0/0", lambda t: t.__setitem__((1, 0), 1 << 40), cps=2 * 2))
     code, lines, _ = run_check(root)
@@ -228,7 +227,7 @@ def test_zarr_entry_past_end_of_file(zarr_source, damaged) -> None:  # noqa: F81
     assert "1" in shardfs("ls", root, "raw/c/0").stdout.split()  # the mount still lists it (its read is EIO)
 
 
-def test_refused_arrays_are_listed_not_checked(zarr_source, damaged) -> None:  # noqa: F811
+def test_refused_arrays_are_listed_not_checked(zarr_source, damaged) -> None:
     def edit(root: Path) -> None:
         meta = json.loads((root / "zstd" / "zarr.json").read_text())
         meta["codecs"] = ["sharding_indexed"]  # no configuration: shardfs cannot present it, so serves it as stored
@@ -248,7 +247,7 @@ def test_refused_arrays_are_listed_not_checked(zarr_source, damaged) -> None:  #
 # The progress bar: on a terminal only, and never in the report
 
 
-def test_progress_bar_on_a_terminal_only(pristine) -> None:  # noqa: F811
+def test_progress_bar_on_a_terminal_only(pristine) -> None:
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide
     try:

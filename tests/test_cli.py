@@ -17,19 +17,13 @@ from shardfs.stores.protocol import Owner
 from shardfs.tree import BytesFile
 from tests import peers
 from tests.conftest import scrape, shardfs
+from tests.helpers import one_line_error
 
 
 @pytest.fixture(scope="module")
 def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes]]:
     root = tmp_path_factory.mktemp("cli") / "kv"
     return root, peers.write_tensorstore_kv(root, {k: bytes([k]) * (k + 1) for k in range(40)})
-
-
-def one_line_error(done: subprocess.CompletedProcess[str], status: int, *words: str) -> None:
-    """Exit status, a single line on stderr holding each of words, and no traceback."""
-    assert done.returncode == status, done.stderr
-    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert all(word in done.stderr for word in words), done.stderr
 
 
 @pytest.mark.parametrize("where", ["source", "inside", "parent"])

@@ -6,17 +6,15 @@ import os
 import signal
 import stat
 import subprocess
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
 import pytest
 
 from shardfs.service.daemon import is_stale
 from tests import peers
 from tests.conftest import SHARDFS, scrape, shardfs
+from tests.helpers import daemon_of, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -24,21 +22,6 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("daemon") / "vol"
     peers.write_tensorstore_volume(root, extra_unsharded_scale=False)
     return root
-
-
-def daemon_of(mountpoint: Path) -> psutil.Process:
-    for proc in psutil.process_iter(["cmdline"]):
-        if str(mountpoint) in (proc.info["cmdline"] or []) and "mount" in proc.info["cmdline"]:
-            return proc
-    raise AssertionError(f"no daemon serves {mountpoint}")
-
-
-def wait_until(condition: Callable[[], bool], seconds: float = 60) -> None:
-    """Wait for condition, polling; the ceiling is one only a hang reaches, never a speed target."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_mount_in_command_substitution_returns_once_live(source, tmp_path) -> None:

@@ -15,8 +15,8 @@ from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
 
 from tests import peers
 from tests.conftest import shardfs
+from tests.helpers import one_line_error
 from tests.http_server import RangeServer
-from tests.test_cli import one_line_error
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,7 @@ from shardfs.fuse import wire
 from shardfs.fuse.serve import settings_of
 from shardfs.service.daemon import fuse_options
 from tests.conftest import SHARDFS
-from tests.test_cli import one_line_error
-from tests.test_daemon import wait_until
-from tests.test_fuse_session import EVERYTHING, ask, init, kernel_socket
+from tests.helpers import EVERYTHING, ask, init, kernel_socket, one_line_error, wait_until
 
 ROOT = wire.ROOT_ID
 

@@ -13,11 +13,9 @@ import os
 import random
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,13 +28,13 @@ from cloudvolume import CloudVolume
 from shardfs.fuse import wire
 from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.mount import FuseMountError, MountOptions, mount, unmount
-from shardfs.fuse.session import Session, Timeouts
+from shardfs.fuse.session import Session
 from shardfs.fuse.wire import InitFlag
 from shardfs.source import open_source
 from tests import peers
 from tests.conftest import shardfs
+from tests.helpers import EVERYTHING, ask, daemon_of, init, kernel_socket, wait_for, wait_until
 from tests.http_server import RangeServer
-from tests.test_daemon import daemon_of, wait_until
 
 LATENCY = 0.5  # seconds a slow server holds each request: long enough that load cannot keep them from overlapping
 
@@ -138,15 +136,6 @@ def test_sixteen_lookups_in_one_directory_overlap(volume, server, tmp_path) -> N
 def drop_kernel_names() -> None:
     """Make the kernel let go of every unused dentry and inode: it FORGETs their node ids."""
     Path("/proc/sys/vm/drop_caches").write_text("2")
-
-
-def wait_for(condition, seconds: float = 60) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.fixture(scope="module")
@@ -506,39 +495,6 @@ def test_absences_are_kept_by_the_kernel(volume, server, tmp_path) -> None:
         assert asked > 0
         assert not (m / "8_8_40" / "0-1_0-1_0-1").exists()
         assert sum(server.requests.values()) - before == asked
-
-
-@contextlib.contextmanager
-def kernel_socket(volume_root: Path, timeouts: Timeouts | None = None) -> Iterator[tuple[socket.socket, Session]]:
-    """A session whose "device" is one end of a packet socket pair: the test plays a kernel this machine
-    does not run (older, newer), request by request, and reads what the kernel would be told."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    session = Session(theirs.fileno(), Bridge(open_source(volume_root, 1 << 20).tree, 0), 1, timeouts)
-    runner = threading.Thread(target=session.run)
-    runner.start()
-    try:
-        yield ours, session
-    finally:
-        ours.close()
-        runner.join(60)
-        theirs.close()
-    assert not runner.is_alive()
-
-
-def ask(kernel: socket.socket, opcode: int, body: bytes, unique: int = 1, nodeid: int = 0) -> tuple[int, bytes]:
-    """Send one request; (errno, payload) of the reply."""
-    kernel.send(wire.IN_HEADER.pack(wire.IN_HEADER.size + len(body), opcode, unique, nodeid, 0, 0, 0, 0, 0) + body)
-    reply = kernel.recv(1 << 16)
-    size, error, answered = wire.OUT_HEADER.unpack_from(reply)
-    assert (size, answered) == (len(reply), unique)
-    return -error, reply[wire.OUT_HEADER.size :]
-
-
-def init(kernel: socket.socket, major: int, minor: int, flags: int) -> tuple[int, bytes]:
-    return ask(kernel, wire.Op.INIT, wire.INIT_IN.pack(major, minor, 1 << 17, flags) + bytes(48))
-
-
-EVERYTHING = 0xFFFFFFFF
 
 
 @pytest.mark.parametrize("minor", [38, 44])

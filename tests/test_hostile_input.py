@@ -9,45 +9,13 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
-from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.conftest import SHARDFS, assert_eio, scrape, shardfs
-
-
-def kv_dataset(root: Path, values: dict[int, bytes], *, minishard_bits: int = 0, encoding: str = "raw") -> Path:
-    """A bare sharded key-value directory with one shard and the identity hash (minishard = key's low bits)."""
-    root.mkdir(parents=True)
-    spec = {
-        "@type": "neuroglancer_uint64_sharded_v1",
-        "preshift_bits": 0,
-        "hash": "identity",
-        "minishard_bits": minishard_bits,
-        "shard_bits": 0,
-        "minishard_index_encoding": "raw",
-        "data_encoding": encoding,
-    }
-    (root / "info").write_text(json.dumps({"sharding": spec}))
-    minishards = 1 << minishard_bits
-    index, body = [], b""
-    for m in range(minishards):
-        keys = sorted(k for k in values if k % minishards == m)
-        rows, previous_key, previous_end = [[], [], []], 0, 0  # each minishard starts from the shard index's end
-        for key in keys:
-            rows[0].append(key - previous_key)
-            rows[1].append(len(body) - previous_end)
-            rows[2].append(len(values[key]))
-            body += values[key]
-            previous_key, previous_end = key, len(body)
-        table = b"".join(struct.pack(f"<{len(r)}Q", *r) for r in rows)
-        index.append((len(body), len(body) + len(table)))
-        body += table
-    (root / "0.shard").write_bytes(b"".join(struct.pack("<QQ", *e) for e in index) + body)
-    return root
+from tests.peers import kv_dataset
 
 
 def test_the_crafted_writer_round_trips(tmp_path, mount) -> None:

@@ -9,7 +9,6 @@ import ctypes
 import errno
 import os
 import resource
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -20,7 +19,7 @@ import zarr
 
 from tests import peers
 from tests.conftest import as_user
-from tests.test_daemon import daemon_of
+from tests.helpers import daemon_of, denied, hold_directory
 
 RENAME_EXCHANGE = 2
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -30,10 +29,6 @@ def exchange(a: Path, b: Path) -> None:
     """renameat2(RENAME_EXCHANGE): swap two names atomically, as an attacker owning their directory can."""
     if _libc.renameat2(-100, bytes(a), -100, bytes(b), RENAME_EXCHANGE):
         raise OSError(ctypes.get_errno(), "renameat2", str(a))
-
-
-def denied(result) -> bool:
-    return result.returncode != 0 and "Permission denied" in result.stderr
 
 
 @pytest.fixture
@@ -219,10 +214,7 @@ def test_directory_handles_held_by_another_user_cost_the_daemon_no_descriptor(
         (notes / f"note-{i:03d}.txt").write_text(f"note {i}\n")
     m = mount(vol, "-o", "allow_other", under=public_tmp)
     resource.prlimit(daemon_of(m.path).pid, resource.RLIMIT_NOFILE, (DAEMON_FILES, DAEMON_FILES))
-    holder = subprocess.Popen(
-        [*other_user, "tests.dir_holder", m.path / "notes", "1100"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    holder = hold_directory(other_user, m.path / "notes", 1100)
     try:
         assert holder.stdout.readline().split() == ["held", "1100", "failed", "0"]
         chunks = sorted(os.listdir(twin / "4_4_40"))

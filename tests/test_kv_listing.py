@@ -8,8 +8,9 @@ from pathlib import Path
 
 from tests import peers
 from tests.conftest import shardfs
+from tests.helpers import home
 from tests.http_server import RangeServer
-from tests.test_remote_cold import home, write_cloudvolume_kv
+from tests.peers import write_cloudvolume_kv
 
 
 def ls(source: str | Path, path: str = "") -> list[str]:

@@ -19,7 +19,7 @@ import pytest
 from shardfs import logs
 from shardfs.logs import DEBUG_BURST, Logfmt, RateLimit, _value, log_to, ours_or_warning, redact
 from tests.conftest import SHARDFS
-from tests.test_daemon import wait_until
+from tests.helpers import wait_until
 
 
 def record(level: int, event: str) -> logging.LogRecord:

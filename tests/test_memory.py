@@ -6,15 +6,13 @@ Memory is not time: a loaded machine makes a daemon slower, not larger, so these
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests import peers
-from tests.test_daemon import daemon_of
+from tests.helpers import cache_held, daemon_of
 
 OVERHEAD_MIB = 40  # the README's promise beyond --cache-size (the interpreter, its libraries, the threads)
 
@@ -37,14 +35,6 @@ def status_kib(pid: int, field: str) -> int:
 def peak_mib(pid: int) -> int:
     """The process's peak resident memory over its life (VmHWM)."""
     return status_kib(pid, "VmHWM") >> 10
-
-
-def cache_held(point: Path) -> int:
-    """Bytes the mount's cache counts as held, as `shardfs stats` reads them from the daemon."""
-    text = subprocess.run(
-        [sys.executable, "-m", "shardfs", "stats", "--prometheus", point], check=True, capture_output=True, text=True
-    ).stdout
-    return int(float(next(line.split()[-1] for line in text.splitlines() if line.startswith("shardfs_cache_bytes "))))
 
 
 def test_listing_125000_chunks_grows_the_daemon_by_what_its_cache_counts(volume, mount) -> None:

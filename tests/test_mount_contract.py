@@ -17,8 +17,7 @@ import pytest
 
 from tests import peers
 from tests.conftest import SHARDFS, scrape, shardfs
-from tests.test_daemon import daemon_of
-from tests.test_service import free_port
+from tests.helpers import daemon_of, free_port
 
 MIB = 1 << 20
 DEFAULT_TIMEOUT = 1.0  # attr_timeout and entry_timeout when none is given, as libfuse had them (negative: 0)

@@ -7,7 +7,6 @@ let another user's through (issue 27)."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import stat
@@ -20,9 +19,8 @@ import pytest
 from shardfs.service import mountinfo
 from shardfs.service.daemon import is_stale
 from tests import peers
-from tests.conftest import REPO, as_user, shardfs
-from tests.test_cli import one_line_error
-from tests.test_mounting import shared  # noqa: F401  (a fixture: a dataset any user may read)
+from tests.conftest import as_user, shardfs
+from tests.helpers import REPO, one_line_error, run_in_private_fuse
 
 
 def mounted_at(point: Path) -> list[str]:
@@ -33,7 +31,7 @@ def mounted_at(point: Path) -> list[str]:
 @pytest.mark.parametrize(
     "option", ["attr_timeout=nan", "entry_timeout=inf", "attr_timeout=1e30", "negative_timeout=-1", "entry_timeout=x"]
 )
-def test_a_timeout_the_kernel_cannot_take_is_refused_before_anything_is_mounted(shared, tmp_path, option) -> None:  # noqa: F811
+def test_a_timeout_the_kernel_cannot_take_is_refused_before_anything_is_mounted(shared, tmp_path, option) -> None:
     """nan and inf used to mount and then kill the daemon (a dead mount left behind); 1e30 mounted and then
     failed every GETATTR with a traceback. Each is refused in one line, exit 1, and nothing is mounted."""
     point = tmp_path / "m"
@@ -74,7 +72,7 @@ except RuntimeError as e:
 """
 
 
-def test_a_failure_after_mount_takes_the_mount_away(shared, tmp_path) -> None:  # noqa: F811
+def test_a_failure_after_mount_takes_the_mount_away(shared, tmp_path) -> None:
     point = tmp_path / "m"
     point.mkdir()
     done = subprocess.run(
@@ -89,7 +87,7 @@ def test_a_failure_after_mount_takes_the_mount_away(shared, tmp_path) -> None:  
             subprocess.run(["umount", "-l", point], check=False)
 
 
-def test_a_source_path_ending_in_a_backslash_mounts_as_shardfs_through_fusermount3(shared, tmp_path) -> None:  # noqa: F811
+def test_a_source_path_ending_in_a_backslash_mounts_as_shardfs_through_fusermount3(shared, tmp_path) -> None:
     """fusermount3 (root's too, with auto_unmount) reads a backslash in `fsname=` as taking the next character
     as it is: unescaped, a path ending in `\\` swallowed the comma and `subtype=shardfs` with it, and the mount
     was plain `fuse`, which `shardfs list` left out and `shardfs unmount` refused."""
@@ -208,22 +206,11 @@ print(json.dumps(out))
 """
 
 
-def test_allow_root_on_a_users_mount_serves_that_user_and_root_and_no_one_else(shared, user, public_tmp) -> None:  # noqa: F811
+def test_allow_root_on_a_users_mount_serves_that_user_and_root_and_no_one_else(shared, user, public_tmp) -> None:
     """allow_root had only been tried on root's own mounts, where the owner is root. Mounted by the unprivileged
     user (through fusermount3): the user and root read, a third user (nobody) is refused; the mount flags the
     user asked for reach the kernel as fusermount3 passes them, nosuid and nodev always."""
-    from tests.test_mounting import PRIVATE_FUSE
-
-    point, log = public_tmp / "m", public_tmp / "log"
-    point.mkdir()
-    os.chown(point, *user)
-    log.touch()
-    os.chown(log, *user)
-    private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", PRIVATE_FUSE, "-"]
-    script = [sys.executable, "-c", USER_ALLOW_ROOT, str(shared[0]), str(point), str(log), *map(str, user)]
-    done = subprocess.run([*private, *script, "noexec,noatime"], capture_output=True, text=True, timeout=180, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
+    out = run_in_private_fuse(USER_ALLOW_ROOT, shared[0], public_tmp, user, "noexec,noatime")
     assert out["mount"] == "" and len(out["line"]) == 1, out
     assert (out["user"], out["root"]) == ("two", "two"), out
     assert "Permission denied" in out["nobody"], out
@@ -249,7 +236,7 @@ FLAGS = [  # -o, then what mountinfo shows per mount and on the superblock; None
 
 @pytest.mark.parametrize("how", ["mount(2)", "fusermount3"])
 @pytest.mark.parametrize("options, per_mount, on_superblock, known", FLAGS, ids=[f[0] or "default" for f in FLAGS])
-def test_mount_flags_reach_the_kernel(shared, tmp_path, how, options, per_mount, on_superblock, known) -> None:  # noqa: F811
+def test_mount_flags_reach_the_kernel(shared, tmp_path, how, options, per_mount, on_superblock, known) -> None:
     """Each flag as mount(8) means it, whether root mounts with mount(2) or through fusermount3 (auto_unmount;
     a flag fusermount3 3.14 does not know is refused in its words, nothing mounted). Every shardfs mount is
     nosuid and nodev, even when root asks for suid and dev (as mount.fuse3 does for every root fstab mount):

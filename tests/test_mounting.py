@@ -8,14 +8,9 @@ namespace of the test's own where that user may open /dev/fuse (nothing changes 
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import stat
 import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,25 +23,8 @@ from shardfs.fuse.mount import mount as parent_mount
 from shardfs.service.daemon import default_log_file, is_stale
 from shardfs.service.rundir import runtime_dir
 from shardfs.service.stats_socket import ask, socket_path
-from tests import peers
-from tests.conftest import REPO, SHARDFS, as_user, shardfs
-from tests.test_cli import one_line_error
-from tests.test_daemon import daemon_of, wait_until
-
-BIG = 100_000  # bytes of key 1: many pages, many READs when each is capped
-
-
-@pytest.fixture(scope="module")
-def shared() -> Iterator[tuple[Path, dict[int, bytes]]]:
-    """A key-value dataset any user may read, in a directory any user may search, and what it holds."""
-    root = Path(tempfile.mkdtemp(prefix="shardfs-mounting-", dir="/tmp"))
-    root.chmod(0o755)
-    values = {1: np.random.default_rng(1).bytes(BIG), 2: b"two", 3: b"three"}
-    peers.write_tensorstore_kv(root / "kv", values)
-    for path in [root / "kv", *(root / "kv").rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    yield root / "kv", values
-    shutil.rmtree(root, ignore_errors=True)
+from tests.conftest import SHARDFS, as_user, shardfs
+from tests.helpers import BIG, REPO, daemon_of, one_line_error, run_in_private_fuse, wait_until
 
 
 def mount_line(point: Path) -> list[str]:
@@ -256,29 +234,15 @@ while mounted() and time.monotonic() < deadline:
 out["after_kill"] = mounted()
 print(json.dumps(out))
 """
-# /dev/fuse a node the user may open, and fuse.conf's user_allow_other, in this namespace alone.
-PRIVATE_FUSE = (
-    "mount -t tmpfs none /run && mkdir /run/fuse && mknod -m 666 /run/fuse/fuse c 10 229"
-    " && mount --bind /run/fuse/fuse /dev/fuse && echo user_allow_other > /run/fuse/fuse.conf"
-    ' && mount --bind /run/fuse/fuse.conf /etc/fuse.conf && exec "$@"'
-)
 
 
 def test_a_user_mounts_reads_and_unmounts_through_fusermount3(shared, user, public_tmp) -> None:
     """Not root: fusermount3 (setuid) mounts and hands the descriptor back; the user reads, `shardfs stats`
     finds the daemon, `shardfs unmount` unmounts; with `auto_unmount` a killed daemon's mount goes too.
     Everything happens in a mount namespace of the test's own: the machine's /dev/fuse stays 0600."""
-    point, log = public_tmp / "m", public_tmp / "log"
     device = os.stat("/dev/fuse")
-    point.mkdir()
-    os.chown(point, *user)
-    log.touch()
-    os.chown(log, *user)
-    private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", PRIVATE_FUSE, "-"]
-    script = [sys.executable, "-c", USER_MOUNTS, str(shared[0]), str(point), str(log), *map(str, user)]
-    done = subprocess.run([*private, *script], capture_output=True, text=True, timeout=180, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
+    out = run_in_private_fuse(USER_MOUNTS, shared[0], public_tmp, user)
+    point = public_tmp / "m"
     assert out["mount"] == "" and len(out["line"]) == 1, out
     assert out["line"][0].startswith(f"fuse.shardfs {shared[0]} ro,user_id={user[0]},group_id={user[1]}")
     assert out["read"] == "two" and f"{shared[0]} at {point}" in out["stats"], out

@@ -17,8 +17,7 @@ import pytest
 import zarr
 
 from tests import peers
-from tests.test_daemon import wait_until
-from tests.test_views import ts_read
+from tests.helpers import ts_read, wait_until
 
 FILLS = {"nan": float("nan"), "inf": float("inf"), "minus_inf": float("-inf"), "minus_zero": -0.0}
 SPELLED = {"nan": "NaN", "inf": "Infinity", "minus_inf": "-Infinity", "minus_zero": -0.0}  # zarr v2's JSON

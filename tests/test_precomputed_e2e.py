@@ -11,26 +11,15 @@ import os
 import random
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorstore as ts
 from cloudvolume import CloudVolume
 from cloudvolume.datasource.precomputed.annotation import PrecomputedAnnotationSource
 
 from tests import peers
 from tests.conftest import SHARDFS, shardfs
-
-
-def files_under(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def read_ts(root: Path, scale_index: int = 0) -> np.ndarray:
-    spec = {"driver": "neuroglancer_precomputed", "kvstore": f"file://{root}", "scale_index": scale_index}
-    return ts.open(spec).result().read().result()
-
+from tests.helpers import files_under, read_ts
 
 VOLUMES = [
     # (dtype, encoding, data_encoding, channels, sparse); cloud-volume cross-checks where it decodes correctly.

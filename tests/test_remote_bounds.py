@@ -13,7 +13,6 @@ import struct
 import subprocess
 import time
 import tracemalloc
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,8 +24,8 @@ from shardfs.shards.listing import LISTING_BLOCK, LISTING_BUDGET
 from shardfs.stores.location import parse_source
 from shardfs.stores.remote import READS_AT_ONCE, Access, RemoteStore
 from tests import peers
+from tests.helpers import daemon_of, hold_directory, wait_for, wait_until
 from tests.http_server import RangeServer
-from tests.test_daemon import daemon_of, wait_until
 
 PROMPT = 60  # seconds within which a bounded listing returns: a ceiling only an unbounded one (256 GiB) reaches
 
@@ -134,10 +133,7 @@ def test_directory_handles_held_over_http_cost_no_threads(grid, public_tmp, moun
         # when all of them run, or they would be counted as the handles' cost.
         wait_until(lambda: daemon.num_threads() >= REMOTE_THREADS)
         idle = daemon.num_threads()
-        holder = subprocess.Popen(
-            [*other_user, "tests.dir_holder", m.path / "s0", "20"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
+        holder = hold_directory(other_user, m.path / "s0", 20)
         try:
             assert holder.stdout.readline().split() == ["held", "20", "failed", "0"]
             grown = daemon.num_threads() - idle
@@ -179,7 +175,7 @@ def test_a_listing_that_pages_forever_ends_with_what_it_found(kv_bucket, mount) 
         server.endless_listing = "objects"
         listed = listing(m.path, m.path)
         assert len(listed) > 1000 and "info" in listed, listed[:5]
-        assert wait(lambda: settled(server))
+        assert wait_for(lambda: settled(server))
         assert "event=listing_bound" in m.log_text()
         assert memory_mib(pid) < 400
         assert (m.path / "7").read_bytes() == values[7]
@@ -195,7 +191,7 @@ def test_a_mount_over_a_listing_that_pages_forever_finishes(tmp_path, mount) -> 
         m = mount(f"s3://{BUCKET}/grp", "--endpoint", server.url, "--anonymous", "--timeout", str(TIMEOUT))
         assert json.loads((m.path / "zarr.json").read_text())["node_type"] == "group"
         assert "event=listing_bound" in m.log_text()
-        assert wait(lambda: settled(server))
+        assert wait_for(lambda: settled(server))
 
 
 def test_df_over_a_listing_of_endless_empty_pages_stops(kv_bucket, mount) -> None:
@@ -206,19 +202,9 @@ def test_df_over_a_listing_of_endless_empty_pages_stops(kv_bucket, mount) -> Non
         m = mount(f"s3://{BUCKET}/kv", "--endpoint", server.url, "--anonymous", "--timeout", str(TIMEOUT))
         server.endless_listing = "empty"
         os.statvfs(m.path)  # starts the count
-        assert wait(lambda: "event=listing_bound" in m.log_text())
-        assert wait(lambda: settled(server))
+        assert wait_for(lambda: "event=listing_bound" in m.log_text())
+        assert wait_for(lambda: settled(server))
         assert server.lists > 1
-
-
-def wait(condition: Callable[[], bool], seconds: float = 60) -> bool:
-    """Whether condition holds within seconds (a ceiling only a hang reaches)."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def test_a_directory_lists_its_files_and_each_subdirectory_once(tmp_path) -> None:

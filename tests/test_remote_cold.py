@@ -15,37 +15,19 @@ import struct
 from collections import Counter
 from pathlib import Path
 
-import mmh3
 import numpy as np
 import pytest
 import zarr
-from cloudvolume.datasource.precomputed.sharding import ShardingSpecification, synthesize_shard_files
 from zarr.codecs import ShardingCodec
 
 from shardfs.shards.listing import LISTING_BUDGET
 from tests import peers
+from tests.helpers import chunk_names, counted, home, read_errno
 from tests.http_server import RangeServer
-from tests.test_remote_http import chunk_names, read_errno
+from tests.peers import write_cloudvolume_kv
 
 BUCKET = "bkt"
 SCALE = "4_4_40"
-
-
-def counted(server: RangeServer) -> Counter[str]:
-    """Requests so far, by method."""
-    after: Counter[str] = Counter()
-    with server.lock:
-        for (method, _), n in server.requests.items():
-            after[method] += n
-    return after
-
-
-def home(spec: dict, key: int) -> tuple[int, int]:
-    """(shard, minishard) of a key, by the spec's maths written out here, owing nothing to shardfs."""
-    hashed = mmh3.hash64((key >> spec["preshift_bits"]).to_bytes(8, "little"), 0, False, False)[0]
-    return (hashed >> spec["minishard_bits"]) & ((1 << spec["shard_bits"]) - 1), hashed & (
-        (1 << spec["minishard_bits"]) - 1
-    )
 
 
 def test_a_cold_chunk_costs_three_gets_and_no_head(raw_volume, mount) -> None:
@@ -61,15 +43,6 @@ def test_a_cold_chunk_costs_three_gets_and_no_head(raw_volume, mount) -> None:
         assert (m.path / SCALE / name).read_bytes() == (twin / SCALE / name).read_bytes()
         cold = counted(server) - before
     assert cold == Counter({"GET": 3}), cold
-
-
-def write_cloudvolume_kv(root: Path, spec: dict, items: dict[int, bytes]) -> None:
-    """Shards as cloud-volume (and igneous) write them: chunk data first, then every minishard index, one
-    after the other; plus an `info` of just `{"sharding": spec}`."""
-    root.mkdir(parents=True)
-    for name, blob in synthesize_shard_files(ShardingSpecification.from_dict(spec), items).items():
-        (root / name).write_bytes(blob)
-    (root / "info").write_text(json.dumps({"sharding": spec}))
 
 
 def minishard_rows(shard: Path, minishard_bits: int) -> list[tuple[int, int]]:

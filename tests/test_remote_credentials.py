@@ -25,8 +25,8 @@ from shardfs.stores import credentials
 from shardfs.stores.credentials import on_ec2, on_gce
 from tests import peers
 from tests.conftest import shardfs
+from tests.helpers import free_port
 from tests.http_server import RangeServer
-from tests.test_remote_s3 import free_port
 
 BUCKET = "bkt"
 KEY_ID, SECRET = "AKIASHARDFSLAB", "lab-secret-never-logged"

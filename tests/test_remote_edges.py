@@ -19,9 +19,9 @@ import pytest
 from shardfs.shards.listing import LISTING_BLOCK, LISTING_BUDGET
 from tests import peers
 from tests.conftest import shardfs
+from tests.helpers import counted, home, read_errno
 from tests.http_server import RangeServer
-from tests.test_remote_cold import counted, home, write_cloudvolume_kv
-from tests.test_remote_http import read_errno
+from tests.peers import write_cloudvolume_kv
 
 
 @pytest.fixture(scope="module")

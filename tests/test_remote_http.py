@@ -22,19 +22,13 @@ from cloudvolume import CloudVolume
 from shardfs.formats.zarr import named_children
 from tests import peers
 from tests.conftest import shardfs
+from tests.helpers import chunk_names, daemon_of, peak_and_now_kib, read_errno
 from tests.http_server import RangeServer
-from tests.test_bounds import peak_and_now_kib
-from tests.test_daemon import daemon_of
 
 TIMEOUT = "2"  # seconds, for the failure tests: a hung request must be EIO well before a test's patience ends
 # A failure test's patience: half the default --timeout (30 s), so that a --timeout not applied is caught, and
 # many times TIMEOUT, so that a loaded machine cannot eat it. Each attempt's own length is checked in the log.
 PATIENCE = 15.0
-
-
-def chunk_names(twin: Path, scale: str) -> list[str]:
-    """The chunk files the unsharded twin holds."""
-    return sorted(p.name for p in (twin / scale).iterdir())
 
 
 @pytest.fixture
@@ -108,14 +102,6 @@ def test_sixteen_readers_overlap(volume, server, mount) -> None:
         list(pool.map(lambda n: (m.path / "4_4_40" / n).read_bytes(), names))
     assert server.gets() - before == len(names)
     assert server.most_in_flight >= 8, server.most_in_flight
-
-
-def read_errno(path: Path) -> int | None:
-    try:
-        path.read_bytes()
-    except OSError as e:
-        return e.errno
-    return None
 
 
 def test_retried_failures_then_success(volume, server, mount) -> None:

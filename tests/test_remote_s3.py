@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import boto3
 import numpy as np
@@ -23,29 +21,14 @@ from moto.server import ThreadedMotoServer
 
 from tests import peers
 from tests.conftest import shardfs
-from tests.test_daemon import wait_until
-from tests.test_zarr import write_zarr_python
+from tests.helpers import BUCKET, free_port, upload, wait_until
+from tests.peers import write_zarr_python
 
-BUCKET = "data"
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto takes any
 
 
 def credentials() -> dict[str, str]:
     return {k.lower(): v for k, v in KEYS.items()}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def upload(client: Any, local: Path, prefix: str) -> None:
-    """Every file under local, as it is, to s3://BUCKET/prefix/…, readable by anyone (for --anonymous)."""
-    for path in local.rglob("*"):
-        if path.is_file():
-            key = f"{prefix}/{path.relative_to(local)}"
-            client.put_object(Bucket=BUCKET, Key=key, Body=path.read_bytes(), ACL="public-read")
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,14 @@ never ENOENT."""
 from __future__ import annotations
 
 import errno
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from tests import peers
+from tests.helpers import chunk_names, drop_page_cache, read_errno, replace
 from tests.http_server import RangeServer
-from tests.test_remote_http import chunk_names, read_errno
 
 SCALE = "4_4_40"
 
@@ -31,27 +30,6 @@ def first_chunk(source: Path, twin: Path) -> tuple[str, Path]:
     """A chunk's name and its shard."""
     name = chunk_names(twin, SCALE)[0]
     return name, source / SCALE / peers.volume_chunk_shards(source, SCALE)[name]
-
-
-def replace(shard: Path, twin_chunk: Path, grow: bool) -> None:
-    """A new object under the same name, as a writer uploads one: the chunk's bytes inverted (its indexes
-    unchanged, so an old index finds other bytes there), a new file (a new ETag), modified 10 s later (a new
-    Last-Modified), one byte longer if grow, else of the same size."""
-    data = bytearray(shard.read_bytes())
-    chunk = twin_chunk.read_bytes()
-    at = data.find(chunk)
-    assert at >= 0 and data.find(chunk, at + 1) < 0
-    data[at : at + len(chunk)] = bytes(b ^ 0xFF for b in chunk)
-    when = int(shard.stat().st_mtime) + 10
-    fresh = shard.with_name(shard.name + ".new")
-    fresh.write_bytes(bytes(data) + (b"\0" if grow else b""))
-    os.utime(fresh, (when, when))
-    os.replace(fresh, shard)
-
-
-def drop_page_cache() -> None:
-    """So that the next read reaches the daemon (the mount uses FUSE no_open: the kernel keeps pages)."""
-    Path("/proc/sys/vm/drop_caches").write_text("1")
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ from shardfs.fuse.mount import unmount
 from shardfs.service import keeper, mountinfo, stats_socket
 from shardfs.service.handover import FUSE_NAME, HANDED_OVER, RECORD_NAME
 from tests import peers
-from tests.conftest import REPO, SHARDFS, scrape, shardfs
+from tests.conftest import SHARDFS, scrape, shardfs
+from tests.helpers import REPO
 from tests.http_server import RangeServer
 
 LATENCY = 0.2  # seconds the server takes to answer each request

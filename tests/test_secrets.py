@@ -24,8 +24,8 @@ from moto.sts.models import sts_backends
 
 from tests import peers, test_remote_credentials
 from tests.conftest import SHARDFS, shardfs
+from tests.helpers import BUCKET, free_port, upload
 from tests.http_server import RangeServer
-from tests.test_remote_s3 import BUCKET, free_port, upload
 
 SCALE = "4_4_40"
 BASE_KEY_ID, BASE_SECRET = "AKIASHARDFSBASE", "base-secret-of-the-source-profile"

@@ -26,9 +26,9 @@ from shardfs.service import lifecycle, stats_socket
 from shardfs.service.handover import HANDED_OVER
 from shardfs.service.rundir import runtime_dir
 from tests import peers
-from tests.conftest import REPO, SHARDFS, assert_eio, scrape, shardfs
+from tests.conftest import SHARDFS, assert_eio, scrape, shardfs
+from tests.helpers import REPO, daemon_of, free_port, machine_lock, wait_for, wait_until
 from tests.http_server import RangeServer
-from tests.test_daemon import daemon_of, wait_until
 
 UNIT = REPO / "systemd" / "shardfs@.service"
 INSTALLED = "/usr/local/bin/shardfs"  # where the unit expects the console script
@@ -46,12 +46,6 @@ def values(seed: int) -> dict[int, bytes]:
 def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes]]:
     root = tmp_path_factory.mktemp("service") / "kv"
     return root, peers.write_tensorstore_kv(root, values(0), sharding=SHARDING)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --- systemd ---------------------------------------------------------------------------------------
@@ -151,15 +145,16 @@ def test_example_config_options_become_cli_options() -> None:
 def helper_on_default_path() -> Iterator[None]:
     """`shardfs` where mount.fuse3's shell finds it with no PATH set, as a system install puts it."""
     link = Path("/usr/local/sbin/shardfs")
-    if link.is_symlink() or link.exists():
-        assert link.resolve() == CONSOLE_SCRIPT.resolve(), f"{link} is another shardfs; move it to run this test"
-        yield
-        return
-    link.symlink_to(CONSOLE_SCRIPT)
-    try:
-        yield
-    finally:
-        link.unlink()
+    with machine_lock(link):  # a suite run at once from another copy of the tree puts its own there
+        if link.is_symlink() or link.exists():
+            assert link.resolve() == CONSOLE_SCRIPT.resolve(), f"{link} is another shardfs; move it to run this test"
+            yield
+            return
+        link.symlink_to(CONSOLE_SCRIPT)
+        try:
+            yield
+        finally:
+            link.unlink()
 
 
 @pytest.mark.parametrize("how", ["fstab", "mount -t"])
@@ -265,7 +260,7 @@ def test_another_user_can_neither_block_a_mount_nor_fake_its_stats(kv, other_use
             assert scrape(done.stdout)["shardfs_served_bytes_total", frozenset()] == served
         assert new_name.stat().st_uid == 0
         shardfs("unmount", point)
-        assert not new_name.exists()  # removed on a clean exit
+        assert wait_for(lambda: not new_name.exists())  # removed on a clean exit: the daemon's last act
     finally:
         squatter.kill()
         squatter.wait()

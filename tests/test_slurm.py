@@ -28,6 +28,7 @@ import pytest
 
 from shardfs.service import mountinfo
 from tests.conftest import as_user
+from tests.helpers import free_port
 from tests.http_server import RangeServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,12 +83,6 @@ class Slurm:
         return (self.root / "out" / f"{job}.out").read_text()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait(condition, what: str, patience: float = PATIENCE) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + patience
     while not condition():
@@ -120,8 +115,8 @@ def slurm(user: tuple[int, int]) -> Iterator[Slurm]:
         textwrap.dedent(f"""\
         ClusterName=shardfstest
         SlurmctldHost={host}(127.0.0.1)
-        SlurmctldPort={_free_port()}
-        SlurmdPort={_free_port()}
+        SlurmctldPort={free_port()}
+        SlurmdPort={free_port()}
         SlurmUser=root
         AuthType=auth/munge
         AuthInfo=socket={munge_socket}

@@ -20,11 +20,8 @@ from cloudvolume.datasource.precomputed.annotation import PrecomputedAnnotationS
 
 from tests import peers
 from tests.conftest import as_user, assert_eio, shardfs
+from tests.helpers import denied, drop_page_cache, files_under, read_errno, read_ts, replace
 from tests.http_server import RangeServer
-from tests.test_isolation import denied
-from tests.test_precomputed_e2e import files_under, read_ts
-from tests.test_remote_http import read_errno
-from tests.test_remote_versions import drop_page_cache, replace
 
 SCALE = "4_4_40"
 VOLUME_MINISHARD_BITS = peers.sharding_spec()["minishard_bits"]

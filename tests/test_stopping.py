@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import SHARDFS
+from tests.helpers import wait_until
 from tests.http_server import RangeServer
-from tests.test_daemon import wait_until
 
 # The hung request is given --timeout 600: a process that waited on it would take ten minutes. Stopping "at
 # once" is stopping before this ceiling, which no load reaches; the last words show it did not wait.

@@ -20,8 +20,7 @@ from zarr.codecs import BytesCodec, GzipCodec, ZstdCodec
 
 from tests import peers
 from tests.conftest import errno_of
-from tests.test_views import precomputed, ts_read
-from tests.test_zarr_draft import run
+from tests.helpers import precomputed, run, ts_read
 
 SHAPE, CHUNKS = (37, 19, 11), (8, 5, 3)
 LARGE, LARGE_CHUNKS = (50, 130, 150), (40, 64, 64)  # an inside block of 160 KiB, read by the kernel in two

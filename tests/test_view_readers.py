@@ -20,8 +20,7 @@ import tensorstore as ts
 import zarr
 
 from tests import peers
-from tests.test_views import precomputed
-from tests.test_zarr_draft import run
+from tests.helpers import precomputed, run
 
 SHAPE_3D, SHAPE_4D = (37, 45, 51), (3, 19, 40, 33)  # no axis a multiple of the chunk
 STORAGE = {"chunks": (8, 16, 16), "shards": (16, 32, 32)}

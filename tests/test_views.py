@@ -23,8 +23,8 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCode
 
 from tests import peers
 from tests.conftest import assert_eio, shardfs
-from tests.test_zarr import write_zarr_python
-from tests.test_zarr_draft import run
+from tests.helpers import precomputed, run, ts_read
+from tests.peers import write_zarr_python
 
 OME_05 = {
     "ome": {
@@ -75,10 +75,6 @@ def zarr_views(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     contents = write_zarr_python(root)
     contents.update(write_more(root))
     return root, contents
-
-
-def ts_read(driver: str, path: Path) -> np.ndarray:
-    return ts.open({"driver": driver, "kvstore": {"driver": "file", "path": str(path)}}).result().read().result()
 
 
 # Not zstd ("be_zstd", and "ome/s0" and "plain_unsharded", under zarr-python 3's default zstd): Neuroglancer's
@@ -284,10 +280,6 @@ def test_precomputed_volume_in_both_views(tmp_path, mount, dtype, encoding, chan
     assert n5_attrs["axes"] == ["x", "y", "z", *["c"] * len(channel)]
     root = json.loads((n5 / "attributes.json").read_text())
     assert root["scales"][0] == [1, 1, 1, *channel] and len(root["pixelResolution"]["dimensions"]) == 3 + len(channel)
-
-
-def precomputed(source: Path) -> dict:
-    return {"driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(source)}}
 
 
 def test_precomputed_zarr2_is_ome_zarr_04_with_padded_edges(tmp_path, mount) -> None:

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Callable
 from pathlib import Path
 
 import numcodecs
@@ -25,6 +24,7 @@ from shardfs.formats.zarr_codecs import unshard
 from shardfs.shards.zarr import EMPTY, ChunkKeys, IndexLayout
 from tests import peers
 from tests.conftest import assert_eio, shardfs
+from tests.helpers import innermost, rewrite_index
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Index maths
@@ -135,66 +135,6 @@ def test_chunk_keys() -> None:
 # Real writers, real readers, through the kernel
 
 
-def write_zarr_python(root: Path) -> dict[str, np.ndarray]:
-    """A hierarchy covering the cases zarr-python 3 writes; returns each array's full contents."""
-    rng = np.random.default_rng(0)
-    g = zarr.open_group(root, mode="w", attributes={"note": "kept"})
-    cases = {
-        # name: (shape, dtype, create_array keyword arguments)
-        "gzip": ((50, 37), "uint16", {"chunks": (4, 5), "shards": (16, 10), "compressors": GzipCodec()}),
-        "zstd": ((17, 20, 9), "float32", {"chunks": (4, 5, 3), "shards": (8, 10, 9), "compressors": ZstdCodec()}),
-        "blosc": ((33, 40), "int64", {"chunks": (8, 8), "shards": (16, 16), "compressors": BloscCodec()}),
-        "raw": ((30, 30), "uint8", {"chunks": (5, 6), "shards": (10, 12), "compressors": None}),
-        "whole_shard_zstd": ((40, 30), "int32", {"serializer": ShardingCodec(chunk_shape=(5, 5))}),
-        "big_endian": (
-            (21, 22),
-            ">u2",
-            {"chunks": (7, 11), "shards": (14, 22), "serializer": BytesCodec(endian="big"), "compressors": None},
-        ),
-        "index_start": (
-            (24, 24),
-            "uint32",
-            {"serializer": ShardingCodec(chunk_shape=(4, 4), index_location="start"), "compressors": None},
-        ),
-        "nested": (
-            (40, 45),
-            "uint16",
-            {
-                "serializer": ShardingCodec(
-                    chunk_shape=(10, 15), codecs=[ShardingCodec(chunk_shape=(5, 5), codecs=[BytesCodec(), GzipCodec()])]
-                ),
-            },
-        ),
-        "v2_keys": (
-            (19, 23),
-            "int16",
-            {"chunks": (4, 4), "shards": (8, 8), "chunk_key_encoding": {"name": "v2", "separator": "."}},
-        ),
-        "deep/sub/one_d": ((101,), "float64", {"chunks": (10,), "shards": (40,)}),
-        "plain_unsharded": ((20, 20), "uint8", {"chunks": (5, 5)}),
-    }
-    contents = {}
-    for name, (shape, dtype, kwargs) in cases.items():
-        if "serializer" in kwargs and "chunks" not in kwargs:
-            kwargs = {**kwargs, "chunks": tuple(2 * c for c in kwargs["serializer"].chunk_shape)}
-        array = g.create_array(name, shape=shape, dtype=dtype, fill_value=0, **kwargs)
-        data = (rng.random(shape) * 1000).astype(dtype)
-        partial = tuple(slice(0, max(1, s * 2 // 3)) for s in shape)  # the rest stays fill value: never written
-        array[partial] = data[partial]
-        contents[name] = array[...]
-    assert [c["name"] for c in json.loads((root / "whole_shard_zstd" / "zarr.json").read_text())["codecs"]] == [
-        "sharding_indexed",
-        "zstd",
-    ], "zarr-python no longer adds zstd over the whole shard; this case needs another writer"
-    return contents
-
-
-@pytest.fixture(scope="module")
-def zarr_source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, np.ndarray]]:
-    root = tmp_path_factory.mktemp("zarr") / "brain.zarr"
-    return root, write_zarr_python(root)
-
-
 def test_zarr_python_reads_the_mount_as_unsharded(zarr_source, mount) -> None:
     root, contents = zarr_source
     m = mount(root)
@@ -204,18 +144,10 @@ def test_zarr_python_reads_the_mount_as_unsharded(zarr_source, mount) -> None:
         array = group[name]
         assert array.shards is None, name
         source = zarr.open_array(root / name, mode="r")
-        assert array.chunks == (source.chunks if name == "plain_unsharded" else _innermost(source)), name
+        assert array.chunks == (source.chunks if name == "plain_unsharded" else innermost(source)), name
         assert np.array_equal(array[...], expected), name
         meta = json.loads((m.path / name / "zarr.json").read_text())
         assert "sharding_indexed" not in json.dumps(meta["codecs"]), name
-
-
-def _innermost(array: zarr.Array) -> tuple[int, ...]:
-    codec = array.metadata.codecs[0]
-    while isinstance(codec, ShardingCodec):
-        shape = codec.chunk_shape
-        codec = codec.codecs[0]
-    return tuple(shape)
 
 
 def test_tensorstore_reads_the_mount_as_unsharded(zarr_source, mount) -> None:
@@ -274,17 +206,6 @@ def test_tensorstore_zarr3_sharded(tmp_path, mount) -> None:
 # Bad input
 
 
-@pytest.fixture
-def damaged(zarr_source, tmp_path):
-    def make(edit: Callable[[Path], None]) -> Path:
-        root = tmp_path / "brain.zarr"
-        shutil.copytree(zarr_source[0], root)
-        edit(root)
-        return root
-
-    return make
-
-
 def assert_healthy(mnt: Path, contents: dict, *skip: str) -> None:
     for name, expected in contents.items():
         if name not in skip:
@@ -298,17 +219,6 @@ def test_truncated_shard(zarr_source, damaged, mount) -> None:
     assert "gzip/c/0/0" in m.log_text()
     assert len((m.path / "gzip/c/4/0").read_bytes()) > 0  # another shard of the same array
     assert_healthy(m.path, zarr_source[1], "gzip")
-
-
-def rewrite_index(path: Path, edit: Callable[[np.ndarray], None], cps: int) -> None:
-    """Edit a shard's index table and store a matching crc32c, so only the edit is wrong."""
-    data = bytearray(path.read_bytes())
-    at = len(data) - (16 * cps + 4)
-    table = np.frombuffer(bytes(data[at : at + 16 * cps]), "<u8").reshape(-1, 2).copy()
-    edit(table)
-    data[at : at + 16 * cps] = table.tobytes()
-    data[-4:] = struct.pack("<I", crc32c(bytes(data[at : at + 16 * cps])))
-    path.write_bytes(bytes(data))
 
 
 def test_index_offset_past_end_of_file(zarr_source, damaged, mount) -> None:

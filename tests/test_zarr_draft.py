@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import textwrap
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import shardfs
-
-VENV = Path(__file__).resolve().parent.parent / ".venv-zarr2" / "bin" / "python"
-ENV = {**os.environ, "ZARR_V3_EXPERIMENTAL_API": "1", "ZARR_V3_SHARDING": "1", "PYTHONWARNINGS": "ignore"}
+from tests.helpers import run
 
 WRITE = """
 import sys, numpy as np, zarr
@@ -51,16 +46,6 @@ for key in expected.files:
                    "transformers": len(getattr(z, "_storage_transformers", None) or [])}
 print(json.dumps(report))
 """
-
-
-def run(script: str, *args: Path) -> str:
-    if not VENV.exists():
-        pytest.fail(f"{VENV} is missing: run scripts/setup, which makes the zarr-python 2.18 environment")
-    done = subprocess.run(
-        [VENV, "-c", textwrap.dedent(script), *map(str, args)], env=ENV, capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def test_zarr_python_2_reads_the_draft_unsharded(tmp_path, mount) -> None:

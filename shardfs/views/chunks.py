@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-import numcodecs
 import numpy as np
 
 from shardfs.cache import ByteCache
@@ -77,6 +76,8 @@ def numcodecs_config(compressor: Compressor) -> dict[str, Any]:
 
 def encode(compressor: Compressor, values: np.ndarray) -> bytes:
     """Compress values as the source's compressor did (blosc shuffles by their item size)."""
+    import numcodecs  # on first use: its import costs every CLI command 0.2 s of CPU
+
     return bytes(numcodecs.get_codec(numcodecs_config(compressor)).encode(np.ascontiguousarray(values)))
 
 
