@@ -121,10 +121,10 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
     """Serve the names and sizes in listing (one 'relpath size' per line) with the real bridge, logging
     to stderr as the daemon logs to its file (the bench checks its no_open line)."""
     from shardfs.cache import ByteCache
+    from shardfs.files import BytesFile, Dir
     from shardfs.logs import log_to
     from shardfs.service.daemon import Mount, fuse_options, serve, settings
     from shardfs.stores.protocol import Owner
-    from shardfs.tree import BytesFile, Dir
 
     owner = Owner(os.getuid(), os.getgid(), 0o555)
     zeros = bytes(1 << 20)

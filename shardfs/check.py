@@ -19,10 +19,10 @@ import sys
 from collections.abc import Callable, Iterator
 
 from shardfs.errors import CorruptChunk
+from shardfs.files import Provider
 from shardfs.formats.plan import Array, Category
 from shardfs.shards.kv import ShardedKV, ShardFile, ShardReport
 from shardfs.source import Source
-from shardfs.tree import Provider
 from shardfs.views.chunks import decoded
 
 

@@ -23,6 +23,7 @@ from shardfs import __version__, csi
 from shardfs.check import check
 from shardfs.context import Context
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
+from shardfs.files import Dir
 from shardfs.logs import DEBUG_BURST, LogFileError, log_to_terminal, redact, redact_userinfo
 from shardfs.service import mountinfo, stats_socket
 from shardfs.service.daemon import (
@@ -39,7 +40,6 @@ from shardfs.service.summary import identity, summary
 from shardfs.source import Source, is_remote, open_source
 from shardfs.stores.disk_cache import DiskCache
 from shardfs.stores.remote import DEFAULT_TIMEOUT, Access
-from shardfs.tree import Dir
 
 DEFAULT_CACHE = "64M"
 DEFAULT_MAX_FILE = "256M"

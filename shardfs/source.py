@@ -10,6 +10,7 @@ from pathlib import Path
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
 from shardfs.context import Context
 from shardfs.errors import SourceError
+from shardfs.files import Provider
 from shardfs.formats.plan import Array, Category, Finding
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
@@ -19,7 +20,7 @@ from shardfs.stores.location import Remote, parse_source
 from shardfs.stores.protocol import Store
 from shardfs.stores.remote import Access, RemoteStore
 from shardfs.stores.unlisted import UNLISTED, NamedListing
-from shardfs.tree import Provider, Tree
+from shardfs.tree import Tree
 from shardfs.views import view_of
 
 

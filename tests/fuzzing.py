@@ -16,8 +16,9 @@ from typing import TypeVar
 from hypothesis import HealthCheck, settings
 
 from shardfs.errors import CorruptChunk, SourceError
+from shardfs.files import Dir
 from shardfs.source import Source, open_source
-from shardfs.tree import Dir, Tree
+from shardfs.tree import Tree
 
 T = TypeVar("T")
 

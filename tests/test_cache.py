@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from shardfs.cache import LARGE_VALUE, ByteCache, entry_cost, large_value_turn, serving
+from shardfs.files import BytesFile, Dir
 from shardfs.shards.neuroglancer import MinishardIndex
 from shardfs.source import open_source
 from shardfs.stores.protocol import Owner
-from shardfs.tree import BytesFile, Dir
 from tests import peers
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from shardfs import __version__
 from shardfs.cache import entry_cost
+from shardfs.files import BytesFile
 from shardfs.stores.protocol import Owner
-from shardfs.tree import BytesFile
 from tests import peers
 from tests.conftest import scrape, shardfs
 from tests.helpers import one_line_error

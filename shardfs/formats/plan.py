@@ -13,9 +13,9 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
+from shardfs.files import BytesFile, File, Provider, RangeFile
 from shardfs.shards.kv import Extent
 from shardfs.stores.protocol import Owner, Store
-from shardfs.tree import BytesFile, File, Provider, RangeFile
 
 LARGEST = 1 << 62  # sizes, shapes and offsets past it would overflow the int64 maths of chunk positions
 METADATA_LIMIT = 64 << 20  # bytes of one metadata file (`info`, `zarr.json`) parsed

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 
 from shardfs.errors import CorruptChunk
+from shardfs.files import BytesFile, File, LazyFile, RangeFile
 from shardfs.formats.plan import extent_file
 from shardfs.formats.precomputed_names import Naming, VolumeChunks
 from shardfs.shards.kv import Extent
 from shardfs.shards.neuroglancer_kv import NeuroglancerKV
-from shardfs.tree import BytesFile, File, LazyFile, RangeFile
 
 
 def chunk_file(kv: NeuroglancerKV, chunk: Extent) -> File:

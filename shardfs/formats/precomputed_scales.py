@@ -12,13 +12,13 @@ import numpy as np
 
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk
+from shardfs.files import BytesFile, File, RangeFile
 from shardfs.formats.encodings import decode_precomputed
 from shardfs.formats.plan import Array
 from shardfs.formats.precomputed_dirs import chunk_file
 from shardfs.formats.precomputed_names import VolumeChunks
 from shardfs.shards.neuroglancer_kv import NeuroglancerKV
 from shardfs.stores.protocol import Store
-from shardfs.tree import BytesFile, File, RangeFile
 
 
 @dataclass

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError, Unsupported
+from shardfs.files import File
 from shardfs.formats.plan import LARGEST, MALFORMED, Array, Category, Finding, Plan, load_json, senseless
 from shardfs.formats.zarr_array import SourceChunks, ZarrArray
 from shardfs.formats.zarr_codecs import (
@@ -31,7 +32,6 @@ from shardfs.formats.zarr_draft import DRAFT_FORMAT, walk_draft
 from shardfs.shards.zarr import ChunkKeys
 from shardfs.shards.zarr_kv import ZarrKV
 from shardfs.stores.protocol import Store
-from shardfs.tree import File
 
 log = logging.getLogger("shardfs")
 

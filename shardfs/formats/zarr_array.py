@@ -9,13 +9,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from shardfs.files import Dir, File, Node, RangeFile
 from shardfs.formats.plan import extent_file
 from shardfs.shards.grid import grid_at, grid_index, grid_shape
 from shardfs.shards.kv import files_below
 from shardfs.shards.zarr import ChunkKeys
 from shardfs.shards.zarr_kv import ZarrKV
 from shardfs.stores.protocol import Store
-from shardfs.tree import Dir, File, Node, RangeFile
 
 
 class ZarrArray:

@@ -22,12 +22,14 @@ from typing import Any, TypeVar
 
 from shardfs.codecs import start_request
 from shardfs.errors import CorruptChunk, over_max_file_size
+from shardfs.files import Dir
 from shardfs.fuse.filesystem import BLOCK_SIZE, Attributes, Entry, FuseError, Usage, count, error
 from shardfs.fuse.listing import Listing
 from shardfs.fuse.nodes import Nodes, Place
 from shardfs.fuse.record import Record
 from shardfs.metrics import Metrics
-from shardfs.tree import Dir, Owner, Tree
+from shardfs.stores.protocol import Owner
+from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])

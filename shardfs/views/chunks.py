@@ -13,9 +13,9 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk
+from shardfs.files import File
 from shardfs.formats.plan import Array, Compressor
 from shardfs.stores.protocol import Owner
-from shardfs.tree import File
 
 BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
 

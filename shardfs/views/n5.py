@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
+from shardfs.files import BytesFile, Dir, File, LazyFile, Node
 from shardfs.formats.plan import Array, Finding, Plan
 from shardfs.shards.grid import grid_at, grid_index, grid_position, grid_shape
-from shardfs.tree import BytesFile, Dir, File, LazyFile, Node
 from shardfs.views.axes import Axes, axes_of, pyramids
 from shardfs.views.chunks import (
     PrefixedFile,

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from shardfs.cache import ByteCache
+from shardfs.files import Dir, File, LazyFile, Node
 from shardfs.formats.plan import Array, Finding, Plan
 from shardfs.shards.grid import grid_at, grid_index, grid_position, grid_shape
-from shardfs.tree import Dir, File, LazyFile, Node
 from shardfs.views.axes import axes_of
 from shardfs.views.chunks import decoded, edge_shape, nbytes, next_level, number, numcodecs_config, stored_under
 
