@@ -32,6 +32,9 @@ from cloudvolume import CloudVolume
 from shardfs.csi import DRIVER
 from shardfs.csi import csi_pb2 as pb
 from shardfs.csi import csi_pb2_grpc as rpc
+from shardfs.csi import node as node_module
+from shardfs.csi.node import Node
+from shardfs.fuse.mount import MountOptions, mount, unmount
 from shardfs.service import mountinfo
 from tests.conftest import as_user, scrape
 from tests.http_server import RangeServer
@@ -266,18 +269,64 @@ def test_unpublish_of_a_hung_daemon_aborts_and_never_hangs(plugin: Plugin, serve
     publish(plugin, target, {"source": f"precomputed://{server.url}"}, volume_id="vol-hung")
     [daemon] = plugin.daemons()
     daemon.suspend()
-    name = sorted(os.listdir(twin / "4_4_40"))[0]
-    reader = subprocess.Popen(["cat", str(target / "4_4_40" / name)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    waited = _wait_for(lambda: _waiting_on(target, reader.pid))
-    assert waited, "the reader never reached the daemon"
-    done = threading.Event()
-    thread = threading.Thread(target=lambda: (unpublish(plugin, target, "vol-hung"), done.set()), daemon=True)
-    thread.start()
-    assert done.wait(PATIENCE), "unpublish hung"
+    try:
+        name = sorted(os.listdir(twin / "4_4_40"))[0]
+        reader = subprocess.Popen(["cat", str(target / "4_4_40" / name)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE)  # fmt: skip
+        waited = _wait_for(lambda: _waiting_on(target, reader.pid) or reader.poll() is not None)
+        assert waited and reader.poll() is None, f"the reader never waited on the daemon: {reader.stderr.read()!r}"
+        done = threading.Event()
+        thread = threading.Thread(target=lambda: (unpublish(plugin, target, "vol-hung"), done.set()), daemon=True)
+        thread.start()
+        assert done.wait(PATIENCE), "unpublish hung"
+    finally:  # else the later tests' volumes would go to this stopped daemon
+        with contextlib.suppress(psutil.Error):
+            daemon.resume()
     assert reader.wait(PATIENCE) != 0
     assert mountinfo.exactly_at(str(target)) is None and not target.exists()
     assert daemon.wait(PATIENCE) is not None or not daemon.is_running()
     assert "aborted" in plugin.log.read_text()
+
+
+def test_a_take_down_never_aborts_the_mount_given_its_number_next(tmp_path: Path, monkeypatch) -> None:
+    """The kernel gives an ended connection's number to the next FUSE mount made anywhere (another pod's volume,
+    another user's): one made just as a volume is taken down, under the same number, is not aborted by it."""
+    node, made = Node(tmp_path / "run"), []
+    taken, after = tmp_path / "taken", tmp_path / "after"
+    after.mkdir()
+
+    def unmount_then_mount_after(point: Path, lazy: bool = False) -> None:
+        unmount(point, lazy=lazy)
+        made.append(mount(after, MountOptions(fsname="after")))
+
+    monkeypatch.setattr(node_module, "unmount", unmount_then_mount_after)
+    given_again = False
+    try:
+        for _ in range(5):  # another test's mount may take the number first
+            taken.mkdir(exist_ok=True)
+            fd = mount(taken, MountOptions(fsname="taken"))
+            number = connection_at(taken)
+            node._end(str(taken), number)
+            os.close(fd)
+            given_again = connection_at(after) == number
+            if given_again:
+                os.set_blocking(made[-1], False)
+                assert os.read(made[-1], 1 << 20), "the next mount's INIT is gone: it was aborted"  # ENODEV if so
+                break
+            unmount(after, lazy=True)
+    finally:
+        with contextlib.suppress(OSError):
+            unmount(after, lazy=True)
+        for fd in made:
+            os.close(fd)
+        node.close()
+    assert given_again, "no next mount was given the number: nothing was checked"
+
+
+def connection_at(point: Path) -> int | None:
+    mounted = mountinfo.exactly_at(str(point))
+    assert mounted is not None
+    return int(mounted.device.split(":")[1])
 
 
 def _waiting_on(target: Path, pid: int) -> bool:

@@ -135,7 +135,6 @@ class Published:
     volume_id: str
     volume: Volume
     daemon: Daemon  # the one serving now: replaced when it ends (see Node._watch)
-    connection: int | None
 
 
 class Node:
@@ -238,7 +237,7 @@ class Node:
         finally:
             os.close(fd)  # the keeper's copy is the one a next daemon takes
         if answer == handoff.READY:
-            self.published[target] = Published(volume_id, volume, daemon, connection)
+            self.published[target] = Published(volume_id, volume, daemon)
             return
         self._end(target, connection)
         self._let_go(daemon, target)
@@ -394,23 +393,55 @@ class Node:
     def _end(self, target: str, connection: int | None) -> None:
         """Detach the mount at target, abort its connection if still held: never waits long. Its daemon's session
         ends with the connection."""
+        held = self._connection_dir(target, connection)
         try:
-            unmount(Path(target), lazy=True)
-        except OSError as e:
-            if e.errno != errno.EINVAL:  # EINVAL: nothing mounted there any more
-                raise NodeError("INTERNAL", f"{target}: cannot be unmounted ({e.strerror})") from None
-        if "keeper" in self.__dict__:  # else none was started (an Epilog's process): nothing is held
-            with contextlib.suppress(ServiceError):
-                keeper.drop(self.keeper, target)
-        if connection is not None:
-            held = self.fusectl / str(connection)
+            try:
+                unmount(Path(target), lazy=True)
+            except OSError as e:
+                if e.errno != errno.EINVAL:  # EINVAL: nothing mounted there any more
+                    raise NodeError("INTERNAL", f"{target}: cannot be unmounted ({e.strerror})") from None
+            if "keeper" in self.__dict__:  # else none was started (an Epilog's process): nothing is held
+                with contextlib.suppress(ServiceError):
+                    keeper.drop(self.keeper, target)
+            if held is None:
+                return
             deadline = time.monotonic() + GONE_WAIT
-            while held.exists() and time.monotonic() < deadline:
+            while _exists("abort", held) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            with contextlib.suppress(FileNotFoundError):  # gone by itself meanwhile
-                (held / "abort").write_text("1")
-                log.warning("%s: connection %d aborted (still held after it was unmounted)", target, connection,
-                            extra={"event": "aborted"})  # fmt: skip
+            try:
+                abort = os.open("abort", os.O_WRONLY, dir_fd=held)
+            except FileNotFoundError:  # gone by itself meanwhile
+                return
+            with open(abort, "w") as f:
+                f.write("1")
+            log.warning("%s: connection %d aborted (still held after it was unmounted)", target, connection,
+                        extra={"event": "aborted"})  # fmt: skip
+        finally:
+            if held is not None:
+                os.close(held)
+
+    def _connection_dir(self, target: str, connection: int | None) -> int | None:
+        """The connection's fusectl directory, opened while its mount is still at target. The kernel gives an
+        ended connection's number to the next mount made anywhere, so a later look by number could find (and
+        abort) another one; through this descriptor, the directory is gone once its connection is."""
+        if connection is None:
+            return None
+        try:
+            held = os.open(self.fusectl / str(connection), os.O_PATH | os.O_DIRECTORY)
+        except FileNotFoundError:
+            return None
+        if _connection(target) != connection:  # it ended before the directory was opened: not ours
+            os.close(held)
+            return None
+        return held
+
+
+def _exists(name: str, directory: int) -> bool:
+    try:
+        os.stat(name, dir_fd=directory)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _stop(daemon: subprocess.Popen[bytes]) -> None:
