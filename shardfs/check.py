@@ -19,7 +19,6 @@ import sys
 from collections.abc import Callable, Iterator
 
 from shardfs.errors import CorruptChunk
-from shardfs.files import Provider
 from shardfs.formats.plan import Array, Category
 from shardfs.shards.kv import ShardedKV, ShardFile, ShardReport
 from shardfs.source import Source
@@ -34,9 +33,8 @@ def check(source: Source, progress: bool, deep: bool = False) -> int:
 
     work = []
     for directory, provider in sorted(source.providers.items()):
-        kv = sharded(provider)
-        if kv is not None:  # not sharded: nothing to check
-            work.append((directory, provider.kind, kv, shards_of(kv)))
+        if provider.kv is not None:  # not sharded: nothing to check
+            work.append((directory, provider.kind, provider.kv, shards_of(provider.kv)))
     shard_total = chunk_total = corrupt_total = 0
     with tqdm(total=sum(len(w[3]) for w in work), unit="shard", disable=not progress, file=sys.stderr) as bar:
         for directory, kind, kv, shards in work:
@@ -82,7 +80,7 @@ def decode_all(source: Source, progress: bool, total: int) -> int:
     failed = 0
     with tqdm(total=total, unit="chunk", disable=not progress, file=sys.stderr) as bar:
         for directory, provider in sorted(source.providers.items()):
-            if sharded(provider) is None:
+            if provider.kv is None:
                 continue
             bar.set_description(f"decoding {directory or '.'}", refresh=False)
             array = source.arrays.get(directory)
@@ -117,12 +115,6 @@ def _files(source: Source, directory: str) -> Iterator[tuple[str, Callable[[], o
             else:
                 node = source.tree.lookup(path)
                 yield path[len(directory) :].lstrip("/"), functools.partial(node.read, 0, node.size())
-
-
-def sharded(provider: Provider) -> ShardedKV | None:
-    """The shards a provider shows, None for one that is not sharded."""
-    kv = getattr(provider, "kv", None)
-    return kv if isinstance(kv, ShardedKV) else None
 
 
 def shards_of(kv: ShardedKV) -> list[ShardFile]:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shardfs.cache import ByteCache, closure_cost, key_cost
 from shardfs.stores.protocol import Owner, StoredFile
+
+if TYPE_CHECKING:
+    from shardfs.shards.kv import ShardedKV
 
 
 class File(Protocol):
@@ -35,6 +38,7 @@ class Provider(Protocol):
     Paths given to it are relative to its own directory ('' is the directory itself)."""
 
     kind: str  # what it is, in the user's words, for `shardfs info`
+    kv: ShardedKV | None  # the shards whose keys it shows (what `shardfs check` reads); None for a view
 
     def describe(self) -> dict[str, Any]:
         """Its parameters, for `shardfs info`."""

@@ -62,6 +62,7 @@ class Dataset:
     """One array as an N5 dataset: its block files, nested by grid position (a tree Provider)."""
 
     kind = "N5 dataset"
+    kv = None
 
     def __init__(self, array: Array, cache: ByteCache, directory: str) -> None:
         self.array, self.cache, self.directory = array, cache, directory

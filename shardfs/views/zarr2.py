@@ -35,6 +35,7 @@ class Zarr2Array:
     one-channel precomputed volume) are added to every shape and position."""
 
     kind = "zarr v2 array"
+    kv = None
 
     def __init__(self, array: Array, cache: ByteCache, directory: str, separator: str, lead: int = 0) -> None:
         self.array, self.cache, self.directory, self.lead = array, cache, directory, lead
