@@ -6,13 +6,13 @@ This module walks the hierarchy and rewrites its metadata; `zarr_codecs.py` read
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
 import posixpath
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError, Unsupported
@@ -108,7 +108,7 @@ class ZarrPlan(Plan):
             below = (path[len(prefix) :].split("/")[0] for path in self.consolidated_nodes if path.startswith(prefix))
             names = sorted({*named_children(meta), *below} - {"", ".", ".."})
         children = (posixpath.join(directory, name) for name in names)
-        return [child for child in children if self.store.kind(posixpath.join(child, "zarr.json")) == "file"]
+        return [child for child in children if self.store.type_of(posixpath.join(child, "zarr.json")) == "file"]
 
     def refuse(self, error: SourceError, root: bool) -> None:
         if root:
@@ -116,8 +116,75 @@ class ZarrPlan(Plan):
         log.error("%s; served as it is stored", error)
         self.report.append(Finding(f"{error}", Category.REFUSED))
 
-    def _array(self, directory: str, meta: dict, where: str) -> None:
+    def _array(self, directory: str, document: dict, where: str) -> None:
         self.directories.add(directory)
+        meta = ArrayMeta.from_json(document, where)
+        if unknown := unknown_codecs(meta.codecs):
+            why = f"{where}: field 'codecs' names unknown codec(s) {unknown} (known: {', '.join(KNOWN_CODECS)})"
+            log.warning(
+                "%s; a typo? its files are served as stored", why, extra={"event": "unknown_codec", "in_report": True}
+            )
+            self.report.append(Finding(f"{why}", Category.WARNING))
+        try:
+            unsharded = unshard(meta.codecs, meta.chunk_shape)
+            keys = ChunkKeys.from_json(document.get("chunk_key_encoding"), len(meta.shape))
+            if unsharded is None:
+                self.report.append(Finding(f"{directory or '.'}: zarr v3 array, unsharded (passes through)"))
+                chunks = SourceChunks(self.store, directory, keys, meta.chunk_shape, meta.shape)
+                self._for_views(
+                    directory, meta, meta.codecs, meta.chunk_shape, chunks.chunk, chunks.stored, keys, where
+                )
+                return
+            levels, inner_codecs = unsharded
+        except Unsupported as e:
+            log.error("%s: %s; served as it is stored", where, e)
+            self.report.append(Finding(f"{where}: {e}", Category.REFUSED))
+            return
+        self.files[posixpath.join(directory, "zarr.json")] = meta.shown(levels[-1].inner, inner_codecs)
+        kv = ZarrKV(self.store, self.cache, directory, meta.shape, levels, keys, itemsize(meta.data_type))
+        array = ZarrArray(kv)
+        self.providers[directory] = array
+        self.report.append(
+            Finding(
+                f"{directory or '.'}: zarr v3 array, sharded ({len(levels)} level(s), {math.prod(meta.shape)} elements)"
+            )
+        )
+        self._for_views(directory, meta, inner_codecs, kv.inner, array.chunk, kv.present_under, keys, where)
+
+    def _for_views(
+        self, directory: str, meta: ArrayMeta, codecs: list, chunks: tuple[int, ...],
+        chunk: Callable[[tuple[int, ...]], File | None], stored: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]],
+        keys: ChunkKeys, where: str,
+    ) -> None:  # fmt: skip
+        """Describe the array for --view n5/zarr2; one they cannot show is named in `shardfs info`."""
+        try:
+            dtype, compressor, opaque, decode = chunk_codecs(meta.data_type, codecs, chunks)
+            fill = fill_value(meta.fill_value, dtype)
+        except Unsupported as e:
+            self.report.append(Finding(f"{where}: {e}", Category.NOT_IN_VIEWS))
+            return
+        self.arrays[directory] = Array(
+            meta.shape, chunks, dtype, fill, meta.attributes, compressor, opaque, False, chunk, stored, True,
+            decode, self.store.owner(directory), dimension_names=meta.dimension_names, separator=keys.separator,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ArrayMeta:
+    """A zarr v3 array's zarr.json as the values planning needs, checked once (an error names file and field);
+    `document` is the object as read, which the shown metadata keeps all else of."""
+
+    document: dict
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    codecs: list
+    data_type: Any
+    fill_value: Any
+    attributes: dict
+    dimension_names: tuple[str | None, ...] | None  # malformed names are the source's problem: None, not a refusal
+
+    @classmethod
+    def from_json(cls, meta: dict, where: str) -> ArrayMeta:
         shape = meta.get("shape")
         if not isinstance(shape, list) or not all(isinstance(s, int) and 0 <= s < LARGEST for s in shape):
             raise SourceError(f"{where}: field 'shape' must be a list of non-negative integers")
@@ -128,60 +195,20 @@ class ZarrPlan(Plan):
         codecs = meta.get("codecs")
         if not isinstance(codecs, list):
             raise SourceError(f"{where}: field 'codecs' must be a list")
-        if unknown := unknown_codecs(codecs):
-            why = f"{where}: field 'codecs' names unknown codec(s) {unknown} (known: {', '.join(KNOWN_CODECS)})"
-            log.warning(
-                "%s; a typo? its files are served as stored", why, extra={"event": "unknown_codec", "in_report": True}
-            )
-            self.report.append(Finding(f"{why}", Category.WARNING))
-        try:
-            unsharded = unshard(codecs, tuple(chunk_shape))
-            keys = ChunkKeys.from_json(meta.get("chunk_key_encoding"), len(shape))
-            if unsharded is None:
-                self.report.append(Finding(f"{directory or '.'}: zarr v3 array, unsharded (passes through)"))
-                source = SourceChunks(self.store, directory, keys, tuple(chunk_shape), tuple(shape))
-                self._for_views(directory, meta, codecs, tuple(chunk_shape), source.chunk, source.stored, keys, where)
-                return
-            levels, inner_codecs = unsharded
-        except Unsupported as e:
-            log.error("%s: %s; served as it is stored", where, e)
-            self.report.append(Finding(f"{where}: {e}", Category.REFUSED))
-            return
-        rewritten = copy.deepcopy(meta)
-        rewritten["chunk_grid"]["configuration"]["chunk_shape"] = list(levels[-1].inner)
-        rewritten["codecs"] = inner_codecs
-        self.files[posixpath.join(directory, "zarr.json")] = json.dumps(rewritten, indent=2).encode()
-        size = itemsize(meta.get("data_type"))
-        kv = ZarrKV(self.store, self.cache, directory, tuple(shape), levels, keys, size)
-        array = ZarrArray(kv)
-        self.providers[directory] = array
-        self.report.append(
-            Finding(f"{directory or '.'}: zarr v3 array, sharded ({len(levels)} level(s), {math.prod(shape)} elements)")
-        )
-        self._for_views(directory, meta, inner_codecs, kv.inner, array.chunk, kv.present_under, keys, where)
-
-    def _for_views(
-        self, directory: str, meta: dict, codecs: list, chunks: tuple[int, ...],
-        chunk: Callable[[tuple[int, ...]], File | None], stored: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]],
-        keys: ChunkKeys, where: str,
-    ) -> None:  # fmt: skip
-        """Describe the array for --view n5/zarr2; one they cannot show is named in `shardfs info`."""
-        try:
-            dtype, compressor, opaque, decode = chunk_codecs(meta.get("data_type"), codecs, chunks)
-            fill = fill_value(meta.get("fill_value"), dtype)
-        except Unsupported as e:
-            self.report.append(Finding(f"{where}: {e}", Category.NOT_IN_VIEWS))
-            return
-        attributes = meta.get("attributes") or {}
         names = meta.get("dimension_names")
-        if not (isinstance(names, list) and len(names) == len(chunks)) or not all(
-            n is None or isinstance(n, str) for n in names
-        ):
-            names = None  # malformed names are the source's problem, not a reason to hide the array
-        self.arrays[directory] = Array(
-            tuple(meta["shape"]), chunks, dtype, fill, attributes, compressor, opaque, False, chunk, stored, True,
-            decode, self.store.owner(directory), dimension_names=names and tuple(names), separator=keys.separator,
+        named = isinstance(names, list) and len(names) == len(shape)
+        named = named and all(n is None or isinstance(n, str) for n in names)
+        return cls(
+            meta, tuple(shape), tuple(chunk_shape), codecs, meta.get("data_type"), meta.get("fill_value"),
+            meta.get("attributes") or {}, tuple(names) if named else None,
         )  # fmt: skip
+
+    def shown(self, chunk_shape: tuple[int, ...], codecs: list) -> bytes:
+        """The zarr.json of the array with chunk_shape and codecs in place of its own (its innermost chunks)."""
+        grid = self.document["chunk_grid"]
+        configuration = {**grid["configuration"], "chunk_shape": list(chunk_shape)}
+        return json.dumps({**self.document, "chunk_grid": {**grid, "configuration": configuration}, "codecs": codecs},
+                          indent=2).encode()  # fmt: skip
 
 
 def named_children(meta: dict) -> list[str]:
