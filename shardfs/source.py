@@ -90,9 +90,9 @@ def open_source(
 
 def _format(store: Store, name: str) -> str:
     """'zarr' or 'precomputed', from the root metadata file that is there."""
-    if store.kind("zarr.json") == "file":
+    if store.type_of("zarr.json") == "file":
         return "zarr"
-    if store.kind("info") == "file":
+    if store.type_of("info") == "file":
         return "precomputed"
     raise SourceError(f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")
 

@@ -138,10 +138,10 @@ class Tree:
         return f"{directory}/{rel}" if directory else rel
 
     def _source(self, path: str) -> Node:
-        kind = self.store.kind(path)  # sockets, devices and links are not part of a dataset
-        if kind == "dir":
+        found = self.store.type_of(path)  # sockets, devices and links are not part of a dataset
+        if found == "dir":
             return Dir(self.store.owner(path))
-        if kind == "file":
+        if found == "file":
             file = self.store.open(path)
             return RangeFile(file, 0, file.size)
         raise FileNotFoundError(path)

@@ -169,7 +169,7 @@ class Bridge:
         self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
         self._times = (*divmod(mtime_ns, 1_000_000_000),)
         self._modes = functools.lru_cache(maxsize=1024)(self._mode)
-        self.stored = StoredBytes(tree.store.sizes)
+        self.usage = StoredBytes(tree.store.sizes)
 
     # The protocol: by node id.
     def lookup(self, parent: int, name: bytes) -> Entry | None:
@@ -226,7 +226,7 @@ class Bridge:
                 log_request(self.metrics, "readdir", path, start, reads, code=code)
 
     def statfs(self) -> Usage:
-        return Usage(*self.stored.now())
+        return Usage(*self.usage.now())
 
     # What a node's place holds.
     def path_of(self, place: Place) -> str:
@@ -235,16 +235,16 @@ class Bridge:
             return place
         return self.tree.path_of(*place) or f"{place}"
 
-    def _mode(self, kind: int, owner: Owner) -> tuple[int, int, int, int]:
+    def _mode(self, file_type: int, owner: Owner) -> tuple[int, int, int, int]:
         """(st_mode, st_nlink, uid, gid) of a node owned by owner (few distinct ones: cached). Files get
         read bits only; directories read and search; unless `shown` says otherwise."""
-        mode = owner.mode if kind == stat.S_IFDIR else owner.mode & 0o444
+        mode = owner.mode if file_type == stat.S_IFDIR else owner.mode & 0o444
         shown = self.shown
         if shown.umask is not None:
             mode = 0o777 & ~shown.umask
         uid = owner.uid if shown.uid is None else shown.uid
         gid = owner.gid if shown.gid is None else shown.gid
-        return kind | mode, 2 if kind == stat.S_IFDIR else 1, uid, gid
+        return file_type | mode, 2 if file_type == stat.S_IFDIR else 1, uid, gid
 
     @errors_to_errno("getattr")
     def _attributes(self, place: Place) -> Attributes | None:

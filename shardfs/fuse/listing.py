@@ -99,9 +99,9 @@ class Listing:
     def entry(self, offset: int) -> tuple[bytes, bool]:
         """(name, is_dir) of the entry at offset."""
         at = self.starts[offset]
-        _, _, namelen, kind = wire.DIRENT.unpack_from(self.dirents, at)
+        _, _, namelen, file_type = wire.DIRENT.unpack_from(self.dirents, at)
         at += wire.DIRENT.size
-        return bytes(memoryview(self.dirents)[at : at + namelen]), kind == DT_DIR
+        return bytes(memoryview(self.dirents)[at : at + namelen]), file_type == DT_DIR
 
 
 class ListingWorkers:

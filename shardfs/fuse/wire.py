@@ -164,7 +164,7 @@ READ_ONLY_REFUSED = frozenset(
 """Requests that would change the filesystem: EROFS, whatever they name."""
 
 
-def dirent(ino: int, offset: int, name: bytes, kind: int) -> bytes:
-    """One fuse_dirent: kind is the d_type (DT_DIR, DT_REG), i.e. st_mode >> 12."""
-    entry = DIRENT.pack(ino, offset, len(name), kind) + name
+def dirent(ino: int, offset: int, name: bytes, file_type: int) -> bytes:
+    """One fuse_dirent: file_type is the d_type (DT_DIR, DT_REG), i.e. st_mode >> 12."""
+    entry = DIRENT.pack(ino, offset, len(name), file_type) + name
     return entry + b"\0" * (-len(entry) % 8)

@@ -116,7 +116,7 @@ class ShardedKV(ABC):
         return self.store.list(path)
 
     def is_file(self, path: str) -> bool:
-        return self.store.kind(path) == "file"
+        return self.store.type_of(path) == "file"
 
     def files_below(self, path: str) -> Iterator[str]:
         return files_below(self.store, path)

@@ -169,18 +169,18 @@ class LocalStore:
                 elif e.is_file(follow_symlinks=False):
                     yield e.name, False
 
-    def kind(self, path: str) -> str | None:
+    def type_of(self, path: str) -> str | None:
         st = self._lstat(path)
         if st is None:
             return None
         return "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else None
 
     def owner(self, path: str) -> Owner:
-        kind = self.kind(path)
-        if kind == "file":
+        found = self.type_of(path)
+        if found == "file":
             return self.open(path).owner
         parts = self._parts(path)
-        chain = self._nearest_directory(parts if kind == "dir" else parts[:-1])
+        chain = self._nearest_directory(parts if found == "dir" else parts[:-1])
         return chain[-1].beneath(chain[:-1])
 
     def _nearest_directory(self, parts: list[str]) -> tuple[Owner, ...]:

@@ -173,7 +173,7 @@ class Store(Protocol):
     def list(self, path: str) -> Iterator[tuple[str, bool]]:
         """(name, is_dir) of a directory's files and directories, streamed; nothing if it is absent."""
 
-    def kind(self, path: str) -> str | None:
+    def type_of(self, path: str) -> str | None:
         """'file', 'dir', or None for anything else (absent, a link, a device)."""
 
     def owner(self, path: str) -> Owner:

@@ -444,7 +444,7 @@ class RemoteStore:
                     return f"{prefix}{name}/{SKIP}"
         return None
 
-    def kind(self, path: str) -> str | None:
+    def type_of(self, path: str) -> str | None:
         if not path.strip("/"):
             return "dir"
         if not is_key(path):

@@ -73,13 +73,13 @@ class NamedListing:
                 return False
             path = path.rpartition("/")[0]
 
-    def kind(self, path: str) -> str | None:
+    def type_of(self, path: str) -> str | None:
         if path in self._children:
             return "dir"
-        kind = self.store.kind(path)
-        if kind is None and self._marker and self._found_by_name(path):
+        found = self.store.type_of(path)
+        if found is None and self._marker and self._found_by_name(path):
             return "dir"
-        return kind
+        return found
 
     def _found_by_name(self, path: str) -> bool:
         """Whether path is a directory where the store cannot say: a node no metadata names, known by its
@@ -90,8 +90,8 @@ class NamedListing:
             if path in self._by_name:
                 return True
         parent = path.rpartition("/")[0]
-        inside = bool(parent) and parent not in self._files and self.store.kind(parent) is None
-        if not (inside and self._found_by_name(parent)) and self.store.kind(f"{path}/{self._marker}") != "file":
+        inside = bool(parent) and parent not in self._files and self.store.type_of(parent) is None
+        if not (inside and self._found_by_name(parent)) and self.store.type_of(f"{path}/{self._marker}") != "file":
             return False
         with self._lock:
             self._by_name[path] = True
