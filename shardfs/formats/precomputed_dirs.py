@@ -80,7 +80,9 @@ class ChunkDir:
                 )
             return value
 
-        return LazyFile(length, self.kv.cache, self.kv.key("value", chunk.file, chunk.key), make, 0, chunk.file.owner)
+        return LazyFile(
+            length, self.kv.cache, self.kv.cache_key("value", chunk.file, chunk.key), make, 0, chunk.file.owner
+        )
 
     def _stored(self, key: int) -> Extent:
         """Where key's bytes are; a key not stored is ENOENT."""

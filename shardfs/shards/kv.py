@@ -93,12 +93,12 @@ class ShardedKV(ABC):
 
     # -- the cache -------------------------------------------------------------------------------------------------
 
-    def opened_key(self, shard: Hashable) -> tuple:
+    def opened_cache_key(self, shard: Hashable) -> tuple:
         """The cache key of a shard opened, as the format names it (its number, or its path)."""
         return ("shard", self.directory, shard)
 
     @staticmethod
-    def key(what: str, file: StoredFile, *where: Hashable) -> tuple:
+    def cache_key(what: str, file: StoredFile, *where: Hashable) -> tuple:
         """The cache key of something read from one version of an opened shard."""
         return (what, file.path, file.version, *where)
 

@@ -94,7 +94,7 @@ class NeuroglancerKV(ShardedKV):
                 return OpenShard(shard, file, None, None)
             return OpenShard(shard, file, rows, adjacent(rows, index_size, file.size))
 
-        opened = self.cache.get_or_make(self.opened_key(shard), make)
+        opened = self.cache.get_or_make(self.opened_cache_key(shard), make)
         self._index_size(opened.file, key)
         if opened.index is not None:
             return opened, tuple(opened.index[minishard].tolist())
@@ -148,7 +148,7 @@ class NeuroglancerKV(ShardedKV):
     def minishard(self, opened: OpenShard, minishard: int, entry: tuple[int, int], key: object = "?") -> MinishardIndex:
         """One minishard's index, whose shard index entry is entry, cached under its shard's version."""
         make = lambda: self._read_minishard(opened, minishard, key, entry)  # noqa: E731
-        return self.cache.get_or_make(self.key("minishard", opened.file, minishard), make)
+        return self.cache.get_or_make(self.cache_key("minishard", opened.file, minishard), make)
 
     def _read_minishard(self, opened: OpenShard, minishard: int, key: object, entry: tuple[int, int]) -> MinishardIndex:
         file = opened.file
@@ -171,7 +171,7 @@ class NeuroglancerKV(ShardedKV):
         if opened.batch is None or not opened.batch[0] <= start <= stop <= opened.batch[1]:
             return self._read_encoded(file, start, stop, encoding, MINISHARD_INDEX_LIMIT)
         first, last = opened.batch
-        batch = self.cache.get_or_make(self.key("minishards", file), lambda: file.read(first, last))
+        batch = self.cache.get_or_make(self.cache_key("minishards", file), lambda: file.read(first, last))
         raw = batch[start - first : stop - first]
         return gunzip(raw, MINISHARD_INDEX_LIMIT) if encoding == "gzip" else raw
 

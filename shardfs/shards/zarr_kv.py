@@ -163,7 +163,7 @@ class ZarrKV(ShardedKV):
             self._index(Blob.whole(file), level, 0, raw if len(raw) == size else None)
             return file
 
-        return self.cache.get_or_make(self.opened_key(path), make)
+        return self.cache.get_or_make(self.opened_cache_key(path), make)
 
     def _index(self, blob: Blob, level: Level, depth: int, raw: bytes | None = None) -> bytes:
         """The verified index of blob, read from it unless raw holds it already (as the read that opened
@@ -256,7 +256,7 @@ class ZarrKV(ShardedKV):
         the server failed) is None, logged: what it holds is not known."""
         try:
             file = self.open_shard(path)
-            return self.cache.get_or_make(self.key("present", file), lambda: Present.of(self.positions_in(file)))
+            return self.cache.get_or_make(self.cache_key("present", file), lambda: Present.of(self.positions_in(file)))
         except FileNotFoundError:
             return self._nothing
         except CorruptChunk as e:
