@@ -15,6 +15,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -437,22 +438,25 @@ def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | Non
 def list_mounts(now: float) -> None:
     """One line a shardfs mount, from the kernel's mount table; view, pid and uptime from its daemon's stats
     socket ('-' where it cannot be asked: another user's private mount, or a daemon that died). A mount that
-    no daemon serves but whose connection is kept (systemd's store, a keeper) is `daemon being replaced`."""
-    rows = [("MOUNTPOINT", "SOURCE", "VIEW", "PID", "UPTIME")]
-    for point, mounted in mountinfo.shardfs_mounts():
-        try:
-            pid, text = stats_socket.ask(Path(point))
-            view, uptime = identity(text, now)
-            rows.append((point, mounted.source, view, str(pid), uptime))
-        except stats_socket.NoDaemon:
-            rows.append(
-                (point, mounted.source, "-", "-", "daemon being replaced" if waits_for_daemon(Path(point)) else "-")
-            )
-        except (ServiceError, OSError):
-            rows.append((point, mounted.source, "-", "-", "-"))
+    no daemon serves but whose connection is kept (systemd's store, a keeper) is `daemon being replaced`. The
+    daemons are asked at once: each stopped one costs ASK_TIMEOUT, and that only once in all."""
+    mounts = mountinfo.shardfs_mounts()
+    with ThreadPoolExecutor(max_workers=max(1, min(len(mounts), 32))) as pool:
+        rows = [("MOUNTPOINT", "SOURCE", "VIEW", "PID", "UPTIME"), *pool.map(lambda m: _listed(*m, now), mounts)]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[4])
+
+
+def _listed(point: str, mounted: mountinfo.Mounted, now: float) -> tuple[str, str, str, str, str]:
+    try:
+        pid, text = stats_socket.ask(Path(point))
+        view, uptime = identity(text, now)
+        return point, mounted.source, view, str(pid), uptime
+    except stats_socket.NoDaemon:
+        return point, mounted.source, "-", "-", "daemon being replaced" if waits_for_daemon(Path(point)) else "-"
+    except (ServiceError, OSError):
+        return point, mounted.source, "-", "-", "-"
 
 
 def ls(source: Source, path: str, long: bool = False) -> None:
