@@ -75,14 +75,15 @@ def cache_held(point: Path) -> int:
 
 
 @contextlib.contextmanager
-def machine_lock(path: Path, seconds: float = 600) -> Iterator[None]:
+def machine_lock(path: Path, seconds: float = 600, shared: bool = False) -> Iterator[None]:
     """Held while a test changes path, which the whole machine shares: another suite (a second copy of the
-    tree, run at once) waits for it. The ceiling is one only a hang reaches."""
+    tree, run at once) or another worker waits for it. shared: held by tests that count on what path would
+    change staying as it is, any number at once. The ceiling is one only a hang reaches."""
     with open(f"/run/lock/shardfs-tests-{str(path).strip('/').replace('/', '-')}", "w") as lock:
         deadline = time.monotonic() + seconds
         while True:
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(lock, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 assert time.monotonic() < deadline, f"{path}: another suite held it for {seconds:.0f} s"
@@ -164,9 +165,18 @@ def replace(shard: Path, twin_chunk: Path, grow: bool) -> None:
     os.replace(fresh, shard)
 
 
-def drop_page_cache() -> None:
-    """So that the next read reaches the daemon (the mount uses FUSE no_open: the kernel keeps pages)."""
-    Path("/proc/sys/vm/drop_caches").write_text("1")
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def forget_pages(*files: Path) -> None:
+    """The kernel's pages of files dropped, so that their next read reaches the daemon (the mount uses FUSE
+    no_open: the kernel keeps pages). Theirs only: /proc/sys/vm/drop_caches would drop every other test's too."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def counted(server: RangeServer) -> Counter[str]:

@@ -33,7 +33,17 @@ from shardfs.fuse.wire import InitFlag
 from shardfs.source import open_source
 from tests import peers
 from tests.conftest import shardfs
-from tests.helpers import EVERYTHING, ask, daemon_of, init, kernel_socket, wait_for, wait_until
+from tests.helpers import (
+    DROP_CACHES,
+    EVERYTHING,
+    ask,
+    daemon_of,
+    init,
+    kernel_socket,
+    machine_lock,
+    wait_for,
+    wait_until,
+)
 from tests.http_server import RangeServer
 
 LATENCY = 0.5  # seconds a slow server holds each request: long enough that load cannot keep them from overlapping
@@ -134,8 +144,10 @@ def test_sixteen_lookups_in_one_directory_overlap(volume, server, tmp_path) -> N
 
 
 def drop_kernel_names() -> None:
-    """Make the kernel let go of every unused dentry and inode: it FORGETs their node ids."""
-    Path("/proc/sys/vm/drop_caches").write_text("2")
+    """Make the kernel let go of every unused dentry and inode: it FORGETs their node ids. The machine's, so
+    not while a test counts on its own being kept (see machine_lock)."""
+    with machine_lock(DROP_CACHES):
+        DROP_CACHES.write_text("2")
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from tests import peers
+from tests.helpers import forget_pages
 from tests.http_server import RangeServer
 
 LIBFUSE_DEFAULT_THREADS = 10
@@ -43,7 +43,7 @@ def test_sixteen_remote_reads_are_in_flight_at_once(tmp_path, mount) -> None:
         m = mount(server.url)
         for name in expected:  # indexes fetched and cached: from now on a read is one GET of its chunk
             (m.path / "4_4_40" / name).read_bytes()
-        Path("/proc/sys/vm/drop_caches").write_text("1")  # the kernel's pages, so that reads reach the daemon
+        forget_pages(*(m.path / "4_4_40" / name for name in expected))
         server.admit = held = InFlight(hold=1.5)
         with ThreadPoolExecutor(READERS) as pool:
             got = dict(zip(expected, pool.map(lambda n: (m.path / "4_4_40" / n).read_bytes(), expected), strict=True))

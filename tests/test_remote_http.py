@@ -22,7 +22,7 @@ from cloudvolume import CloudVolume
 from shardfs.formats.zarr import named_children
 from tests import peers
 from tests.conftest import shardfs
-from tests.helpers import chunk_names, daemon_of, peak_and_now_kib, read_errno
+from tests.helpers import chunk_names, daemon_of, forget_pages, peak_and_now_kib, read_errno
 from tests.http_server import RangeServer
 
 TIMEOUT = "2"  # seconds, for the failure tests: a hung request must be EIO well before a test's patience ends
@@ -76,7 +76,7 @@ def test_one_get_per_chunk_once_warm(volume, server, mount) -> None:
     shards = {peers.volume_chunk_shards(volume[0], "4_4_40")[n] for n in names}
     assert cold <= 2 * len(names) + len(shards)
     assert not [path for (method, path) in server.requests if method == "HEAD" and path.endswith(".shard")]
-    Path("/proc/sys/vm/drop_caches").write_text("1")
+    forget_pages(*(m.path / "4_4_40" / name for name in names))
     before = server.gets(".shard")
     for name in names:
         assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests import peers
-from tests.helpers import chunk_names, drop_page_cache, read_errno, replace
+from tests.helpers import chunk_names, forget_pages, read_errno, replace
 from tests.http_server import RangeServer
 
 SCALE = "4_4_40"
@@ -54,7 +54,7 @@ def test_an_object_replaced_under_the_mount_is_eio(volume, mount, etag, last_mod
         chunk = m.path / SCALE / name
         assert chunk.read_bytes() == (twin / SCALE / name).read_bytes()  # its shard opened, its indexes read
         replace(shard, twin / SCALE / name, grow)
-        drop_page_cache()
+        forget_pages(chunk)
         assert read_errno(chunk) == errno.EIO
     log = m.log_text()
     assert "changed under the mount" in log and named in log, log
@@ -72,7 +72,7 @@ def test_an_object_deleted_under_the_mount_is_eio_never_enoent(volume, mount) ->
         m = mount(server.url)
         assert (m.path / SCALE / name).read_bytes() == (twin / SCALE / name).read_bytes()
         shard.unlink()
-        drop_page_cache()
+        forget_pages(m.path / SCALE / name)
         assert [read_errno(m.path / SCALE / n) for n in others] == [errno.EIO] * len(others)
     errors = [line for line in m.log_text().splitlines() if "level=error" in line]
     assert errors and all("deleted since it was opened" in line for line in errors), errors

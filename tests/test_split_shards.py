@@ -20,7 +20,7 @@ from cloudvolume.datasource.precomputed.annotation import PrecomputedAnnotationS
 
 from tests import peers
 from tests.conftest import as_user, assert_eio, shardfs
-from tests.helpers import denied, drop_page_cache, files_under, read_errno, read_ts, replace
+from tests.helpers import denied, files_under, forget_pages, read_errno, read_ts, replace
 from tests.http_server import RangeServer
 
 SCALE = "4_4_40"
@@ -181,7 +181,7 @@ def test_either_half_replaced_under_the_mount_is_eio(volume, tmp_path, mount, ha
             when = int(replaced.stat().st_mtime) + 10
             os.utime(fresh, (when, when))
             os.replace(fresh, replaced)
-        drop_page_cache()
+        forget_pages(m.path / SCALE / name)
         got = {n: read_errno(m.path / SCALE / n) or (m.path / SCALE / n).read_bytes() for n in [name, *others]}
     assert all(got[n] in (errno.EIO, (twin / SCALE / n).read_bytes()) for n in got), "only EIO or the right bytes"
     if half == "index":
