@@ -315,11 +315,12 @@ def test_a_take_down_never_aborts_the_mount_given_its_number_next(tmp_path: Path
                 break
             unmount(after, lazy=True)
     finally:
+        monkeypatch.undo()  # before node.close(), which unmounts its fusectl
+        node.close()
         with contextlib.suppress(OSError):
             unmount(after, lazy=True)
         for fd in made:
             os.close(fd)
-        node.close()
     assert given_again, "no next mount was given the number: nothing was checked"
 
 
