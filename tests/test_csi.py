@@ -297,14 +297,14 @@ def test_a_take_down_never_aborts_the_mount_given_its_number_next(tmp_path: Path
 
     def unmount_then_mount_after(point: Path, lazy: bool = False) -> None:
         unmount(point, lazy=lazy)
-        made.append(mount(after, MountOptions(fsname="after")))
+        made.append(mount(after, MountOptions(fsname="after", subtype="probe")))
 
     monkeypatch.setattr(node_module, "unmount", unmount_then_mount_after)
     given_again = False
     try:
         for _ in range(5):  # another test's mount may take the number first
             taken.mkdir(exist_ok=True)
-            fd = mount(taken, MountOptions(fsname="taken"))
+            fd = mount(taken, MountOptions(fsname="taken", subtype="probe"))
             number = connection_at(taken)
             node._end(str(taken), number)
             os.close(fd)
