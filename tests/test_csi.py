@@ -33,7 +33,8 @@ from shardfs.csi import DRIVER
 from shardfs.csi import csi_pb2 as pb
 from shardfs.csi import csi_pb2_grpc as rpc
 from shardfs.csi import node as node_module
-from shardfs.csi.node import Node
+from shardfs.csi.node import Node, NodeError
+from shardfs.csi.volume import volume_of
 from shardfs.fuse.mount import MountOptions, mount, unmount
 from shardfs.service import mountinfo
 from tests.conftest import as_user, scrape
@@ -322,6 +323,30 @@ def test_a_take_down_never_aborts_the_mount_given_its_number_next(tmp_path: Path
         for fd in made:
             os.close(fd)
     assert given_again, "no next mount was given the number: nothing was checked"
+
+
+def test_a_daemon_that_does_not_answer_is_given_no_more_volumes(server, raw_volume, tmp_path, monkeypatch) -> None:
+    """A shared daemon stopped (SIGSTOP): the next publish waits READY_TIMEOUT and fails saying so, and the one
+    after is served by a new daemon rather than handed to the stopped one, for ever, as the last one was."""
+    _, twin, _ = raw_volume
+    monkeypatch.setattr(node_module, "READY_TIMEOUT", 5.0)
+    node, targets = Node(tmp_path / "run"), [tmp_path / name for name in ("first", "second", "third")]
+    volume = volume_of({"source": f"precomputed://{server.url}", "timeout": "20"}, [], {})
+    node.publish("vol-1", str(targets[0]), volume)
+    [stopped] = node.daemons
+    stopped.process.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(NodeError, match="did not answer in 5 s"):
+            node.publish("vol-2", str(targets[1]), volume)
+        node.publish("vol-3", str(targets[2]), volume)
+        assert node.published[str(targets[2])].daemon is not stopped
+        name = sorted(os.listdir(twin / "4_4_40"))[0]
+        assert (targets[2] / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+    finally:
+        stopped.process.send_signal(signal.SIGCONT)
+        for target in targets:
+            node.unpublish("any", str(target))
+        node.close()
 
 
 def connection_at(point: Path) -> int | None:

@@ -74,6 +74,7 @@ class Daemon:
         self.process, self.sock, self.secrets = process, sock, secrets
         self.targets: set[str] = set()
         self.restarts: list[float] = []  # when daemons before this one were replaced lately (monotonic)
+        self.unanswering = False  # it let a publish wait READY_TIMEOUT (stopped, wedged): no volume goes to it again
         self._kept = kept
         self._owed: dict[str, queue.Queue[str]] = {}
         self._closed = False
@@ -98,6 +99,7 @@ class Daemon:
         except OSError:
             return ""
         except queue.Empty:
+            self.unanswering = True
             return f"{handoff.FAILED}its daemon did not answer in {READY_TIMEOUT:.0f} s"
         finally:
             with self._lock:
@@ -252,7 +254,8 @@ class Node:
         """The daemon handed target (one serving volumes with the same publish secret, or a new one), and its
         answer: READY, or why not (then the caller lets it go)."""
         with self._sharing:
-            daemon = next((d for d in self.daemons if d.alive and d.secrets == volume.secrets), None)
+            shared = (d for d in self.daemons if d.alive and not d.unanswering and d.secrets == volume.secrets)
+            daemon = next(shared, None)
             if daemon is None:
                 daemon = self._start_daemon(volume.secrets)
             daemon.targets.add(target)  # before the answer: it must not be let go meanwhile
