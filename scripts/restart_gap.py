@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """The gap a daemon replaced under a live mount leaves, and the requests lost (there must be none).
 
-A mount with `-o keeper` (service/keeper.py) is read by reader processes, each going through chunk files
-of its own that the kernel has never cached (so every read is a request to the daemon), checking every
-byte against the source read without FUSE (shardfs.tree). Every `--every` seconds the daemon is replaced:
-killed (SIGKILL) or handed over (SIGUSR2, the graceful path), and the same `shardfs mount` started again,
-as Restart=on-failure or an operator would. Reported per replacement: the gap, from the kill to the
-first read answered once the killed daemon is gone (so by the next one: a resent request or a new one), and
-its parts; at the end, the reads lost (an error, wrong bytes, or no answer at all).
+A mount with `-o keeper` (service/keeper.py) is read by reader processes, each going round chunk files of
+its own until the last replacement has served a while, dropping each file's pages once read (so every read
+is a request to the daemon); every byte is checked against the source read without FUSE (shardfs.tree).
+Every `--every` seconds the daemon is replaced: killed (SIGKILL) or handed over (SIGUSR2, the graceful
+path), and the same `shardfs mount` started again, as Restart=on-failure or an operator would. Reported per
+replacement: the gap, from the kill to the first read answered once the killed daemon is gone (so by the
+next one: a resent request or a new one), and its parts; at the end, the reads lost (an error, wrong bytes,
+or no answer at all).
 
     .venv/bin/python scripts/restart_gap.py [SOURCE] [--replacements 5] [--how kill|hand-over] [--readers 4]
 
@@ -36,17 +37,23 @@ from shardfs.service import stats_socket
 from shardfs.source import open_source
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
-# A reader: reads each file of its list, printing `start_ns done_ns sha1|errno` for each, then `end`.
+# A reader: reads the files of its list, round and round until the file sys.argv[2] exists (each read from the
+# daemon: the kernel's pages of a file are dropped once read), printing
+# `start_ns done_ns sha1|errno index` for each, then `end`.
 READER = """
-import hashlib, sys, time
-for line in open(sys.argv[1]):
+import hashlib, os, sys, time
+files = open(sys.argv[1]).read().split("\\n")
+i = 0
+while not os.path.exists(sys.argv[2]):
     start = time.monotonic_ns()
     try:
-        with open(line.strip(), "rb", buffering=0) as f:
+        with open(files[i % len(files)], "rb", buffering=0) as f:
             answer = hashlib.sha1(f.read()).hexdigest()
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # the next pass reads from the daemon too
     except OSError as e:
         answer = f"errno{e.errno}"
-    print(start, time.monotonic_ns(), answer, flush=True)
+    print(start, time.monotonic_ns(), answer, i % len(files), flush=True)
+    i += 1
     time.sleep(0.002)
 print("end", flush=True)
 """
@@ -69,7 +76,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="shardfs-restart-") as scratch:
         point = Path(scratch) / "m"
         point.mkdir()
-        keeper = Path(scratch) / "keeper.sock"
+        keeper, stop = Path(scratch) / "keeper.sock", Path(scratch) / "stop"
         command = [*SHARDFS, "mount", str(args.source), str(point), "-o", f"keeper={keeper}"]
         subprocess.run(command, check=True)
         keeper_pid = None
@@ -79,9 +86,9 @@ def main() -> int:
             for i in range(args.readers):
                 files = Path(scratch) / f"list{i}"
                 files.write_text("\n".join(str(point / n) for n in names[i :: args.readers]))
-                readers.append(
-                    subprocess.Popen([sys.executable, "-c", READER, str(files)], stdout=subprocess.PIPE, text=True)
-                )
+                # to a file: a pipe nobody reads until the end fills, and the reader would wait on it, not the mount
+                with open(Path(scratch) / f"out{i}", "w") as out:
+                    readers.append(subprocess.Popen([sys.executable, "-c", READER, str(files), str(stop)], stdout=out))
             replaced = []
             for _ in range(args.replacements):
                 time.sleep(args.every)
@@ -92,7 +99,11 @@ def main() -> int:
                 started = time.monotonic_ns()
                 subprocess.run(command, check=True)
                 replaced.append((killed, started, time.monotonic_ns()))
-            outputs = [reader.communicate(timeout=600)[0].splitlines() for reader in readers]
+            time.sleep(args.every)  # the last one served a while too
+            stop.touch()
+            for reader in readers:
+                reader.wait(timeout=600)
+            outputs = [(Path(scratch) / f"out{i}").read_text().splitlines() for i in range(args.readers)]
         finally:
             with contextlib.suppress(subprocess.CalledProcessError):
                 subprocess.run([*SHARDFS, "unmount", str(point)], check=True)
@@ -102,12 +113,19 @@ def main() -> int:
                 reader.kill()
     unfinished = sum(1 for out in outputs if out[-1:] != ["end"])
     done, wrong = [], 0
-    for i, out in enumerate(outputs):  # a reader prints its list's files in order
-        for line, name in zip([x for x in out if x != "end"], names[i :: args.readers], strict=False):
-            start, end, answer = line.split()
+    digests: dict[str, str] = {}
+    for i, out in enumerate(outputs):
+        mine = names[i :: args.readers]
+        for line in out:
+            if line == "end":
+                continue
+            start, end, answer, index = line.split()
             done.append((int(start), int(end)))
-            node = tree.lookup(name)
-            wrong += answer != hashlib.sha1(node.read(0, node.size())).hexdigest()
+            name = mine[int(index)]
+            if name not in digests:
+                node = tree.lookup(name)
+                digests[name] = hashlib.sha1(node.read(0, node.size())).hexdigest()
+            wrong += answer != digests[name]
     gaps, starts, exits, answers = [], [], [], []
     for killed, started, up in replaced:
         first = min((d for _, d in done if d > started), default=None)  # the killed daemon is gone by then
