@@ -213,18 +213,9 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, stop)
 
     def listen() -> None:
-        while True:
-            try:
-                message = handoff.receive(sock)
-            except ValueError as e:
-                log.error("the plugin sent %s", e, extra={"event": "handoff"})
-                continue
-            except OSError:
-                message = None
-            if message is None:  # the plugin closed it (a Slurm Prolog ends; a plugin restarts): serve on
-                break
+        for message in handoff.messages(sock, "the plugin"):
             daemon.take(message)
-        daemon.idle.wait()
+        daemon.idle.wait()  # the plugin closed its end (a Slurm Prolog ends; a plugin restarts): serve on till then
         stopped.set()
 
     threading.Thread(target=listen, name="shardfs-csi-handoff", daemon=True).start()

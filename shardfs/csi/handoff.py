@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger("shardfs.csi")
 
 SERVE = "serve"  # {target, volume}, with [/dev/fuse] or [/dev/fuse, record]
 KEEP = "keep"  # {target}, with [/dev/fuse, record]: what the next daemon takes up
@@ -55,16 +58,20 @@ def answer(sock: socket.socket, target: str, text: str) -> None:
         send(sock, ANSWER, target, text=text[: MOST // 2])
 
 
-def receive(sock: socket.socket) -> Message | None:
-    """The next message, its descriptors ours to close; None once the other end has closed. ValueError (the
-    descriptors closed) if it is not one."""
-    data, fds, _, _ = socket.recv_fds(sock, MOST, 2)
-    if not data:
-        return None
-    try:
-        message = json.loads(data)
-        return Message(str(message.pop("kind")), str(message.pop("target")), message, fds)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        for fd in fds:
-            os.close(fd)
-        raise ValueError(f"not a hand-off message: {e}") from None
+def messages(sock: socket.socket, sender: str) -> Iterator[Message]:
+    """The messages sender sends, their descriptors ours to close, until it closes its end (or it is gone). One
+    that is not a message is logged, its descriptors closed, and skipped."""
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, MOST, 2)
+        except OSError:
+            return
+        if not data:
+            return
+        try:
+            message = json.loads(data)
+            yield Message(str(message.pop("kind")), str(message.pop("target")), message, fds)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            for fd in fds:
+                os.close(fd)
+            log.error("%s sent not a hand-off message: %s", sender, e, extra={"event": "handoff"})

@@ -106,16 +106,7 @@ class Daemon:
                 self._owed.pop(target, None)
 
     def _listen(self) -> None:
-        while True:
-            try:
-                message = handoff.receive(self.sock)
-            except ValueError as e:
-                log.error("a daemon sent %s", e, extra={"event": "handoff"})
-                continue
-            except OSError:
-                message = None
-            if message is None:
-                break
+        for message in handoff.messages(self.sock, "a daemon"):
             if message.kind == handoff.KEEP and len(message.fds) == 2:
                 self._kept(message.target, message.fds)
                 continue
