@@ -71,9 +71,8 @@ class Tally:
 class FastCounter:
     """A counter on the hot path (bytes served, store reads): prometheus_client's `inc`, counted in a tally."""
 
-    def __init__(self, name: str, help: str, tally: Tally | None = None) -> None:
-        self.name, self.help = name, help
-        self.tally = tally or Tally()
+    def __init__(self, name: str, help: str, tally: Tally) -> None:
+        self.name, self.help, self.tally = name, help, tally
 
     def inc(self, amount: float = 1) -> None:
         self.tally.add(self.name, amount)
@@ -89,11 +88,8 @@ class FastCounter:
 class FastHistogram:
     """Latency by FUSE operation, counted in a tally: `labels(op).observe(seconds)` as prometheus_client's."""
 
-    def __init__(
-        self, name: str, help: str, label: str, buckets: tuple[float, ...], tally: Tally | None = None
-    ) -> None:
-        self.name, self.help, self.label, self.buckets = name, help, label, buckets
-        self.tally = tally or Tally()
+    def __init__(self, name: str, help: str, label: str, buckets: tuple[float, ...], tally: Tally) -> None:
+        self.name, self.help, self.label, self.buckets, self.tally = name, help, label, buckets, tally
         self._observers: dict[str, _Observer] = {}  # by label value: made once, looked up on every request
 
     def labels(self, value: str) -> _Observer:
