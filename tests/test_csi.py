@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from shardfs.csi.volume import volume_of
 from shardfs.fuse.mount import MountOptions, mount, unmount
 from shardfs.service import mountinfo
 from tests.conftest import as_user, scrape
+from tests.helpers import wait_for
 from tests.http_server import RangeServer
 
 PATIENCE = 120.0  # seconds: only a hang waits this long
@@ -274,7 +274,7 @@ def test_unpublish_of_a_hung_daemon_aborts_and_never_hangs(plugin: Plugin, serve
         name = sorted(os.listdir(twin / "4_4_40"))[0]
         reader = subprocess.Popen(["cat", str(target / "4_4_40" / name)], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE)  # fmt: skip
-        waited = _wait_for(lambda: _waiting_on(target, reader.pid) or reader.poll() is not None)
+        waited = wait_for(lambda: _waiting_on(target, reader.pid) or reader.poll() is not None, PATIENCE)
         assert waited and reader.poll() is None, f"the reader never waited on the daemon: {reader.stderr.read()!r}"
         done = threading.Event()
         thread = threading.Thread(target=lambda: (unpublish(plugin, target, "vol-hung"), done.set()), daemon=True)
@@ -363,15 +363,6 @@ def _waiting_on(target: Path, pid: int) -> bool:
         )
     except (OSError, psutil.Error):
         return False
-
-
-def _wait_for(condition: object, patience: float = PATIENCE) -> bool:
-    deadline = time.monotonic() + patience
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_the_publish_secret_is_nowhere_but_the_daemon(plugin: Plugin, raw_volume, tmp_path: Path) -> None:
@@ -508,7 +499,7 @@ def test_a_killed_daemon_is_replaced_under_16_readers_with_no_error(plugin: Plug
         threads = [threading.Thread(target=reader, args=(names[i::16],)) for i in range(16)]
         for thread in threads:
             thread.start()
-        assert _wait_for(lambda: len(read) >= 4), "the readers never got going"
+        assert wait_for(lambda: len(read) >= 4, PATIENCE), "the readers never got going"
         first.kill()
         for thread in threads:
             thread.join(PATIENCE)
@@ -539,7 +530,7 @@ def test_a_daemon_that_keeps_dying_is_let_go_and_its_readers_get_an_error(plugin
         assert (target / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
     [daemon] = plugin.daemons()
     daemon.kill()
-    assert _wait_for(lambda: "the mount is dead" in plugin.log.read_text())
+    assert wait_for(lambda: "the mount is dead" in plugin.log.read_text(), PATIENCE)
     name = names[3]
     reader = subprocess.run(["cat", str(target / "4_4_40" / name)], capture_output=True, timeout=PATIENCE)
     assert reader.returncode != 0 and re.search(rb"not connected|connection abort", reader.stderr), reader.stderr
@@ -559,7 +550,7 @@ def test_a_second_call_on_a_target_in_progress_is_aborted(plugin: Plugin, raw_vo
         first: list[grpc.RpcError | None] = []
         thread = threading.Thread(target=lambda: first.append(_error_of(lambda: publish(plugin, target, attributes))))
         thread.start()
-        assert _wait_for(lambda: bool(plugin.daemons())), "the first publish never started its daemon"
+        assert wait_for(lambda: bool(plugin.daemons()), PATIENCE), "the first publish never started its daemon"
         code, details = refusal(lambda: publish(plugin, target, attributes))
         assert code == grpc.StatusCode.ABORTED and "in progress" in details
         code, _ = refusal(lambda: unpublish(plugin, target))
