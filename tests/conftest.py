@@ -203,6 +203,7 @@ def shared() -> Iterator[tuple[Path, dict[int, bytes]]]:
 SLOW_FIRST = [
     *("test_memory.py", "test_fuzz.py", "test_bounds.py", "test_fuse_session.py", "test_views.py"),
     *("test_zarr.py", "test_service.py", "test_remote_edges.py", "test_remote_http.py", "test_restart.py"),
+    "test_remote_bounds.py",
 ]
 
 
