@@ -56,6 +56,13 @@ def wait_until(condition: Callable[[], bool], seconds: float = 60) -> None:
         time.sleep(0.05)
 
 
+def peer_pid(path: Path, kind: int = socket.SOCK_SEQPACKET) -> int:
+    """The pid of the process listening at a Unix socket (a keeper's, by default)."""
+    with socket.socket(socket.AF_UNIX, kind) as conn:
+        conn.connect(str(path))
+        return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+
+
 def wait_for(condition: Callable[[], bool], seconds: float = 60) -> bool:
     """Whether condition holds within seconds, polling: for tests that assert it with a message of their own."""
     deadline = time.monotonic() + seconds

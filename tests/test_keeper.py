@@ -3,17 +3,25 @@ open file, dropped, refused to another user; a kept /dev/fuse whose mount ends i
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from shardfs.errors import ServiceError
-from shardfs.service import keeper
+from shardfs.fuse.mount import unmount
+from shardfs.service import keeper, mountinfo, stats_socket
+from tests.conftest import shardfs
+from tests.helpers import peer_pid, wait_for
 
 
 @pytest.fixture
@@ -65,7 +73,7 @@ def test_keep_replaces_and_bad_requests_are_refused(keeper_at) -> None:
     with pytest.raises(ServiceError, match="KEEP takes a name"):
         keeper.keep(keeper_at, "m", [])
     with pytest.raises(ServiceError, match="unknown request"):
-        keeper._ask(keeper_at, "STEAL m")
+        keeper.Link(keeper_at).ask("STEAL m")
 
 
 def test_a_second_keeper_at_the_same_socket_is_refused(keeper_at) -> None:
@@ -74,13 +82,157 @@ def test_a_second_keeper_at_the_same_socket_is_refused(keeper_at) -> None:
 
 
 def test_another_user_is_not_served(public_tmp, other_user) -> None:
-    """A /dev/fuse descriptor answers for the filesystem: another user must not take it. The socket is left
-    reachable here (a directory open to all) to show the keeper's own check refusing, not the directory's."""
+    """A /dev/fuse descriptor answers for the filesystem: another user must not take it. The socket is opened to
+    all here (its mode is 0600) to show the keeper's own check refusing, not the socket's mode."""
     for path in running_keeper(public_tmp / "keeper.sock"):
         fd = os.memfd_create("secret")
         keeper.keep(path, "m", [fd])
-        run = subprocess.run(
-            [*other_user, "tests.keeper_probe", str(path), "m"], capture_output=True, text=True, timeout=120
-        )
-        assert run.stdout.startswith("refused:"), run
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        probe = [*other_user, "tests.keeper_probe", str(path), "m"]
+        run = subprocess.run(probe, capture_output=True, text=True, timeout=120)
+        assert run.stdout.startswith("refused:") and "Permission denied" in run.stdout, run
+        os.chmod(path, 0o666)
+        run = subprocess.run(probe, capture_output=True, text=True, timeout=120)
+        assert run.stdout.startswith("refused:") and "Permission denied" not in run.stdout, run  # the keeper's own
         assert len(keeper.take(path, "m")) == 1  # and root's own requests are still served
+
+
+def test_a_keeper_socket_in_a_directory_others_can_write_is_refused(public_tmp, user, other_user) -> None:
+    """Another user who binds the keeper's name first (a shared /tmp) would be handed root's /dev/fuse by KEEP,
+    or hand back a connection of their own by TAKE: a daemon refuses the name before it sends anything."""
+    shared = public_tmp / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    squatter = subprocess.Popen([*other_user, "shardfs.service.keeper", str(shared / "k.sock")])
+    try:
+        assert wait_for(lambda: keeper.answers(shared / "k.sock"))
+        with pytest.raises(ServiceError, match="open to other users"):
+            keeper.Link(shared / "k.sock")
+        with pytest.raises(ServiceError, match="open to other users"):
+            keeper.started(shared / "k.sock")
+        # Its socket moved (by root) into a directory closed to others still answers to its user's keeper: the
+        # listener's uid is refused.
+        closed = public_tmp / "closed"
+        closed.mkdir(mode=0o755)
+        os.rename(shared / "k.sock", closed / "k.sock")
+        assert keeper.answers(closed / "k.sock")
+        with pytest.raises(ServiceError, match=f"listened to by uid {user[0]}"):
+            keeper.take(closed / "k.sock", "/mnt/x")
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+def test_a_full_backlog_is_waited_for(keeper_at) -> None:
+    """A keeper busy with others (its backlog full) makes a TAKE wait, not fail at once."""
+    fd = os.memfd_create("kept")
+    keeper.keep(keeper_at, "m", [fd])
+    pid = peer_pid(keeper_at)
+    os.kill(pid, signal.SIGSTOP)
+    filling = []
+    try:
+        while True:  # connections the stopped keeper never accepts, until the kernel's backlog is full
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            conn.setblocking(False)
+            try:
+                conn.connect(str(keeper_at))
+            except BlockingIOError:
+                conn.close()
+                break
+            filling.append(conn)
+        assert len(filling) >= keeper.BACKLOG
+        with ThreadPoolExecutor(1) as pool:
+            taken = pool.submit(keeper.take, keeper_at, "m")
+            time.sleep(0.5)
+            assert not taken.done(), taken.exception() if taken.done() else None
+            for conn in filling:
+                conn.close()
+            os.kill(pid, signal.SIGCONT)
+            fds = taken.result(timeout=60)
+        assert len(fds) == 1 and os.fstat(fds[0]).st_ino == os.fstat(fd).st_ino
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        for conn in filling:
+            conn.close()
+
+
+def test_a_mount_held_by_a_live_link_is_busy_for_others(keeper_at) -> None:
+    """A daemon's link holds its mount: another TAKE or KEEP is BUSY until that link ends."""
+    fd = os.memfd_create("kept")
+    serving = keeper.Link(keeper_at)
+    serving.keep("m", [fd])
+    start = time.monotonic()
+    with pytest.raises(ServiceError, match=f"a live daemon \\(pid {os.getpid()}\\) serves this mount"):
+        keeper.take(keeper_at, "m")
+    assert time.monotonic() - start >= keeper.HANDOVER_GRACE
+    with pytest.raises(ServiceError, match="unexpected answer to KEEP: BUSY"):
+        keeper.keep(keeper_at, "m", [fd])
+    assert len(serving.take("m")) == 1  # its own link may take it again
+    serving.close()  # the daemon's end: the mount is free for the next
+    assert len(keeper.take(keeper_at, "m")) == 1
+
+
+def daemon_of(point: Path) -> int:
+    return stats_socket.ask(point)[0]
+
+
+def test_a_keeper_mount_survives_restarts_after_its_socket_has_aged(raw_volume, tmp_path) -> None:
+    """A keeper socket in the runtime directory beside the stats sockets, older than a minute: the clean-up of
+    dead stats sockets at each daemon's start must leave it alone. Three kill -9 and restarts, each after the
+    keeper socket's time is set back two minutes (what the clean-up looks at), keep the mount and its bytes."""
+    source, twin, _ = raw_volume
+    point = tmp_path / "m"
+    point.mkdir()
+    path = keeper.default_path().parent / f"keeper-test-{os.getpid()}-{time.monotonic_ns()}.sock"
+    command = ["mount", source, point, "--log-file", tmp_path / "log", "-o", f"keeper={path}"]
+    shardfs(*command)
+    keeper_pid = peer_pid(path)
+    name = sorted(p.name for p in (twin / "4_4_40").iterdir())[7]
+    try:
+        device = mountinfo.topmost(point).device
+        for _ in range(3):
+            aged = time.time() - 2 * stats_socket.SETTLED
+            os.utime(path, (aged, aged))
+            os.kill(daemon_of(point), signal.SIGKILL)
+            shardfs(*command)
+            assert keeper.answers(path), "the keeper's socket was removed"
+            assert mountinfo.topmost(point).device == device
+            assert (point / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        assert peer_pid(path) == keeper_pid  # one keeper throughout
+    finally:
+        with contextlib.suppress(OSError):
+            pid = daemon_of(point)
+            unmount(point, lazy=True)
+            os.kill(pid, signal.SIGKILL)
+        os.kill(keeper_pid, signal.SIGKILL)
+        path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("first", ["real", "link"])
+def test_a_second_daemon_never_takes_up_a_live_mount(raw_volume, tmp_path, first) -> None:
+    """A second `shardfs mount -o keeper` of a mount a daemon serves, by its path, through a linked parent or as
+    a link to it, is refused, however the first was named: two daemons on one connection would show each
+    other's directories."""
+    source, twin, _ = raw_volume
+    point = tmp_path / "real" / "m"
+    point.mkdir(parents=True)
+    (tmp_path / "parent").symlink_to(tmp_path / "real")
+    (tmp_path / "link").symlink_to(point)
+    path = tmp_path / "keeper.sock"
+    given_first = point if first == "real" else tmp_path / "link"
+    shardfs("mount", source, given_first, "--log-file", tmp_path / "log", "-o", f"keeper={path}")
+    keeper_pid = peer_pid(path)
+    first = daemon_of(point)
+    name = sorted(p.name for p in (twin / "4_4_40").iterdir())[3]
+    try:
+        for given in (point, tmp_path / "parent" / "m", tmp_path / "link"):
+            run = shardfs("mount", source, given, "--log-file", tmp_path / "log2", "-o", f"keeper={path}", check=False)
+            assert run.returncode != 0, (given, run)
+            assert "serves this mount" in run.stderr or "already mounted" in run.stderr, (given, run.stderr)
+            assert daemon_of(point) == first
+            assert (point / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        assert keeper.names(path) == [str(point)]
+    finally:
+        unmount(point, lazy=True)
+        os.kill(first, signal.SIGKILL)
+        os.kill(keeper_pid, signal.SIGKILL)

@@ -28,14 +28,13 @@ from shardfs.service import keeper, mountinfo, stats_socket
 from shardfs.service.handover import FUSE_NAME, HANDED_OVER, RECORD_NAME
 from tests import peers
 from tests.conftest import SHARDFS, scrape, shardfs
-from tests.helpers import REPO
+from tests.helpers import REPO, peer_pid
 from tests.http_server import RangeServer
 
 LATENCY = 0.2  # seconds the server takes to answer each request
 READERS = 16
 PATIENCE = 120  # seconds: only a hang reaches it
 SCALE = "4_4_40"
-UCRED = "3i"
 
 
 @pytest.fixture(scope="module")
@@ -155,15 +154,6 @@ class Launch:
         self.process.stdin.write("go\n")
         self.process.stdin.close()
         return self.process
-
-
-def peer_pid(path: Path, kind: int = socket.SOCK_SEQPACKET) -> int:
-    """The pid of the process listening at a Unix socket."""
-    import struct
-
-    with socket.socket(socket.AF_UNIX, kind) as conn:
-        conn.connect(str(path))
-        return struct.unpack(UCRED, conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
 
 
 def device_of(point: Path) -> str | None:

@@ -190,3 +190,7 @@ class Carrier(Protocol):
     """Where a connection waits between daemons: systemd's file-descriptor store, a keeper."""
 
     def keep(self, kept: Kept) -> None: ...
+
+    def descriptors(self) -> list[int]:
+        """What the daemon must hold open to reach it (when it closes what else it inherited)."""
+        ...

@@ -354,7 +354,7 @@ def mount(
         descriptors = source.tree.store.descriptors()
     # Nothing the caller left open keeps its pipes or files alive; the pipe, the log, the source's root and
     # keep stay.
-    kept_fds = [] if kept is None else kept.fds
+    kept_fds = ([] if kept is None else kept.fds) + ([] if carrier is None else carrier.descriptors())
     keep = sorted({2, ready_w, log_fd, *descriptors, *keep, *([] if handed is None else [handed]), *kept_fds})
     for low, high in itertools.pairwise([*keep, os.sysconf("SC_OPEN_MAX")]):
         os.closerange(low + 1, high)

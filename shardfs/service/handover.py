@@ -28,13 +28,22 @@ log = logging.getLogger("shardfs")
 FUSE_NAME = "shardfs-fuse"  # FDNAME of the /dev/fuse descriptor in systemd's store
 RECORD_NAME = "shardfs-record"  # FDNAME of its record
 LISTEN_FDS_START = 3  # sd_listen_fds(3): passed descriptors begin here
+MAX_LINKS = 40  # links followed in a mountpoint's name, as the kernel's own path walk allows
 HANDED_OVER = 75  # the daemon's exit status once it has handed its mount over (RestartForceExitStatus= in the unit)
 
 
 def mount_name(mountpoint: Path) -> Path:
-    """The mountpoint's real path, found without looking at the mount itself (its parent resolved, its name
-    kept): a kept connection's mount answers nothing until its next daemon serves it."""
-    return Path(os.path.realpath(mountpoint.parent)) / mountpoint.name
+    """The mountpoint's real path, found without looking at the mount itself (its parent resolved, then its name
+    if that is a link, by readlink(2), which never asks the mount's daemon): a kept connection's mount answers
+    nothing until its next daemon serves it. Whatever path names a mount, its daemons find it by one name."""
+    path = Path(os.path.abspath(mountpoint))
+    for _ in range(MAX_LINKS):
+        path = Path(os.path.realpath(path.parent)) / path.name
+        try:
+            path = Path(os.path.normpath(path.parent / os.readlink(path)))
+        except OSError:  # EINVAL: not a link (a directory, a mount), or nothing there
+            return path
+    return path
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,9 @@ class SystemdStore:
             except OSError as e:
                 raise ServiceError(f"systemd's notify socket refused the mount's descriptors ({e.strerror})") from e
 
+    def descriptors(self) -> list[int]:
+        return []  # a new socket each time
+
 
 def _listened() -> dict[str, int]:
     """Descriptors systemd passed this process (sd_listen_fds_with_names), by name; none if they were meant
@@ -75,13 +87,17 @@ def _listened() -> dict[str, int]:
 
 @dataclass(frozen=True)
 class KeeperCarrier:
-    """A keeper at path, holding the connection under the mountpoint's real path."""
+    """A keeper, holding the connection under the mountpoint's real path. The link stays open for the daemon's
+    life: while it does, no other daemon is handed the connection (see service/keeper.py)."""
 
-    path: Path
+    link: keeper.Link
     name: str
 
     def keep(self, kept: Kept) -> None:
-        keeper.keep(self.path, self.name, kept.fds)
+        self.link.keep(self.name, kept.fds)
+
+    def descriptors(self) -> list[int]:
+        return [self.link.sock.fileno()]
 
 
 def choose(mountpoint: Path, options: dict[str, str | bool], foreground: bool) -> tuple[Carrier | None, Kept | None]:
@@ -100,8 +116,8 @@ def choose(mountpoint: Path, options: dict[str, str | bool], foreground: bool) -
         return None, None
     path = keeper.default_path() if wanted is True else Path(str(wanted)).absolute()
     keeper.started(path)
-    carrier = KeeperCarrier(path, str(mount_name(mountpoint)))
-    return carrier, _kept(keeper.take(path, carrier.name), f"the keeper at {path}")
+    carrier = KeeperCarrier(keeper.Link(path), str(mount_name(mountpoint)))
+    return carrier, _kept(carrier.link.take(carrier.name), f"the keeper at {path}")
 
 
 def _kept(fds: list[int], where: str) -> Kept | None:

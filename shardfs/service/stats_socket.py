@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import socket
 import struct
 import threading
@@ -25,6 +26,7 @@ from shardfs.service.lifecycle import IDLE_TIMEOUT
 from shardfs.service.rundir import answers, own_dir, runtime_dir, trusted_dir
 
 SETTLED = 60  # seconds after which a stats socket that answers nobody is a dead daemon's
+STATS_NAME = re.compile(r"[0-9a-f]{32}\.sock")  # as socket_path names them
 UCRED = struct.Struct("3i")  # pid, uid, gid, as SO_PEERCRED gives them
 ASK_TIMEOUT = 5.0  # seconds `shardfs stats` and `list` wait for a daemon's figures
 
@@ -73,13 +75,27 @@ def serve(mountpoint: Path, figures: Callable[[], bytes], real: bool = False) ->
 
 
 def _sweep(directory: Path) -> None:
-    """Remove the sockets of daemons that were killed (kill -9 leaves them): any that no one answers. One
-    bound in the last minute is left alone, since its daemon may not be listening yet."""
+    """Remove the stats sockets of daemons that were killed (kill -9 leaves them): only what is proven dead and
+    a stats socket, named as socket_path names them, a stream socket that refuses a connection (the keeper's
+    socket and others of another type answer EPROTOTYPE, and are not ours to judge). One bound in the last
+    minute is left alone, since its daemon may not be listening yet."""
     settled = time.time() - SETTLED
-    for path in directory.glob("*.sock"):
+    for path in directory.iterdir():
         with contextlib.suppress(OSError):
-            if path.lstat().st_mtime < settled and not answers(path):
+            if STATS_NAME.fullmatch(path.name) and path.lstat().st_mtime < settled and _refused(path):
                 path.unlink()
+
+
+def _refused(path: Path) -> bool:
+    """Whether the stream socket at path is a dead one: connect(2) refused (nobody listens on it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            return False
+        return False
 
 
 class NoDaemon(ServiceError):
