@@ -5,6 +5,11 @@ class SourceError(Exception):
     """The source cannot be mounted. The message is one sentence naming the file and the field."""
 
 
+class SourceMissing(SourceError):
+    """Nothing is at the source: no such directory, or no dataset's metadata where it names (a CSI publish
+    answers NOT_FOUND, as the spec has it, rather than FAILED_PRECONDITION)."""
+
+
 class Unsupported(Exception):
     """An array whose metadata shardfs cannot present faithfully (a codec chain, a chunk key encoding); it
     passes through as it is stored."""

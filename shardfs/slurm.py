@@ -6,7 +6,7 @@ itself the job's user, with the user's HOME (so the user's own cloud credentials
 nor the daemon needs /dev/fuse or fusermount3. The daemon's pid is kept beside the mount for the Epilog, which
 runs in another process: a daemon that hangs is killed once its mount is detached and its connection aborted.
 
-    mount --uid U --gid G --home H JOB_DIR NAME SOURCE [-o OPTIONS]   (OPTIONS as `shardfs mount -o` takes them)
+    mount --uid U --gid G --home H [--node-identity] JOB_DIR NAME SOURCE [-o OPTIONS]   (as `shardfs mount -o`)
     unmount --uid U JOB_DIR                                         (every shardfs mount under it; JOB_DIR removed)
 """
 
@@ -27,6 +27,11 @@ from shardfs.service.daemon import parse_options
 # `-o` names of shardfs's own settings → the volume attribute that carries each (the rest are FUSE options).
 SETTINGS = {"".join(f"_{c.lower()}" if c.isupper() else c for c in name): name for name in ATTRIBUTES}
 DAEMON = "shardfs.csi.daemon"
+# Options that say who may reach a mount or its daemon: the node's policy (a job's mount is its user's alone),
+# never a job's comment to choose. allow_other or allow_root would let every user's df, and root's, wait on a
+# daemon the job's user may stop.
+POLICY = ("allow_other", "allow_root", "uid", "gid", "umask", "user_id", "group_id", "default_permissions",
+          "context", "fscontext", "defcontext", "rootcontext")  # fmt: skip
 
 
 def _pid_file(job_dir: Path, name: str) -> Path:
@@ -36,11 +41,14 @@ def _pid_file(job_dir: Path, name: str) -> Path:
 def mount(args: argparse.Namespace) -> int:
     attributes, flags = {"source": args.source}, []
     for key, value in parse_options(args.options).items():
+        if key in POLICY:
+            print(f"shardfs: -o {key}: a job cannot set who may reach its mount (the node's policy)", file=sys.stderr)
+            return 2
         if key in SETTINGS and SETTINGS[key] != "source":
             attributes[SETTINGS[key]] = "true" if value is True else value
         else:
             flags.append(key if value is True else f"{key}={value}")
-    node = Node(args.job_dir / ".run", args.uid, args.gid, args.home)
+    node = Node(args.job_dir / ".run", args.uid, args.gid, args.home, args.node_identity)
     point = args.job_dir / args.name
     try:
         volume = volume_of(attributes, flags, {}, others=False)
@@ -94,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--uid", type=int, required=True)
     m.add_argument("--gid", type=int, required=True)
     m.add_argument("--home", default="/nonexistent")
+    m.add_argument("--node-identity", action="store_true")  # the Prolog's SHARDFS_NODE_IDENTITY=1
     m.add_argument("job_dir", type=Path)
     m.add_argument("name")
     m.add_argument("source")

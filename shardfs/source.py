@@ -9,7 +9,7 @@ from pathlib import Path
 
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
 from shardfs.context import Context
-from shardfs.errors import SourceError
+from shardfs.errors import SourceError, SourceMissing
 from shardfs.files import Provider
 from shardfs.formats.plan import Array, Category, Finding
 from shardfs.formats.precomputed import open_precomputed
@@ -57,8 +57,14 @@ def open_source(
         name, local = parsed.url, None
     else:
         local = Path(parsed).resolve()
-        if not local.is_dir():
-            raise SourceError(f"{local}: {'not a directory' if local.exists() else 'does not exist'}")
+        try:
+            is_dir = local.is_dir()
+        except OSError as e:  # a parent this user may not search (EACCES), a loop of links
+            raise SourceError(f"{local}: cannot be read: {e.strerror}") from None
+        if not is_dir:
+            raise (SourceError if local.exists() else SourceMissing)(
+                f"{local}: {'not a directory' if local.exists() else 'does not exist'}"
+            )
         store, name = LocalStore(local, context=context), str(local)
     cache = ByteCache(cache_bytes, max_file_size)
     try:
@@ -94,7 +100,7 @@ def _format(store: Store, name: str) -> str:
         return "zarr"
     if store.type_of("info") == "file":
         return "precomputed"
-    raise SourceError(f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")
+    raise SourceMissing(f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")
 
 
 def _parsed(text: str) -> str | Remote:

@@ -12,12 +12,14 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +30,15 @@ import pytest
 import tensorstore as ts
 from cloudvolume import CloudVolume
 
-from shardfs.csi import DRIVER
+from shardfs.csi import DRIVER, handoff
 from shardfs.csi import csi_pb2 as pb
 from shardfs.csi import csi_pb2_grpc as rpc
 from shardfs.csi import node as node_module
 from shardfs.csi.node import Node, NodeError
+from shardfs.csi.server import NodeService
 from shardfs.csi.volume import volume_of
-from shardfs.fuse.mount import MountOptions, mount, unmount
-from shardfs.service import mountinfo
+from shardfs.fuse.mount import MountOptions, connection_of, mount, unmount
+from shardfs.service import keeper, mountinfo
 from tests.conftest import as_user, scrape
 from tests.helpers import wait_for
 from tests.http_server import RangeServer
@@ -76,7 +79,7 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plugin]:
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "shardfs", "csi", f"--endpoint=unix://{sock}", f"--node-id={NODE_ID}",
-             f"--run-dir={root / 'run'}"], stdout=out, stderr=out,
+             f"--run-dir={root / 'run'}", f"--kubelet-dir={pods}"], stdout=out, stderr=out,
         )  # fmt: skip
     channel = grpc.insecure_channel(f"unix://{sock}")
     grpc.channel_ready_future(channel).result(timeout=PATIENCE)
@@ -171,6 +174,14 @@ def test_missing_fields_are_invalid_arguments(plugin: Plugin) -> None:
         ({"source": "https://example.org/x"}, ["noexec,subtype=other"], {}, "subtype is the plugin's"),
         ({"source": "https://example.org/x"}, ["auto_unmount"], {}, "auto_unmount"),
         ({"source": "https://example.org/x"}, [], {"AWS_SECRET": "x"}, "AWS_SECRET"),
+        # Malformed or unreadable sources, refused before anything is mounted or started.
+        ({"source": "s3://"}, [], {}, "source: s3://: no bucket named"),
+        ({"source": "ftp://example.org/x"}, [], {}, "source: ftp://example.org/x: unknown scheme 'ftp'"),
+        ({"source": "http://[127.0.0.1/x"}, [], {}, "source: http://[127.0.0.1/x: not a URL"),
+        ({"source": "http://127.0.0.1:port/x"}, [], {}, "source: http://127.0.0.1:port/x: not a URL"),
+        # A path of the node: the plugin is given no --local-root, so none is allowed.
+        ({"source": "/etc"}, [], {}, "source /etc: a node-local path outside the driver's --local-root"),
+        ({"source": "file:///tmp/../etc"}, [], {}, "source /tmp/../etc: a node-local path outside"),
     ],
 )
 def test_a_volume_that_cannot_work_is_refused_naming_what(plugin: Plugin, attributes, flags, secrets, named) -> None:
@@ -180,9 +191,32 @@ def test_a_volume_that_cannot_work_is_refused_naming_what(plugin: Plugin, attrib
         volume_context={**attributes, "csi.storage.k8s.io/pod.name": "p"}, secrets=secrets,
     )  # fmt: skip
     code, details = refusal(lambda: plugin.node.NodePublishVolume(request))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and named in details
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and named in details, details
     assert "pw" not in details
-    assert not os.path.lexists(plugin.pods / "bad")
+    assert not os.path.lexists(plugin.pods / "bad") and not plugin.daemons()
+    assert "Traceback" not in plugin.log.read_text()
+
+
+def test_targets_outside_kubelets_directory_are_refused(plugin: Plugin, mount, raw_volume, tmp_path) -> None:
+    """Publish and unpublish act only under --kubelet-dir: not at another path, not through `..`, not through a
+    link under it that leads out; and another shardfs mount of the node is never taken down by an unpublish."""
+    elsewhere = mount(raw_volume[0])  # a shardfs mount of the node's own, outside kubelet's directory
+    escape = plugin.pods / "escape"
+    escape.symlink_to(tmp_path)
+    try:
+        for target in (tmp_path / "t", plugin.pods / ".." / "t", escape / "t", elsewhere.path):
+            request = pb.NodePublishVolumeRequest(
+                volume_id="v", target_path=str(target), volume_capability=MOUNT,
+                volume_context={"source": "https://example.org/x"},
+            )  # fmt: skip
+            code, details = refusal(lambda r=request: plugin.node.NodePublishVolume(r))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "--kubelet-dir" in details, details
+            code, details = refusal(lambda t=target: unpublish(plugin, t))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "--kubelet-dir" in details, details
+        assert not (tmp_path / "t").exists() and os.path.ismount(elsewhere.path)
+        assert sorted(os.listdir(elsewhere.path)) == sorted(os.listdir(raw_volume[1]))
+    finally:
+        escape.unlink()
 
 
 def test_block_access_is_refused(plugin: Plugin) -> None:
@@ -254,12 +288,24 @@ def _vfs(target: Path) -> list[str]:
     return []
 
 
-def test_a_source_that_cannot_be_opened_is_refused_and_leaves_nothing(plugin: Plugin, server) -> None:
+def test_a_source_that_cannot_be_opened_is_refused_and_leaves_nothing(plugin: Plugin, server, raw_volume) -> None:
+    """A source with nothing there (404s) is NOT_FOUND, as the CSI spec's table has it; one that is there and
+    cannot be made sense of (a damaged info) is FAILED_PRECONDITION. Either way nothing is left."""
     target = plugin.pods / "missing"
     attributes = {"source": f"precomputed://{server.url}/no/such/dataset", "timeout": "5"}
     code, details = refusal(lambda: publish(plugin, target, attributes, volume_id="vol-missing"))
-    assert code == grpc.StatusCode.FAILED_PRECONDITION and "vol-missing" in details
+    assert code == grpc.StatusCode.NOT_FOUND and "vol-missing" in details and "nor 'info'" in details
     assert not target.exists() and mountinfo.exactly_at(str(target)) is None and not plugin.daemons()
+    damaged = Path(tempfile.mkdtemp(prefix="shardfs-csi-damaged-", dir="/tmp"))
+    try:
+        shutil.copytree(raw_volume[0], damaged / "vol")
+        (damaged / "vol" / "info").write_text("{not json")
+        with RangeServer(damaged / "vol").running() as bad:
+            code, details = refusal(lambda: publish(plugin, target, {"source": f"precomputed://{bad.url}"}, "vol-bad"))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "info: not valid JSON" in details, details
+        assert not target.exists() and mountinfo.exactly_at(str(target)) is None and not plugin.daemons()
+    finally:
+        shutil.rmtree(damaged)
 
 
 def test_unpublish_of_a_hung_daemon_aborts_and_never_hangs(plugin: Plugin, server, raw_volume) -> None:
@@ -566,3 +612,96 @@ def _error_of(call: object) -> grpc.RpcError | None:
     except grpc.RpcError as e:
         return e
     return None
+
+
+def test_a_daemon_keeps_nothing_under_a_volume_it_does_not_serve(server, raw_volume, tmp_path) -> None:
+    """A compromised daemon (the threat its unprivileged, non-dumpable user is for) sends KEEP naming another
+    tenant's target with a connection of its own, then that volume's daemon ends: the next daemon must be handed
+    the victim's own connection, never the attacker's. Nor is a served target's KEEP allowed to swap the /dev/fuse
+    the plugin mounted there for one of the daemon's choosing."""
+    _, twin, _ = raw_volume
+    node = Node(tmp_path / "run")
+    victim = tmp_path / "victim"
+    attacker_point, own = tmp_path / "attacker", tmp_path / "own"
+    attacker_point.mkdir()
+    volume = volume_of({"source": f"precomputed://{server.url}", "timeout": "20"}, [], {})
+    node.publish("vol-victim", str(victim), volume)
+    attackers = mount(attacker_point, MountOptions(fsname="attacker", subtype="probe"))
+    record = os.memfd_create("record")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    evil = node_module.Daemon(subprocess.Popen(["sleep", "600"]), ours, {}, node._kept)
+    evil.targets.add(str(own))
+    try:
+        victims = connection_at(victim)
+        assert victims is not None and connection_at(attacker_point) != victims
+        handoff.send(theirs, handoff.KEEP, str(victim), [attackers, record])
+        handoff.send(theirs, handoff.KEEP, str(own), [attackers, record])  # served, but not its own /dev/fuse
+        theirs.close()
+        assert wait_for(lambda: not evil.alive, 30), "the plugin never read what the daemon sent"
+        held = keeper.take(node.keeper, str(victim))
+        try:
+            assert [connection_of(fd) for fd in held[:1]] == [victims], "the attacker's connection is kept"
+        finally:
+            for fd in held:
+                os.close(fd)
+        assert keeper.take(node.keeper, str(own)) == []  # nothing was mounted there: nothing kept
+        [daemon] = [d for d in node.daemons if d is not evil]
+        daemon.process.kill()  # the victim's daemon ends: the next one takes up what the keeper holds
+        name = sorted(os.listdir(twin / "4_4_40"))[5]
+        assert wait_for(lambda: node.published[str(victim)].daemon is not daemon, PATIENCE)
+        assert (victim / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        assert connection_at(victim) == victims
+    finally:
+        evil.process.kill()
+        node.unpublish("vol-victim", str(victim))
+        node.close()
+        unmount(attacker_point, lazy=True)
+        os.close(attackers)
+        os.close(record)
+
+
+def test_local_sources_only_under_the_drivers_local_roots(raw_volume, tmp_path, public_tmp) -> None:
+    """With `--local-root DIR`, a volume may name a dataset under DIR, and nothing else of the node: not a path
+    outside, nor a link under DIR that leads outside. Served over gRPC as kubelet calls it."""
+    source, twin, _ = raw_volume
+    root, outside = public_tmp / "datasets", public_tmp / "private"
+    root.mkdir()
+    shutil.copytree(source, root / "vol")
+    shutil.copytree(source, outside)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)  # readable by the daemon's user, nobody
+    shutil.copytree(source, root / "closed" / "vol")
+    (root / "closed").chmod(0o700)  # root's alone: the daemon cannot read it, and says so at once
+    (root / "escape").symlink_to(outside)
+    node = Node(tmp_path / "run")
+    server = grpc.server(ThreadPoolExecutor(4))
+    rpc.add_NodeServicer_to_server(NodeService(node, NODE_ID, [root], tmp_path), server)
+    server.add_insecure_port(f"unix://{tmp_path / 'csi.sock'}")
+    server.start()
+    channel = grpc.insecure_channel(f"unix://{tmp_path / 'csi.sock'}")
+    stub = rpc.NodeStub(channel)
+    target = tmp_path / "target"
+
+    def publish_local(path: Path) -> None:
+        stub.NodePublishVolume(pb.NodePublishVolumeRequest(
+            volume_id="local", target_path=str(target), volume_capability=MOUNT, volume_context={"source": str(path)},
+        ), timeout=PATIENCE)  # fmt: skip
+
+    try:
+        for refused in (outside, root / "escape", root / ".." / "private"):
+            code, details = refusal(lambda p=refused: publish_local(p))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and "--local-root" in details, details
+            assert not target.exists()
+        code, details = refusal(lambda: publish_local(root / "closed" / "vol"))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "Permission denied" in details, details
+        publish_local(root / "vol")
+        name = sorted(os.listdir(twin / "4_4_40"))[2]
+        assert (target / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        stub.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id="local", target_path=str(target)))
+        assert not target.exists()
+    finally:
+        channel.close()
+        server.stop(None)
+        with contextlib.suppress(NodeError):
+            node.unpublish("local", str(target))
+        node.close()

@@ -308,3 +308,60 @@ def test_each_dmi_field_alone_names_the_cloud(tmp_path: Path, fields: dict[str, 
     where that cloud writes it."""
     where = dmi(tmp_path / "dmi", **fields)
     assert (on_ec2(where, tmp_path / "no-uuid"), on_gce(where)) == (cloud == "ec2", cloud == "gce")
+
+
+class InstanceRole:
+    """A loopback EC2 instance metadata service (IMDSv2) that hands out a role's credentials, counting asks."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+        outer = self
+        expires = (datetime.now(UTC) + timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        role = json.dumps({
+            "Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": "ASIANODEROLE", "SecretAccessKey": "node-secret",
+            "Token": "node-token", "Expiration": expires,
+        }).encode()  # fmt: skip
+        answers = {
+            "/latest/api/token": b"imds-token",
+            "/latest/meta-data/iam/security-credentials/": b"node-role",
+            "/latest/meta-data/iam/security-credentials/node-role": role,
+        }
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                outer.asked += 1
+                body = answers.get(self.path)
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Length", str(len(body or b"")))
+                self.end_headers()
+                self.wfile.write(body or b"")
+
+            do_GET = do_PUT = _any
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_the_machines_identity_signs_only_where_allowed(home, monkeypatch) -> None:
+    """On a cloud VM, the instance's role is found by `shardfs mount` (the machine's own user) but not for a CSI
+    volume or a Slurm job (machine=False) unless the admin allows it: a pod or a job would read any bucket the
+    node can. The metadata service is a loopback one handing out a role, asked only where allowed."""
+    role = InstanceRole()
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", role.url)
+    monkeypatch.setattr(credentials, "on_ec2", lambda: True)
+    monkeypatch.setattr(credentials, "on_gce", lambda: True)
+    try:
+        assert credentials.aws(f"s3://{BUCKET}/vol", machine=False) is None
+        assert role.asked == 0
+        assert not credentials.gcs(f"gs://{BUCKET}/vol", machine=False)
+        provider = credentials.aws(f"s3://{BUCKET}/vol")
+        assert provider is not None and provider.credentials.method == "iam-role"
+        assert provider()["access_key_id"] == "ASIANODEROLE" and role.asked > 0
+        assert credentials.gcs(f"gs://{BUCKET}/vol")  # the GCE metadata server, which object_store asks itself
+    finally:
+        role.server.shutdown()
+        role.server.server_close()

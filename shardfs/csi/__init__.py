@@ -30,6 +30,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the unprivileged user each volume's daemon runs as (default: 65534:65534, nobody)",
     )  # fmt: skip
     p.add_argument(
+        "--node-identity", action="store_true",
+        help="read a volume that has no publish secret with the node's own cloud identity (EC2 instance role, GCE"
+        " service account); without it such volumes are read unsigned, so that no pod reads what only the node may",
+    )  # fmt: skip
+    p.add_argument(
+        "--local-root", type=Path, action="append", default=[], metavar="DIR",
+        help="a directory of the node whose datasets volumes may name as their source (repeatable); none by default:"
+        " volumes are then remote",
+    )  # fmt: skip
+    p.add_argument(
+        "--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"), metavar="DIR",
+        help="kubelet's directory: every target path must lie under it, or the call is refused",
+    )  # fmt: skip
+    p.add_argument(
         "--run-dir", type=Path, default=Path("/run/shardfs-csi"), metavar="DIR",
         help="the plugin's own directory (a fusectl mount, where /sys/fs/fuse/connections has none)",
     )  # fmt: skip
@@ -40,4 +54,7 @@ def run(args: argparse.Namespace) -> int:
         from shardfs.csi.server import run as serve
     except ImportError as e:
         raise SystemExit(f"shardfs csi: {e}; install shardfs[csi] (grpcio)") from None
-    return serve(args.endpoint, args.node_id, args.driver_name, args.daemon_user, args.run_dir)
+    return serve(
+        args.endpoint, args.node_id, args.driver_name, args.daemon_user, args.run_dir, args.node_identity,
+        args.local_root, args.kubelet_dir,
+    )  # fmt: skip

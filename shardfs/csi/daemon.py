@@ -1,4 +1,4 @@
-"""`python -m shardfs.csi.daemon UID GID FD`: the unprivileged daemon that serves a node's volumes, one or many.
+"""`python -m shardfs.csi.daemon UID GID FD machine|own`: the unprivileged daemon serving a node's volumes.
 
 The plugin starts it as root for one thing only: to import from wherever Python lies (an image's /usr/local, a
 pyenv under /root). Then, before it reads anything, it becomes UID:GID with no supplementary groups, no
@@ -31,7 +31,7 @@ from shardfs.cache import ByteCache, served, serving
 from shardfs.context import Context
 from shardfs.csi import handoff
 from shardfs.csi.volume import Volume
-from shardfs.errors import SourceError
+from shardfs.errors import SourceError, SourceMissing
 from shardfs.fuse.record import Kept, RecordError
 from shardfs.logs import log_to, log_to_terminal, redact
 from shardfs.service import lifecycle
@@ -93,8 +93,9 @@ class _Naming(logging.Filter):
 class Daemon:
     """The volumes this process serves, by target: each a Mount served from a thread of its own."""
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, machine: bool = False) -> None:
+        """machine: whether the node's own cloud identity may sign its volumes' requests (see csi.node.Node)."""
+        self.sock, self.machine = sock, machine
         self.taken: set[str] = set()  # the targets given to this daemon and not yet ended
         self.mounts: dict[str, Mount] = {}  # of those, the ones served
         self.named: dict[ByteCache, str] = {}  # their targets, by their caches (see _Naming)
@@ -120,6 +121,9 @@ class Daemon:
         target, fds = message.target, message.fds
         try:
             self._answered(target, fds, message.fields.get("volume"))
+        except Exception as e:  # a bug: said to the plugin (a second answer is ignored), never a publish left waiting
+            log.error("%s: %s", target, e, exc_info=True, extra={"event": "mount_failed"})
+            handoff.answer(self.sock, target, f"{handoff.FAILED}{redact(str(e))}")
         finally:
             with self._lock:
                 self.taken.discard(target)
@@ -151,7 +155,9 @@ class Daemon:
                 os.close(fd)
             handoff.answer(self.sock, target, f"{handoff.FAILED}another publish secret than this daemon's volumes'")
             return
-        access = Access(volume.anonymous, volume.endpoint, volume.region, volume.timeout, None, volume.requester_pays)
+        access = Access(
+            volume.anonymous, volume.endpoint, volume.region, volume.timeout, None, volume.requester_pays, self.machine
+        )  # fmt: skip
         context = Context()
         mountpoint = Path(f"/dev/fd/{fds[0]}")
         try:
@@ -162,7 +168,10 @@ class Daemon:
         except (SourceError, MountError) as e:
             for fd in fds:
                 os.close(fd)
-            why = handoff.REFUSED if isinstance(e, SourceError) else handoff.FAILED
+            why = (
+                handoff.MISSING if isinstance(e, SourceMissing) else
+                handoff.REFUSED if isinstance(e, SourceError) else handoff.FAILED
+            )  # fmt: skip
             handoff.answer(self.sock, target, f"{why}{redact(str(e))}")
             return
         mount = Mount(source.tree, mountpoint, asked, context, source.name, volume.view)
@@ -189,6 +198,7 @@ class Daemon:
 
 def main(argv: list[str]) -> int:
     uid, gid, fd = (int(a) for a in argv[:3])
+    machine = argv[3:4] == ["machine"]
     sock = socket.socket(fileno=fd)
     try:
         for name in IMPORTED_FIRST:
@@ -200,7 +210,7 @@ def main(argv: list[str]) -> int:
     log_to_terminal("WARNING")
     log_to(None)
     lifecycle.block_signals()  # before obstore's runtime starts a thread
-    daemon = Daemon(sock)
+    daemon = Daemon(sock, machine)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_Naming(daemon.named))
     stopped = threading.Event()

@@ -27,6 +27,7 @@ KEEP = "keep"  # {target}, with [/dev/fuse, record]: what the next daemon takes 
 ANSWER = "answer"  # {target, text}: READY, or REFUSED or FAILED and why
 READY = "ready"
 REFUSED = "refused: "  # the source could not be opened: the volume's fault, said in the daemon's words
+MISSING = "missing: "  # nothing is at the source (no such path, no dataset's metadata there)
 FAILED = "failed: "  # anything else
 MOST = 1 << 20  # bytes of one message: a configuration is a few KB (a GCS service-account key is ~2 KB)
 

@@ -64,12 +64,15 @@ class NodeError(Exception):
 
 class Daemon:
     """A daemon process as the plugin sees it: the volumes it serves (by target), and the answers it owes. A
-    thread reads what it says: connections to keep (kept is given the target and descriptors, and closes
-    them) and answers, handed to the publish waiting for each."""
+    thread reads what it says: records of connections to keep (kept is given the target and the record, and
+    closes it) and answers, handed to the publish waiting for each. A daemon is trusted with nothing beyond its
+    own volumes: a record is taken only for a target it serves, and its /dev/fuse descriptor never (the plugin
+    keeps the one it mounted), so that a compromised daemon cannot put its own connection under another
+    volume's name for that volume's next daemon to serve."""
 
     def __init__(
         self, process: subprocess.Popen[bytes], sock: socket.socket, secrets: dict[str, str],
-        kept: Callable[[str, list[int]], None],
+        kept: Callable[[str, int], None],
     ) -> None:  # fmt: skip
         self.process, self.sock, self.secrets = process, sock, secrets
         self.targets: set[str] = set()
@@ -107,11 +110,15 @@ class Daemon:
 
     def _listen(self) -> None:
         for message in handoff.messages(self.sock, "a daemon"):
-            if message.kind == handoff.KEEP and len(message.fds) == 2:
-                self._kept(message.target, message.fds)
+            if message.kind == handoff.KEEP and len(message.fds) == 2 and message.target in self.targets:
+                os.close(message.fds[0])
+                self._kept(message.target, message.fds[1])
                 continue
             for fd in message.fds:
                 os.close(fd)
+            if message.kind == handoff.KEEP:
+                log.warning("%s: a daemon (pid %d) that does not serve it asked to keep a connection under its name;"
+                            " refused", message.target, self.process.pid, extra={"event": "refused"})  # fmt: skip
             with self._lock:
                 owed = self._owed.get(message.target)
             if owed is not None and message.kind == handoff.ANSWER:
@@ -133,9 +140,14 @@ class Published:
 class Node:
     """The volumes published on this node, by target path."""
 
-    def __init__(self, run_dir: Path, uid: int = NOBODY, gid: int = NOBODY, home: str = "/nonexistent") -> None:
-        """Daemons run as uid:gid with HOME=home (where the AWS and gcloud tools keep a user's credentials)."""
-        self.uid, self.gid = uid, gid
+    def __init__(
+        self, run_dir: Path, uid: int = NOBODY, gid: int = NOBODY, home: str = "/nonexistent", machine: bool = False
+    ) -> None:  # fmt: skip
+        """Daemons run as uid:gid with HOME=home (where the AWS and gcloud tools keep a user's credentials). machine:
+        whether a volume with no credentials of its own is read with the node's cloud identity (its EC2 instance
+        role, its GCE service account): the admin's choice, off by default, or any pod could read any bucket the
+        node can."""
+        self.uid, self.gid, self.machine = uid, gid, machine
         self.env = {**DAEMON_ENV, "HOME": home}
         self.published: dict[str, Published] = {}
         self.daemons: list[Daemon] = []
@@ -236,6 +248,8 @@ class Node:
         self._let_go(daemon, target)
         with contextlib.suppress(OSError):
             os.rmdir(target)
+        if answer.startswith(handoff.MISSING):
+            raise NodeError("NOT_FOUND", f"volume {volume_id}: {answer.removeprefix(handoff.MISSING)}")
         if answer.startswith(handoff.REFUSED):
             raise NodeError("FAILED_PRECONDITION", f"volume {volume_id}: {answer.removeprefix(handoff.REFUSED)}")
         why = answer.removeprefix(handoff.FAILED) or f"its daemon exited ({daemon.process.wait()})"
@@ -252,14 +266,19 @@ class Node:
             daemon.targets.add(target)  # before the answer: it must not be let go meanwhile
         return daemon, daemon.serve(target, volume, fds)
 
-    def _kept(self, target: str, fds: list[int]) -> None:
-        """A daemon's fresh connection and its record: what a next daemon takes up."""
+    def _kept(self, target: str, record: int) -> None:
+        """The record of a daemon's fresh connection, kept beside the /dev/fuse descriptor this plugin mounted at
+        target: what a next daemon takes up."""
+        held: list[int] = []
         try:
-            keeper.keep(self.keeper, target, fds)
+            held = keeper.take(self.keeper, target)
+            if not held:
+                raise ServiceError("its connection is no longer held")
+            keeper.keep(self.keeper, target, [held[0], record])
         except ServiceError as e:
             log.error("%s: not kept for a next daemon: %s", target, e, extra={"event": "handover"})
         finally:
-            for fd in fds:
+            for fd in [*held, record]:
                 os.close(fd)
 
     def _start_daemon(self, secrets: dict[str, str], watched: bool = True) -> Daemon:
@@ -268,7 +287,8 @@ class Node:
         ours, theirs = handoff.pair()
         with theirs:
             process = subprocess.Popen(
-                [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno())],
+                [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno()),
+                 "machine" if self.machine else "own"],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), cwd="/",
                 env=self.env, start_new_session=True,
             )  # fmt: skip

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NoReturn
@@ -22,10 +23,12 @@ from shardfs.csi import csi_pb2_grpc as rpc
 from shardfs.csi.node import Node, NodeError
 from shardfs.csi.volume import BadVolume, volume_of
 from shardfs.logs import log_to_terminal
+from shardfs.stores.location import parse_source
 
 log = logging.getLogger("shardfs.csi")
 
 WORKERS = 16  # calls served at once: publishes of different volumes overlap while their daemons start
+KUBELET_DIR = Path("/var/lib/kubelet")  # where kubelet puts every target path
 STOP_GRACE = 10.0  # seconds calls in progress may take to finish when the plugin is told to stop
 
 
@@ -54,8 +57,15 @@ class Identity(rpc.IdentityServicer):
 
 
 class NodeService(rpc.NodeServicer):
-    def __init__(self, node: Node, node_id: str) -> None:
+    def __init__(
+        self, node: Node, node_id: str, local_roots: Sequence[Path] = (), kubelet_dir: Path = KUBELET_DIR
+    ) -> None:  # fmt: skip
+        """local_roots: the node's directories a volume may name as its source (`--local-root`); none by default,
+        since a pod's author could otherwise read any dataset on the node that its daemon's user can. kubelet_dir:
+        where every target path lies (`--kubelet-dir`): a call naming another path mounts or unmounts nothing."""
         self.node, self.node_id = node, node_id
+        self.local_roots = [Path(os.path.realpath(root)) for root in local_roots]
+        self.kubelet_dir = Path(os.path.realpath(kubelet_dir))
 
     def NodeGetInfo(self, request: pb.NodeGetInfoRequest, context: grpc.ServicerContext) -> pb.NodeGetInfoResponse:
         return pb.NodeGetInfoResponse(node_id=self.node_id)
@@ -68,7 +78,7 @@ class NodeService(rpc.NodeServicer):
     def NodePublishVolume(
         self, request: pb.NodePublishVolumeRequest, context: grpc.ServicerContext
     ) -> pb.NodePublishVolumeResponse:
-        _required(context, request.volume_id, request.target_path)
+        self._required(context, request.volume_id, request.target_path)
         if not request.HasField("volume_capability"):
             _refuse(context, "INVALID_ARGUMENT", "volume_capability: missing")
         capability = request.volume_capability
@@ -78,6 +88,13 @@ class NodeService(rpc.NodeServicer):
             volume = volume_of(request.volume_context, capability.mount.mount_flags, request.secrets)
         except BadVolume as e:
             _refuse(context, "INVALID_ARGUMENT", f"volume {request.volume_id}: {e}")
+        local = parse_source(volume.source)
+        if isinstance(local, str) and not any(
+            Path(os.path.realpath(local)).is_relative_to(root) for root in self.local_roots
+        ):  # fmt: skip
+            roots = ", ".join(map(str, self.local_roots)) or "none"
+            _refuse(context, "INVALID_ARGUMENT", f"volume {request.volume_id}: source {local}: a node-local path"
+                    f" outside the driver's --local-root directories ({roots})")  # fmt: skip
         try:
             self.node.publish(request.volume_id, request.target_path, volume)
         except NodeError as e:
@@ -87,21 +104,26 @@ class NodeService(rpc.NodeServicer):
     def NodeUnpublishVolume(
         self, request: pb.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
     ) -> pb.NodeUnpublishVolumeResponse:
-        _required(context, request.volume_id, request.target_path)
+        self._required(context, request.volume_id, request.target_path)
         try:
             self.node.unpublish(request.volume_id, request.target_path)
         except NodeError as e:
             _refuse(context, e.code, str(e))
         return pb.NodeUnpublishVolumeResponse()
 
-
-def _required(context: grpc.ServicerContext, volume_id: str, target_path: str) -> None:
-    if not volume_id:
-        _refuse(context, "INVALID_ARGUMENT", "volume_id: missing")
-    if not target_path:
-        _refuse(context, "INVALID_ARGUMENT", "target_path: missing")
-    if not os.path.isabs(target_path):
-        _refuse(context, "INVALID_ARGUMENT", f"target_path {target_path}: not an absolute path")
+    def _required(self, context: grpc.ServicerContext, volume_id: str, target_path: str) -> None:
+        """Both named, and the target a path under kubelet's directory, with no `..` and no link in its parents
+        leading elsewhere (the target itself, which may be a mount, is not looked at)."""
+        if not volume_id:
+            _refuse(context, "INVALID_ARGUMENT", "volume_id: missing")
+        if not target_path:
+            _refuse(context, "INVALID_ARGUMENT", "target_path: missing")
+        if not os.path.isabs(target_path):
+            _refuse(context, "INVALID_ARGUMENT", f"target_path {target_path}: not an absolute path")
+        parent = Path(os.path.realpath(os.path.dirname(os.path.normpath(target_path))))
+        if ".." in Path(target_path).parts or not parent.is_relative_to(self.kubelet_dir):
+            _refuse(context, "INVALID_ARGUMENT", f"target_path {target_path}: not under {self.kubelet_dir} (kubelet's"
+                    " directory, --kubelet-dir)")  # fmt: skip
 
 
 def socket_path(endpoint: str) -> Path:
@@ -112,17 +134,20 @@ def socket_path(endpoint: str) -> Path:
     return Path(path)
 
 
-def run(endpoint: str, node_id: str, driver: str, user: tuple[int, int], run_dir: Path) -> int:
+def run(
+    endpoint: str, node_id: str, driver: str, user: tuple[int, int], run_dir: Path, machine: bool = False,
+    local_roots: Sequence[Path] = (), kubelet_dir: Path = KUBELET_DIR,
+) -> int:  # fmt: skip
     """Serve until SIGTERM or SIGINT. The daemons stay: their mounts outlive a plugin that is only stopped."""
     log_to_terminal("INFO")
     path = socket_path(endpoint)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)  # a socket left by the plugin's last life
-    node = Node(run_dir, *user)
+    node = Node(run_dir, *user, machine=machine)
     held, connections = node.keeper, node.fusectl  # made before any call: two first publishes must not race
     server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="shardfs-csi"))
     rpc.add_IdentityServicer_to_server(Identity(driver), server)
-    rpc.add_NodeServicer_to_server(NodeService(node, node_id), server)
+    rpc.add_NodeServicer_to_server(NodeService(node, node_id, local_roots, kubelet_dir), server)
     old_umask = os.umask(0o077)  # the socket is root's alone: kubelet and the sidecars run as root
     try:
         server.add_insecure_port(f"unix://{path}")

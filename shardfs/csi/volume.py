@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from shardfs.cli import DEFAULT_CACHE, DEFAULT_MAX_FILE, LOG_LEVELS, byte_size, endpoint_url, seconds
+from shardfs.errors import SourceError
 from shardfs.fuse.mount import FuseMountError, MountOptions
 from shardfs.fuse.serve import settings_of
 from shardfs.logs import redact_userinfo
@@ -112,6 +113,10 @@ def volume_of(
         raise BadVolume(f"volume attribute {unknown[0]}: unknown (known: {', '.join(ATTRIBUTES)})")
     if not attributes.get("source"):
         raise BadVolume("volume attribute source: missing (the dataset's URL or path)")
+    try:
+        is_remote(attributes["source"])  # a URL that names nothing shardfs reads is refused before any mount
+    except SourceError as e:
+        raise BadVolume(f"volume attribute source: {e}") from None
     for name, text in attributes.items():
         if name in ATTRIBUTES and redact_userinfo(text) != text:
             raise BadVolume(f"volume attribute {name}: holds a user:password@; put credentials in the publish secret")

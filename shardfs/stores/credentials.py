@@ -57,10 +57,12 @@ def on_gce(dmi: Path = DMI) -> bool:
     return _read(dmi / "product_name").startswith("Google") or _read(dmi / "sys_vendor") == "Google"
 
 
-def aws(url: str, profile: str | None = None) -> Boto3CredentialProvider | None:
+def aws(url: str, profile: str | None = None, machine: bool = True) -> Boto3CredentialProvider | None:
     """boto3's credentials for url (from the named profile, if given: --profile, as AWS_PROFILE), or None when
-    there are none. Imported here: only an s3:// source not mounted --anonymous pays for importing boto3
-    (about 0.1 s), and only in the process that reads it."""
+    there are none. machine: whether the machine's own identity (the EC2 instance role) may be used: not for a
+    CSI volume or a Slurm job unless the admin says so, or any pod or job would read what the node can.
+    Imported here: only an s3:// source not mounted --anonymous pays for importing boto3 (about 0.1 s), and
+    only in the process that reads it."""
     import boto3
     import botocore.exceptions
     import botocore.session
@@ -70,7 +72,7 @@ def aws(url: str, profile: str | None = None) -> Boto3CredentialProvider | None:
     logging.getLogger("botocore.credentials").setLevel(logging.ERROR)
     session = botocore.session.Session(profile=profile)
     try:
-        if not on_ec2():
+        if not (machine and on_ec2()):
             session.get_component("credential_provider").remove("iam-role")
         provider = Boto3CredentialProvider(boto3.Session(botocore_session=session), ttl=AWS_KEPT)
         # Deferred sources (SSO, assume-role) fetch now: a failure refuses the mount in words, rather than
@@ -87,15 +89,16 @@ def aws(url: str, profile: str | None = None) -> Boto3CredentialProvider | None:
     return provider
 
 
-def gcs(url: str) -> bool:
-    """Whether object_store will find GCS credentials for url, saying which; it reads them itself."""
+def gcs(url: str, machine: bool = True) -> bool:
+    """Whether object_store will find GCS credentials for url, saying which; it reads them itself. machine: as
+    for aws (the GCE metadata server's service account)."""
     found = next((f"${name}" for name in GCS_SERVICE_ACCOUNT if os.environ.get(name)), None)
     if found is None and os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
         found = f"$GOOGLE_APPLICATION_CREDENTIALS ({os.environ['GOOGLE_APPLICATION_CREDENTIALS']})"
     home = os.environ.get("HOME")
     if found is None and home and (Path(home) / ADC_FILE).is_file():
         found = f"application-default credentials ({Path(home) / ADC_FILE})"
-    if found is None and on_gce():
+    if found is None and machine and on_gce():
         found = "the GCE metadata server"
     if found is not None:
         log.info("%s: requests signed with GCS credentials from %s", url, found, extra={"event": "signed"})

@@ -74,4 +74,12 @@ def parse_source(text: str) -> str | Remote:
         raise ValueError(f"{shown}: credentials in a {scheme}:// URL are not read; they are found as the cloud's are")
     if not bucket:
         raise ValueError(f"{shown}: no {'host' if scheme.startswith('http') else 'bucket'} named")
+    if scheme.startswith("http"):
+        try:  # a host urllib cannot read ('[::1', a port that is no number) is refused here, not at the first GET
+            split = urlsplit(f"{scheme}://{bucket}")
+            split.port  # noqa: B018 (reading it checks it)
+        except ValueError as e:
+            raise ValueError(f"{shown}: not a URL ({e})") from None
+        if not split.hostname:
+            raise ValueError(f"{shown}: no host named")
     return Remote(scheme, bucket, prefix.split("?")[0].strip("/"), userinfo)

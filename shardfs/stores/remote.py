@@ -92,7 +92,8 @@ def _interruptible(request: Callable[[], T]) -> T:
 
 @dataclass(frozen=True, slots=True)
 class Access:
-    """How to reach a remote source: --anonymous, --endpoint, --region, --timeout, --profile, --requester-pays."""
+    """How to reach a remote source: --anonymous, --endpoint, --region, --timeout, --profile, --requester-pays;
+    machine: whether the machine's own cloud identity may sign (see credentials.aws)."""
 
     anonymous: bool = False
     endpoint: str | None = None
@@ -100,6 +101,7 @@ class Access:
     timeout: float = DEFAULT_TIMEOUT
     profile: str | None = None
     requester_pays: bool = False
+    machine: bool = True
 
 
 def client_options(access: Access, url: str) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -133,7 +135,7 @@ def make_client(remote: Remote, access: Access) -> Any:
         return HTTPStore(remote.address, **common)
     prefix = remote.prefix or None
     if remote.scheme == "s3":
-        provider = None if access.anonymous else credentials.aws(remote.url, access.profile)
+        provider = None if access.anonymous else credentials.aws(remote.url, access.profile, access.machine)
         config: dict[str, Any] = {"skip_signature": provider is None, "request_payer": access.requester_pays}
         if endpoint:
             config["endpoint"] = endpoint
@@ -144,7 +146,7 @@ def make_client(remote: Remote, access: Access) -> Any:
     if access.requester_pays:  # GCS bills the requester through a userProject, which object_store never sends
         raise SourceError(f"{remote.url}: --requester-pays is for s3:// sources; object_store cannot name a GCS "
                           "billing project")  # fmt: skip
-    signed = not access.anonymous and credentials.gcs(remote.url)
+    signed = not access.anonymous and credentials.gcs(remote.url, access.machine)
     config = {"skip_signature": not signed}
     if endpoint:
         config["base_url"] = endpoint
