@@ -3,14 +3,17 @@ the node table's ids survive into a new table, and a journal of mostly dropped i
 
 from __future__ import annotations
 
+import json
 import os
+import struct
+from pathlib import Path
 
 import pytest
 
 from shardfs.fuse import wire
 from shardfs.fuse.filesystem import StaleNode
 from shardfs.fuse.nodes import PACKED, Nodes
-from shardfs.fuse.record import COMPACT_AFTER, Kept, Record, RecordError, Terms
+from shardfs.fuse.record import COMPACT_AFTER, SPAN_AT, TERMS_LENGTH_AT, Kept, Record, RecordError, Terms
 from shardfs.service import handover
 
 
@@ -93,6 +96,30 @@ def test_a_kept_descriptor_whose_mount_has_ended_is_not_taken_up() -> None:
     is refused, its descriptors closed: the daemon then mounts afresh."""
     fuse = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
     record = Record.new()
-    assert handover._kept([fuse, record.fd], "the test") is None
+    store = handover.SystemdStore("@unused", handover.served("/data", "native", Path("/mnt")))
+    assert handover._kept([fuse, record.fd], "the test", store) is None
     with pytest.raises(OSError):
         os.fstat(fuse)
+
+
+@pytest.mark.parametrize(
+    ("span", "terms"), [((8192, 4096), 0), ((4096, 1 << 62), 0), ((0, 4096), 0), ((4096, 4096), 1 << 30)]
+)
+def test_a_record_with_an_absurd_span_or_length_is_refused_not_read(span: tuple[int, int], terms: int) -> None:
+    """A record's header is bytes another daemon wrote: a journal span past the record, or a length past its
+    room, is refused (the daemon then mounts afresh), never read as a count of bytes to allocate."""
+    record = Record.new()
+    if terms:
+        os.pwrite(record.fd, struct.pack("=I", terms), TERMS_LENGTH_AT)
+    os.pwrite(record.fd, struct.pack("=QQ", *span), SPAN_AT)
+    with pytest.raises(RecordError, match=r"span|past their room"):
+        Record(record.fd).terms()
+
+
+def test_what_a_connection_serves_is_stamped_and_read_back() -> None:
+    record = Record.new()
+    assert record.serves() is None  # as in a record of a version before stamping: taken up as it was
+    served = handover.served("s3://b/vol", "n5", Path("/mnt/x"))
+    record.stamp(served)
+    assert Record(record.fd).serves() == served
+    assert json.loads(served) == {"source": "s3://b/vol", "view": "n5", "mountpoint": "/mnt/x"}

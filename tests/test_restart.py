@@ -350,3 +350,74 @@ def test_a_mount_whose_daemon_is_gone_for_good_is_unmounted_and_let_go(volume, t
         with contextlib.suppress(OSError):
             unmount(point, lazy=True)
         os.kill(keeper_pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("carrier", ["systemd", "keeper"])
+def test_a_connection_kept_for_another_source_is_let_go_not_taken_up(volume, raw_volume, tmp_path, carrier) -> None:
+    """The unit's SOURCE changed, then a crash: the next daemon is asked for another dataset than the kept
+    connection serves. Taking it up would have the kernel's cached names read the other dataset's bytes; it is
+    let go (the old mount detached, its descriptors dropped from the store) and the new source mounted afresh.
+    A file of the old mount still open reads its own bytes or an error, never the new source's."""
+    source, twin = volume
+    other, other_twin, _ = raw_volume
+    point = tmp_path / "m"
+    point.mkdir()
+    log = tmp_path / "shardfs.log"
+    systemd = Systemd(tmp_path / "notify")
+    keeper_path = tmp_path / "keeper.sock"
+    env = dict(os.environ)
+
+    def command(of: Path) -> list[str]:
+        if carrier == "systemd":
+            return [*SHARDFS, "mount", "--foreground", str(of), str(point), "--log-file", str(log)]
+        return [*SHARDFS, "mount", str(of), str(point), "--log-file", str(log), "-o", f"keeper={keeper_path}"]
+
+    first: subprocess.Popen[str] | None = None
+    daemons: list[int] = []
+    try:
+        if carrier == "systemd":
+            first = systemd.start(command(source), env).go()
+            systemd.until("READY=1")
+            after = systemd.start(command(other), env)
+        else:
+            subprocess.run(command(source), check=True, timeout=PATIENCE, capture_output=True)
+            after = Launch(command(other), env)
+        old_device = device_of(point)
+        daemons.append(stats_socket.ask(point)[0])
+        name = sorted(os.listdir(twin / SCALE))[1]
+        held = open(point / SCALE / name, "rb")  # noqa: SIM115 (read after the change)
+        os.kill(daemons[0], signal.SIGKILL)
+        while _alive(daemons[0]):
+            time.sleep(0.01)
+        if carrier == "systemd":
+            after.go()
+            systemd.until("READY=1")
+            assert set(systemd.store) == {FUSE_NAME, RECORD_NAME}
+        else:
+            assert after.go().wait(timeout=PATIENCE) == 0, after.process.stderr.read()
+        daemons.append(stats_socket.ask(point)[0])
+        assert "it is let go and the mount made afresh" in log.read_text()
+        assert device_of(point) not in (None, old_device)  # a new connection
+        try:
+            got: bytes | OSError = held.read()
+        except OSError as e:
+            got = e
+        finally:
+            with contextlib.suppress(OSError):  # its FLUSH fails as its read did: the connection has ended
+                held.close()
+        assert isinstance(got, OSError) or got == (twin / SCALE / name).read_bytes()
+        assert sorted(os.listdir(point)) == sorted(os.listdir(other_twin))
+        other_name = sorted(os.listdir(other_twin / SCALE))[1]
+        assert (point / SCALE / other_name).read_bytes() == (other_twin / SCALE / other_name).read_bytes()
+    finally:
+        with contextlib.suppress(OSError):
+            unmount(point, lazy=True)
+        for pid in daemons:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if first is not None:
+            first.wait(PATIENCE)
+        systemd.close()
+        if keeper_path.exists():
+            with contextlib.suppress(OSError):
+                os.kill(peer_pid(keeper_path), signal.SIGKILL)

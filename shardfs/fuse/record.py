@@ -6,8 +6,13 @@ the restart: a chunk file's id names its key (fuse/nodes.py), but a table id (a 
 a file passed through) means only what the table said, so the table is journalled here as it changes and
 rebuilt from the journal by the next daemon.
 
-Layout (native byte order): a header at 0 (magic, the journal's start and end, the length of the terms),
-the terms as JSON at TERMS_AT, the journal from JOURNAL_AT: entries of (node id, path length, path), a
+What the connection serves (the source, view and mountpoint, as text its daemon chose) is stamped at
+SERVES_AT: a daemon asked to serve something else must not take the connection up, or names the kernel
+cached would read another dataset's bytes.
+
+Layout (native byte order): a header at 0 (magic, the journal's start and end, the length of the terms, the
+length of what it serves: 0 in a record made before that was stamped, read as unknown), the terms as JSON at
+TERMS_AT, what it serves at SERVES_AT, the journal from JOURNAL_AT: entries of (node id, path length, path), a
 length of DROPPED meaning the id was dropped (a rewritten journal begins with the highest id ever
 journalled, dropped: ids are never reused). Every change writes its bytes first and then, in one pwrite,
 the header field that makes them count: a daemon killed at any point leaves a record that reads as before
@@ -29,11 +34,13 @@ from typing import Protocol
 from shardfs.fuse.mount import FUSE_DEVICE
 
 MAGIC = b"shardfs1"
-HEADER = struct.Struct("=8sQQI")  # magic, journal start, journal end, terms length
+HEADER = struct.Struct("=8sQQII")  # magic, journal start, journal end, terms length, served length
 SPAN = struct.Struct("=QQ")  # journal start and end, written together
 SPAN_AT = 8
 TERMS_LENGTH_AT = 24
+SERVES_LENGTH_AT = 28
 TERMS_AT = 64
+SERVES_AT = 2048
 JOURNAL_AT = 4096
 ENTRY = struct.Struct("=QI")  # node id, path length (DROPPED: the id was dropped)
 DROPPED = 0xFFFFFFFF
@@ -71,11 +78,13 @@ class Record:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         try:
-            magic, start, end, _ = HEADER.unpack(os.pread(fd, HEADER.size, 0))
+            magic, start, end, _, _ = HEADER.unpack(os.pread(fd, HEADER.size, 0).ljust(HEADER.size, b"\0"))
         except (OSError, struct.error) as e:
             raise RecordError(f"descriptor {fd}: not a shardfs record ({e})") from None
         if magic != MAGIC:
             raise RecordError(f"descriptor {fd}: not a shardfs record (magic {magic!r})")
+        if not JOURNAL_AT <= start <= end <= max(os.fstat(fd).st_size, JOURNAL_AT):  # what was written, not a count
+            raise RecordError(f"descriptor {fd}: its journal span {start}-{end} is not within the record")
         self._start, self._end = start, end
         self._live = 0  # bytes of entries still live, counted by table()
         self.highest = 0  # the highest id ever journalled, dropped or not (set by table()): never to be reused
@@ -84,7 +93,7 @@ class Record:
     def new(cls) -> Record:
         """An empty record, on a memfd of its own (close-on-exec)."""
         fd = os.memfd_create("shardfs-record", os.MFD_CLOEXEC)
-        os.pwrite(fd, HEADER.pack(MAGIC, JOURNAL_AT, JOURNAL_AT, 0), 0)
+        os.pwrite(fd, HEADER.pack(MAGIC, JOURNAL_AT, JOURNAL_AT, 0, 0), 0)
         return cls(fd)
 
     def terms(self) -> Terms | None:
@@ -92,6 +101,8 @@ class Record:
         (length,) = struct.unpack("=I", os.pread(self.fd, 4, TERMS_LENGTH_AT))
         if not length:
             return None
+        if length > SERVES_AT - TERMS_AT:
+            raise RecordError(f"descriptor {self.fd}: its terms are {length} bytes long, past their room")
         try:
             return Terms(**json.loads(os.pread(self.fd, length, TERMS_AT)))
         except (ValueError, TypeError) as e:
@@ -99,11 +110,25 @@ class Record:
 
     def settle(self, terms: Terms) -> None:
         """Record what INIT settled: before INIT is answered, so that no kept connection lacks it."""
-        text = json.dumps(asdict(terms)).encode()
-        if TERMS_AT + len(text) > JOURNAL_AT:
-            raise RecordError("the terms do not fit the record's header")
-        os.pwrite(self.fd, text, TERMS_AT)
-        os.pwrite(self.fd, struct.pack("=I", len(text)), TERMS_LENGTH_AT)
+        self._put(json.dumps(asdict(terms)).encode(), TERMS_AT, SERVES_AT, TERMS_LENGTH_AT, "terms")
+
+    def stamp(self, serves: str) -> None:
+        """Say what the connection serves: before the record is kept anywhere."""
+        self._put(serves.encode(), SERVES_AT, JOURNAL_AT, SERVES_LENGTH_AT, "what it serves")
+
+    def serves(self) -> str | None:
+        """What the connection serves, as stamped; None if the record predates stamping."""
+        (length,) = struct.unpack("=I", os.pread(self.fd, 4, SERVES_LENGTH_AT).ljust(4, b"\0"))  # 0 if made before
+        if length > JOURNAL_AT - SERVES_AT:
+            raise RecordError(f"descriptor {self.fd}: what it serves is {length} bytes long, past its room")
+        return os.pread(self.fd, length, SERVES_AT).decode(errors="replace") if length else None
+
+    def _put(self, data: bytes, at: int, end: int, length_at: int, what: str) -> None:
+        """data at at (up to end), then its length: a record read meanwhile has the old or the new."""
+        if at + len(data) > end:
+            raise RecordError(f"{what} do not fit the record's header")
+        os.pwrite(self.fd, data, at)
+        os.pwrite(self.fd, struct.pack("=I", len(data)), length_at)
 
     def table(self) -> dict[int, str]:
         """The node table as journalled: id → path, ids dropped left out."""

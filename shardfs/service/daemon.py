@@ -316,7 +316,10 @@ def mount(
     source as messages show it, and the view served. context: the one the source was (or is to be) opened
     with. A connection kept for this mountpoint (by systemd or a keeper: service/handover.py) is taken up, not
     mounted again."""
-    carrier, kept = handover.choose(mountpoint, options, foreground)
+    if foreground:  # before anything is said: taking up a kept connection, clearing a stale mount
+        log_to(log_file)
+        replay_early()
+    carrier, kept = handover.choose(mountpoint, options, foreground, handover.served(name, view, mountpoint))
     if kept is None:
         prepare_mountpoint(mountpoint, local, allow_non_empty)
     mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
@@ -327,7 +330,6 @@ def mount(
 
     if foreground:
         lifecycle.block_signals()  # before a remote source is opened: obstore's threads start with it
-        log_to(log_file)
         return serve(mounted(_opened(source).tree), None, metrics_at, carrier, kept)
     chosen = log_file is not None
     handed = handed_number(mountpoint)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import json
 import logging
 import os
 import select
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.errors import ServiceError
+from shardfs.fuse.mount import FuseMountError, unmount
 from shardfs.fuse.record import Carrier, Kept, RecordError
 from shardfs.service import keeper
 
@@ -46,18 +48,30 @@ def mount_name(mountpoint: Path) -> Path:
     return path
 
 
+def served(source: str, view: str, mountpoint: Path) -> str:
+    """What a connection serves, as its record is stamped with it (fuse/record.py): a daemon asked for anything
+    else does not take the connection up."""
+    return json.dumps({"source": source, "view": view, "mountpoint": str(mount_name(mountpoint))}, sort_keys=True)
+
+
 @dataclass(frozen=True)
 class SystemdStore:
-    """The unit's file-descriptor store, reached over $NOTIFY_SOCKET."""
+    """The unit's file-descriptor store, reached over $NOTIFY_SOCKET. serves: see served()."""
 
     address: str
+    serves: str
 
     def keep(self, kept: Kept) -> None:
         """Store a new connection's descriptors, once whatever an earlier one left under their names (a record
         whose connection ended, say) is removed: the next start must find one of each."""
+        kept.record.stamp(self.serves)
+        self.forget()
         for name, fd in ((FUSE_NAME, kept.fd), (RECORD_NAME, kept.record.fd)):
-            self._notify(f"FDSTOREREMOVE=1\nFDNAME={name}", [])
             self._notify(f"FDSTORE=1\nFDNAME={name}", [fd])
+
+    def forget(self) -> None:
+        for name in (FUSE_NAME, RECORD_NAME):
+            self._notify(f"FDSTOREREMOVE=1\nFDNAME={name}", [])
 
     def _notify(self, text: str, fds: list[int]) -> None:
         address = "\0" + self.address[1:] if self.address.startswith("@") else self.address  # abstract namespace
@@ -88,39 +102,48 @@ def _listened() -> dict[str, int]:
 @dataclass(frozen=True)
 class KeeperCarrier:
     """A keeper, holding the connection under the mountpoint's real path. The link stays open for the daemon's
-    life: while it does, no other daemon is handed the connection (see service/keeper.py)."""
+    life: while it does, no other daemon is handed the connection (see service/keeper.py). serves: see served()."""
 
     link: keeper.Link
     name: str
+    serves: str
 
     def keep(self, kept: Kept) -> None:
+        kept.record.stamp(self.serves)
         self.link.keep(self.name, kept.fds)
+
+    def forget(self) -> None:
+        self.link.ask(f"DROP {self.name}")
 
     def descriptors(self) -> list[int]:
         return [self.link.sock.fileno()]
 
 
-def choose(mountpoint: Path, options: dict[str, str | bool], foreground: bool) -> tuple[Carrier | None, Kept | None]:
+def choose(
+    mountpoint: Path, options: dict[str, str | bool], foreground: bool, serves: str
+) -> tuple[Carrier | None, Kept | None]:  # fmt: skip
     """Where this mount's connection is to be kept, and the connection kept there by a daemon before (None:
     mount afresh). Pops `keeper` from options. Under systemd (foreground, $NOTIFY_SOCKET) the unit's store;
-    with `-o keeper[=SOCKET]` a keeper; otherwise nowhere: the mount ends with its daemon."""
+    with `-o keeper[=SOCKET]` a keeper; otherwise nowhere: the mount ends with its daemon. serves: what this
+    daemon is asked to serve (served()); a connection kept for something else is ended, not taken up."""
     wanted = options.pop("keeper", None)
     listened = _listened()
     notify = os.environ.get("NOTIFY_SOCKET", "")
+    carrier: SystemdStore | KeeperCarrier
     if foreground and notify and os.environ.get("FDSTORE") != "0":  # $FDSTORE: the unit's maximum (systemd 254+)
-        kept = None
-        if FUSE_NAME in listened and RECORD_NAME in listened:
-            kept = _kept([listened[FUSE_NAME], listened[RECORD_NAME]], "systemd's file-descriptor store")
-        return SystemdStore(notify), kept
+        carrier = SystemdStore(notify, serves)
+        fds = [listened[FUSE_NAME], listened[RECORD_NAME]] if {FUSE_NAME, RECORD_NAME} <= set(listened) else []
+        return carrier, _kept(fds, "systemd's file-descriptor store", carrier)
     if wanted is None:
         return None, None
     path = keeper.default_path() if wanted is True else Path(str(wanted)).absolute()
     keeper.started(path)
-    carrier = KeeperCarrier(keeper.Link(path), str(mount_name(mountpoint)))
-    return carrier, _kept(carrier.link.take(carrier.name), f"the keeper at {path}")
+    link = keeper.Link(path)
+    carrier = KeeperCarrier(link, str(mount_name(mountpoint)), serves)
+    return carrier, _kept(link.take(carrier.name), f"the keeper at {path}", carrier)
 
 
-def _kept(fds: list[int], where: str) -> Kept | None:
+def _kept(fds: list[int], where: str, carrier: SystemdStore | KeeperCarrier) -> Kept | None:
     if not fds:
         return None
     try:
@@ -128,6 +151,11 @@ def _kept(fds: list[int], where: str) -> Kept | None:
         kept.record.terms()  # reads, or says why not
         if _ended(kept.fd):
             raise RecordError("its mount has ended")
+        if kept.record.serves() not in (None, carrier.serves):  # None: stamped by no version before this one
+            _end_other(kept, carrier)
+            for fd in fds:
+                os.close(fd)
+            return None
     except (RecordError, OSError) as e:
         log.error("%s held descriptors that are not a kept connection (%s): mounting afresh", where, e,
                   extra={"event": "handover"})  # fmt: skip
@@ -137,6 +165,26 @@ def _kept(fds: list[int], where: str) -> Kept | None:
         return None
     log.info("taking up the connection kept by %s", where, extra={"event": "handover"})
     return kept
+
+
+def _end_other(kept: Kept, carrier: SystemdStore | KeeperCarrier) -> None:
+    """A kept connection that serves something else than this daemon is asked for (a unit's SOURCE or view
+    changed, another mount's descriptors passed): names the kernel cached there would read other bytes. It is
+    let go where it is kept, and its mount detached if it is this mountpoint's (the kernel then ends the
+    connection, and its callers get an error); another mountpoint's is left to its own daemon."""
+    try:
+        was = json.loads(kept.record.serves() or "{}")
+    except ValueError:
+        was = {}
+    asked = json.loads(carrier.serves)
+    log.warning("the connection kept serves %s (view %s) at %s, not %s (view %s) at %s: it is let go and the mount"
+                " made afresh", was.get("source"), was.get("view"), was.get("mountpoint"), asked["source"],
+                asked["view"], asked["mountpoint"], extra={"event": "handover"})  # fmt: skip
+    with contextlib.suppress(ServiceError):
+        carrier.forget()
+    if was.get("mountpoint") == asked["mountpoint"]:
+        with contextlib.suppress(OSError, FuseMountError):
+            unmount(Path(asked["mountpoint"]), lazy=True)
 
 
 def _ended(fd: int) -> bool:
