@@ -6,7 +6,7 @@ itself the job's user, with the user's HOME (so the user's own cloud credentials
 nor the daemon needs /dev/fuse or fusermount3. The daemon's pid is kept beside the mount for the Epilog, which
 runs in another process: a daemon that hangs is killed once its mount is detached and its connection aborted.
 
-    mount --uid U --gid G --home H [--node-identity] JOB_DIR NAME SOURCE [-o OPTIONS]   (as `shardfs mount -o`)
+    mount --uid U --gid G --home H [--node-identity] [--ceiling-* ...] JOB_DIR NAME SOURCE [-o OPTIONS]
     unmount --uid U JOB_DIR                                         (every shardfs mount under it; JOB_DIR removed)
 """
 
@@ -19,14 +19,16 @@ import signal
 import sys
 from pathlib import Path
 
+from shardfs.csi import CEILING_CACHE, CEILING_MAX_FILE, CEILING_THREADS, byte_size
 from shardfs.csi.node import Node, NodeError
-from shardfs.csi.volume import ATTRIBUTES, BadVolume, volume_of
+from shardfs.csi.volume import ATTRIBUTES, BadVolume, Ceilings, volume_of
 from shardfs.service import mountinfo
 from shardfs.service.daemon import parse_options
 
 # `-o` names of shardfs's own settings → the volume attribute that carries each (the rest are FUSE options).
 SETTINGS = {"".join(f"_{c.lower()}" if c.isupper() else c for c in name): name for name in ATTRIBUTES}
 DAEMON = "shardfs.csi.daemon"
+CEILING_CONF = "this node's ceiling (SHARDFS_CEILING_* in /etc/shardfs/slurm.conf)"
 # Options that say who may reach a mount or its daemon: the node's policy (a job's mount is its user's alone),
 # never a job's comment to choose. allow_other or allow_root would let every user's df, and root's, wait on a
 # daemon the job's user may stop.
@@ -51,7 +53,8 @@ def mount(args: argparse.Namespace) -> int:
     node = Node(args.job_dir / ".run", args.uid, args.gid, args.home, args.node_identity)
     point = args.job_dir / args.name
     try:
-        volume = volume_of(attributes, flags, {}, others=False)
+        ceilings = Ceilings(args.ceiling_cache_size, args.ceiling_max_file_size, args.ceiling_threads, CEILING_CONF)
+        volume = volume_of(attributes, flags, {}, others=False, ceilings=ceilings)
         node.publish(args.name, str(point), volume)
     except (BadVolume, NodeError) as e:
         print(f"shardfs: {e}", file=sys.stderr)
@@ -103,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--gid", type=int, required=True)
     m.add_argument("--home", default="/nonexistent")
     m.add_argument("--node-identity", action="store_true")  # the Prolog's SHARDFS_NODE_IDENTITY=1
+    m.add_argument("--ceiling-cache-size", type=byte_size, default=CEILING_CACHE)  # SHARDFS_CEILING_CACHE_SIZE
+    m.add_argument("--ceiling-max-file-size", type=byte_size, default=CEILING_MAX_FILE)
+    m.add_argument("--ceiling-threads", type=int, default=CEILING_THREADS)
     m.add_argument("job_dir", type=Path)
     m.add_argument("name")
     m.add_argument("source")

@@ -34,6 +34,7 @@ from shardfs.csi import DRIVER, handoff
 from shardfs.csi import csi_pb2 as pb
 from shardfs.csi import csi_pb2_grpc as rpc
 from shardfs.csi import node as node_module
+from shardfs.csi import server as csi_server
 from shardfs.csi.node import Node, NodeError
 from shardfs.csi.server import NodeService
 from shardfs.csi.volume import volume_of
@@ -179,6 +180,10 @@ def test_missing_fields_are_invalid_arguments(plugin: Plugin) -> None:
         ({"source": "ftp://example.org/x"}, [], {}, "source: ftp://example.org/x: unknown scheme 'ftp'"),
         ({"source": "http://[127.0.0.1/x"}, [], {}, "source: http://[127.0.0.1/x: not a URL"),
         ({"source": "http://127.0.0.1:port/x"}, [], {}, "source: http://127.0.0.1:port/x: not a URL"),
+        # Over the node's ceilings (the plugin's defaults: 1 GiB, 256 MiB, 64 threads).
+        ({"source": "https://example.org/x", "cacheSize": "100G"}, [], {}, "cacheSize: 100.0 GiB is over this node"),
+        ({"source": "https://example.org/x", "maxFileSize": "2G"}, [], {}, "maxFileSize: 2.0 GiB is over"),
+        ({"source": "https://example.org/x"}, ["max_threads=2000"], {}, "max_threads: 2000 is over this node's"),
         # A path of the node: the plugin is given no --local-root, so none is allowed.
         ({"source": "/etc"}, [], {}, "source /etc: a node-local path outside the driver's --local-root"),
         ({"source": "file:///tmp/../etc"}, [], {}, "source /tmp/../etc: a node-local path outside"),
@@ -542,7 +547,7 @@ def test_a_killed_daemon_is_replaced_under_16_readers_with_no_error(plugin: Plug
                     errors.append(f"{name}: other bytes")
                 read.append(name)
 
-        threads = [threading.Thread(target=reader, args=(names[i::16],)) for i in range(16)]
+        threads = [threading.Thread(target=reader, args=(names[i::16],)) for i in range(csi_server.PUBLISHING)]
         for thread in threads:
             thread.start()
         assert wait_for(lambda: len(read) >= 4, PATIENCE), "the readers never got going"
@@ -705,3 +710,26 @@ def test_local_sources_only_under_the_drivers_local_roots(raw_volume, tmp_path, 
         with contextlib.suppress(NodeError):
             node.unpublish("local", str(target))
         node.close()
+
+
+def test_publishes_stuck_on_their_source_never_hold_up_an_unpublish(plugin: Plugin, raw_volume) -> None:
+    """16 publishes of a source that does not answer (each waits on it): a 17th is UNAVAILABLE at once, and an
+    unpublish is answered while all 16 still wait; once the source answers, every one is published."""
+    targets = [plugin.pods / f"stuck-{i}" for i in range(csi_server.PUBLISHING)]
+    with RangeServer(raw_volume[0]).running() as stuck, ThreadPoolExecutor(len(targets)) as pool:
+        stuck.hang = True
+        attributes = {"source": f"precomputed://{stuck.url}", "timeout": "100"}
+        waiting = [pool.submit(publish, plugin, t, attributes, f"vol-stuck-{i}") for i, t in enumerate(targets)]
+        try:
+            assert wait_for(lambda: stuck.in_flight >= len(targets), PATIENCE), "the publishes never reached it"
+            code, details = refusal(lambda: publish(plugin, plugin.pods / "one-more", attributes, "vol-more"))
+            assert code == grpc.StatusCode.UNAVAILABLE and "publishes are under way" in details
+            unpublish(plugin, plugin.pods / "another-tenant", "vol-other")  # answered now, not after a publish
+            assert not any(f.done() for f in waiting), [f.exception() for f in waiting if f.done()]
+        finally:
+            stuck.hang = False
+            for future in waiting:
+                future.result(PATIENCE)
+            for i, target in enumerate(targets):
+                unpublish(plugin, target, f"vol-stuck-{i}")
+    assert not plugin.daemons()

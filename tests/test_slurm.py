@@ -301,16 +301,21 @@ def test_a_dataset_that_cannot_be_mounted_is_told_to_the_job_not_the_node(slurm:
     assert slurm.node_state() == "idle"
 
 
-def test_a_job_cannot_set_who_may_reach_its_mount(slurm: Slurm, dataset) -> None:
+def test_a_job_cannot_set_who_may_reach_its_mount_nor_take_more_than_the_ceilings(slurm: Slurm, dataset) -> None:
     """allow_other or allow_root from a job's comment would have other users' df, and root's, wait on a daemon
-    the job's user may stop (and other users read through it): every option of that kind is refused."""
+    the job's user may stop (and other users read through it): every option of that kind is refused. Nor may a
+    job's daemon, which runs outside the job's cgroup, take more memory or threads than the Prolog's ceilings."""
     url, _, _ = dataset
     asked = ["allow_other", "allow_root", "uid=0", "gid=0", "umask=0", "context=system_u:object_r:tmp_t:s0"]
-    comment = " ".join(f"shardfs:v{i}={url},{option}" for i, option in enumerate(asked))
+    too_much = ["cache_size=100G", "max_file_size=2G", "max_threads=2000"]
+    comment = " ".join(f"shardfs:v{i}={url},{option}" for i, option in enumerate(asked + too_much))
     job = slurm.submit('ls "$SHARDFS_DIR"\n', comment)
     assert slurm.ended(job) == "COMPLETED"
     output = slurm.output(job)
     for i, option in enumerate(asked):
         assert f"shardfs: v{i} not mounted: shardfs: -o {option.split('=')[0]}: a job cannot set who" in output, output
+    for i, _ in enumerate(too_much, len(asked)):
+        said = [line for line in output.splitlines() if f"shardfs: v{i} not mounted: " in line]
+        assert len(said) == 1 and "is over this node's ceiling" in said[0], output
     assert not _mounted_under(slurm.jobs) and not (slurm.jobs / str(job)).exists()
     assert slurm.node_state() == "idle"

@@ -8,6 +8,13 @@ from pathlib import Path
 
 DRIVER = "csi.shardfs.io"  # the CSIDriver's name: deploy/kubernetes/ names it too
 NOBODY = 65534
+CEILING_CACHE, CEILING_MAX_FILE, CEILING_THREADS = "1G", "256M", 64  # what one volume may ask at most, by default
+
+
+def byte_size(text: str) -> int:
+    from shardfs.cli import byte_size  # cli imports this package: its parser is read here, when used
+
+    return byte_size(text)
 
 
 def user_group(text: str) -> tuple[int, int]:
@@ -44,17 +51,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="kubelet's directory: every target path must lie under it, or the call is refused",
     )  # fmt: skip
     p.add_argument(
+        "--ceiling-cache-size", type=byte_size, default=CEILING_CACHE, metavar="SIZE",
+        help="the most a volume's cacheSize may be: daemons are shared by volumes of the same secret",
+    )  # fmt: skip
+    p.add_argument(
+        "--ceiling-max-file-size", type=byte_size, default=CEILING_MAX_FILE, metavar="SIZE",
+        help="the most a volume's maxFileSize may be",
+    )  # fmt: skip
+    p.add_argument(
+        "--ceiling-threads", type=int, default=CEILING_THREADS, metavar="N",
+        help="the most session threads a volume's mountOptions may ask for (max_threads)",
+    )  # fmt: skip
+    p.add_argument(
         "--run-dir", type=Path, default=Path("/run/shardfs-csi"), metavar="DIR",
         help="the plugin's own directory (a fusectl mount, where /sys/fs/fuse/connections has none)",
     )  # fmt: skip
 
 
+CEILING_FLAGS = "this node's ceiling (shardfs csi --ceiling-*)"
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         from shardfs.csi.server import run as serve
+        from shardfs.csi.volume import Ceilings
     except ImportError as e:
         raise SystemExit(f"shardfs csi: {e}; install shardfs[csi] (grpcio)") from None
     return serve(
         args.endpoint, args.node_id, args.driver_name, args.daemon_user, args.run_dir, args.node_identity,
         args.local_root, args.kubelet_dir,
+        Ceilings(args.ceiling_cache_size, args.ceiling_max_file_size, args.ceiling_threads, CEILING_FLAGS),
     )  # fmt: skip

@@ -21,13 +21,16 @@ from shardfs import __version__
 from shardfs.csi import csi_pb2 as pb
 from shardfs.csi import csi_pb2_grpc as rpc
 from shardfs.csi.node import Node, NodeError
-from shardfs.csi.volume import BadVolume, volume_of
+from shardfs.csi.volume import BadVolume, Ceilings, volume_of
 from shardfs.logs import log_to_terminal
 from shardfs.stores.location import parse_source
 
 log = logging.getLogger("shardfs.csi")
 
-WORKERS = 16  # calls served at once: publishes of different volumes overlap while their daemons start
+WORKERS = 32  # calls served at once: publishes of different volumes overlap while their daemons start
+# Publishes under way at once, at most: each may wait on its source for up to node.READY_TIMEOUT, and the other
+# workers stay free for unpublishes and probes. One more is UNAVAILABLE at once (kubelet retries it).
+PUBLISHING = 16
 KUBELET_DIR = Path("/var/lib/kubelet")  # where kubelet puts every target path
 STOP_GRACE = 10.0  # seconds calls in progress may take to finish when the plugin is told to stop
 
@@ -57,8 +60,12 @@ class Identity(rpc.IdentityServicer):
 
 
 class NodeService(rpc.NodeServicer):
+    """The node's calls. A publish waits only on its own source: no more than PUBLISHING are under way at once,
+    so that sources that never answer cannot hold every worker from an unpublish."""
+
     def __init__(
-        self, node: Node, node_id: str, local_roots: Sequence[Path] = (), kubelet_dir: Path = KUBELET_DIR
+        self, node: Node, node_id: str, local_roots: Sequence[Path] = (), kubelet_dir: Path = KUBELET_DIR,
+        ceilings: Ceilings | None = None,
     ) -> None:  # fmt: skip
         """local_roots: the node's directories a volume may name as its source (`--local-root`); none by default,
         since a pod's author could otherwise read any dataset on the node that its daemon's user can. kubelet_dir:
@@ -66,6 +73,8 @@ class NodeService(rpc.NodeServicer):
         self.node, self.node_id = node, node_id
         self.local_roots = [Path(os.path.realpath(root)) for root in local_roots]
         self.kubelet_dir = Path(os.path.realpath(kubelet_dir))
+        self.ceilings = ceilings or Ceilings()
+        self.publishing = threading.BoundedSemaphore(PUBLISHING)
 
     def NodeGetInfo(self, request: pb.NodeGetInfoRequest, context: grpc.ServicerContext) -> pb.NodeGetInfoResponse:
         return pb.NodeGetInfoResponse(node_id=self.node_id)
@@ -85,7 +94,9 @@ class NodeService(rpc.NodeServicer):
         if capability.HasField("block"):
             _refuse(context, "INVALID_ARGUMENT", "volume_capability: block access; shardfs volumes are filesystems")
         try:
-            volume = volume_of(request.volume_context, capability.mount.mount_flags, request.secrets)
+            volume = volume_of(
+                request.volume_context, capability.mount.mount_flags, request.secrets, ceilings=self.ceilings
+            )  # fmt: skip
         except BadVolume as e:
             _refuse(context, "INVALID_ARGUMENT", f"volume {request.volume_id}: {e}")
         local = parse_source(volume.source)
@@ -95,10 +106,14 @@ class NodeService(rpc.NodeServicer):
             roots = ", ".join(map(str, self.local_roots)) or "none"
             _refuse(context, "INVALID_ARGUMENT", f"volume {request.volume_id}: source {local}: a node-local path"
                     f" outside the driver's --local-root directories ({roots})")  # fmt: skip
+        if not self.publishing.acquire(blocking=False):
+            _refuse(context, "UNAVAILABLE", f"volume {request.volume_id}: {PUBLISHING} publishes are under way")
         try:
             self.node.publish(request.volume_id, request.target_path, volume)
         except NodeError as e:
             _refuse(context, e.code, str(e))
+        finally:
+            self.publishing.release()
         return pb.NodePublishVolumeResponse()
 
     def NodeUnpublishVolume(
@@ -136,7 +151,7 @@ def socket_path(endpoint: str) -> Path:
 
 def run(
     endpoint: str, node_id: str, driver: str, user: tuple[int, int], run_dir: Path, machine: bool = False,
-    local_roots: Sequence[Path] = (), kubelet_dir: Path = KUBELET_DIR,
+    local_roots: Sequence[Path] = (), kubelet_dir: Path = KUBELET_DIR, ceilings: Ceilings | None = None,
 ) -> int:  # fmt: skip
     """Serve until SIGTERM or SIGINT. The daemons stay: their mounts outlive a plugin that is only stopped."""
     log_to_terminal("INFO")
@@ -147,7 +162,7 @@ def run(
     held, connections = node.keeper, node.fusectl  # made before any call: two first publishes must not race
     server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="shardfs-csi"))
     rpc.add_IdentityServicer_to_server(Identity(driver), server)
-    rpc.add_NodeServicer_to_server(NodeService(node, node_id, local_roots, kubelet_dir), server)
+    rpc.add_NodeServicer_to_server(NodeService(node, node_id, local_roots, kubelet_dir, ceilings), server)
     old_umask = os.umask(0o077)  # the socket is root's alone: kubelet and the sidecars run as root
     try:
         server.add_insecure_port(f"unix://{path}")

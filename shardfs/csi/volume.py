@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from shardfs.cli import DEFAULT_CACHE, DEFAULT_MAX_FILE, LOG_LEVELS, byte_size, endpoint_url, seconds
-from shardfs.errors import SourceError
+from shardfs.csi import CEILING_CACHE, CEILING_MAX_FILE, CEILING_THREADS
+from shardfs.errors import SourceError, binary_size
 from shardfs.fuse.mount import FuseMountError, MountOptions
 from shardfs.fuse.serve import settings_of
 from shardfs.logs import redact_userinfo
@@ -41,6 +42,32 @@ SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"
 
 class BadVolume(ValueError):
     """A volume attribute, mount option or secret that cannot work; the message names it."""
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The most one volume may ask of a node (its daemons are shared with other tenants, or run outside the job's
+    cgroup): set by the node's admin, never by a pod or a job (`shardfs csi --max-cache-size ...`, the Slurm
+    Prolog's SHARDFS_MAX_CACHE_SIZE ...). A volume asking for more is refused, naming the ceiling. where: the
+    setting a refusal names."""
+
+    cache_size: int = field(default_factory=lambda: byte_size(CEILING_CACHE))
+    max_file_size: int = field(default_factory=lambda: byte_size(CEILING_MAX_FILE))
+    threads: int = CEILING_THREADS
+    where: str = "the node's ceiling"
+
+    def check(self, volume: Volume) -> None:
+        """BadVolume naming the first of the volume's asks over its ceiling."""
+        threads = settings_of(volume.options, MOUNT_OPTIONS).threads
+        for name, asked, most in (
+            ("volume attribute cacheSize", volume.cache_size, self.cache_size),
+            ("volume attribute maxFileSize", volume.max_file_size, self.max_file_size),
+            ("mountOptions max_threads", threads, self.threads),
+        ):
+            if asked > most:
+                shown = str(asked) if "threads" in name else binary_size(asked)
+                limit = str(most) if "threads" in name else binary_size(most)
+                raise BadVolume(f"{name}: {shown} is over {self.where} of {limit}")
 
 
 @dataclass(frozen=True)
@@ -104,10 +131,15 @@ ATTRIBUTES: dict[str, tuple[str, Callable[[str], Any]]] = {
 
 
 def volume_of(
-    attributes: Mapping[str, str], mount_flags: Sequence[str], secrets: Mapping[str, str], others: bool = True
+    attributes: Mapping[str, str],
+    mount_flags: Sequence[str],
+    secrets: Mapping[str, str],
+    others: bool = True,
+    ceilings: Ceilings | None = None,
 ) -> Volume:
-    """The volume asked for; BadVolume naming the attribute, option or secret key that cannot work. others:
-    whether users other than the daemon's may read it (a pod's, whoever it is; not a Slurm job's)."""
+    """The volume asked for; BadVolume naming the attribute, option or secret key that cannot work, or the
+    ceiling it is over. others: whether users other than the daemon's may read it (a pod's, whoever it is; not a
+    Slurm job's)."""
     unknown = sorted(k for k in attributes if k not in ATTRIBUTES and not k.startswith(KUBERNETES_KEYS))
     if unknown:
         raise BadVolume(f"volume attribute {unknown[0]}: unknown (known: {', '.join(ATTRIBUTES)})")
@@ -131,7 +163,9 @@ def volume_of(
     if bad := sorted(set(secrets) - set(SECRET_KEYS)):
         raise BadVolume(f"publish secret key {bad[0]}: unknown (known: {', '.join(SECRET_KEYS)})")
     options = mount_options(given["source"], mount_flags, others)
-    return Volume(**given, options=options, secrets=dict(secrets))
+    volume = Volume(**given, options=options, secrets=dict(secrets))
+    (ceilings or Ceilings()).check(volume)
+    return volume
 
 
 def mount_options(source: str, mount_flags: Sequence[str], others: bool = True) -> dict[str, str | bool]:
