@@ -17,6 +17,7 @@ The log file is created 0600, never through a link, and narrowed if it was wider
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
+
+from shardfs.errors import binary_size
 
 OURS = "shardfs"  # the logger hierarchy whose DEBUG and INFO records are logged
 # Passed as `extra=` by the calls that know them, written in this order.
@@ -127,9 +130,11 @@ class _Window:
 
 
 class RateLimit(logging.Filter):
-    """At most `burst` warnings or errors of one (level, event) per user (see `serving`) per `window` seconds,
-    and `debug_burst` DEBUG lines (one a FUSE request: a reader can send thousands a second); the next one let
-    through carries `suppressed=N`, the number dropped before it. INFO passes: the mount's few milestones."""
+    """At most `burst` warnings or errors of one (level, event) per user (see `serving`) and mount (a record's
+    `mount`, where one process serves several: the CSI daemon names it) per `window` seconds, so that one
+    tenant's errors never silence another's, and `debug_burst` DEBUG lines (one a FUSE request: a reader can
+    send thousands a second); the next one let through carries `suppressed=N`, the number dropped before it.
+    INFO passes: the mount's few milestones."""
 
     def __init__(
         self, burst: int = BURST, window: float = WINDOW, clock: Callable[[], float] = time.monotonic,
@@ -137,7 +142,7 @@ class RateLimit(logging.Filter):
     ) -> None:  # fmt: skip
         super().__init__()
         self.burst, self.window, self.clock, self.debug_burst = burst, window, clock, debug_burst
-        self._windows: dict[tuple[int, str], _Window] = {}
+        self._windows: dict[tuple[int, str, int | None, str | None], _Window] = {}
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -149,11 +154,12 @@ class RateLimit(logging.Filter):
         if uid is not None and not hasattr(record, "uid"):
             record.uid = uid
         with self._lock:
-            key = (record.levelno, _event(record), uid)
+            mount = getattr(record, "mount", None)
+            key = (record.levelno, _event(record), uid, mount)
             if key not in self._windows and len(self._windows) >= MAX_WINDOWS:
                 self._forget_ended(now)
                 if len(self._windows) >= MAX_WINDOWS:
-                    key = (record.levelno, _event(record), None)
+                    key = (record.levelno, _event(record), None, None)
             w = self._windows.setdefault(key, _Window(now))
             if now - w.start >= self.window:
                 w.start, w.count = now, 0
@@ -208,11 +214,33 @@ def _install(handler: logging.Handler, formatter: logging.Formatter, level: str 
     root.handlers[:] = [handler]
 
 
-def log_to(log_file: Path | None) -> None:
-    """The daemon's records go to log_file, or to stderr (which systemd sends to the journal), as logfmt."""
-    handler = logging.StreamHandler(_stream(open_log(log_file)) if log_file else sys.stderr)
+def log_to(log_file: Path | None, most: int | None = None) -> None:
+    """The daemon's records go to log_file, or to stderr (which systemd sends to the journal), as logfmt. most:
+    the most bytes the log may hold, if it is a file (a pipe or the journal bounds itself)."""
+    stream = _stream(open_log(log_file)) if log_file else sys.stderr
+    handler = logging.StreamHandler(stream) if most is None else _Capped(stream, most)
     handler.addFilter(RateLimit())
     _install(handler, Logfmt())
+
+
+class _Capped(logging.StreamHandler):  # type: ignore[type-arg]
+    """A log file that never grows past `most` bytes: once it would, it is emptied and begun again with a line
+    saying so (a file nobody rotates, as a Slurm job's daemon writes, is read by the job's user meanwhile)."""
+
+    def __init__(self, stream: TextIO, most: int) -> None:
+        super().__init__(stream)
+        self.most = most
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            fd = self.stream.fileno()
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_size >= self.most:
+                self.stream.flush()
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)  # a descriptor without O_APPEND would write on past a hole
+                self.stream.write(f"(the log reached {binary_size(self.most)} and was begun again here)\n")
+        super().emit(record)
 
 
 class _Early(logging.Handler):

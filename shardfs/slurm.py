@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ from shardfs.service.daemon import parse_options
 # `-o` names of shardfs's own settings → the volume attribute that carries each (the rest are FUSE options).
 SETTINGS = {"".join(f"_{c.lower()}" if c.isupper() else c for c in name): name for name in ATTRIBUTES}
 DAEMON = "shardfs.csi.daemon"
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # as the Prolog takes them
+OWN_SUFFIXES = (".error", ".log", ".pid")  # the Prolog's own files beside each dataset's directory
 CEILING_CONF = "this node's ceiling (SHARDFS_CEILING_* in /etc/shardfs/slurm.conf)"
 # Options that say who may reach a mount or its daemon: the node's policy (a job's mount is its user's alone),
 # never a job's comment to choose. allow_other or allow_root would let every user's df, and root's, wait on a
@@ -50,7 +53,12 @@ def mount(args: argparse.Namespace) -> int:
             attributes[SETTINGS[key]] = "true" if value is True else value
         else:
             flags.append(key if value is True else f"{key}={value}")
-    node = Node(args.job_dir / ".run", args.uid, args.gid, args.home, args.node_identity)
+    if not NAME.fullmatch(args.name) or args.name.endswith(OWN_SUFFIXES):
+        print(f"shardfs: dataset name {args.name!r}: letters, digits, '.', '_' or '-', starting with a letter or"
+              f" digit, not ending {', '.join(OWN_SUFFIXES)}", file=sys.stderr)  # fmt: skip
+        return 2
+    log = _log_file(args.job_dir / f"{args.name}.log", args.uid, args.gid)
+    node = Node(args.job_dir / ".run", args.uid, args.gid, args.home, args.node_identity, log)
     point = args.job_dir / args.name
     try:
         ceilings = Ceilings(args.ceiling_cache_size, args.ceiling_max_file_size, args.ceiling_threads, CEILING_CONF)
@@ -61,9 +69,19 @@ def mount(args: argparse.Namespace) -> int:
         return 2
     finally:
         node.close()
+        os.close(log)
     [published] = node.published.values()
     _pid_file(args.job_dir, args.name).write_text(str(published.daemon.process.pid))
     return 0
+
+
+def _log_file(path: Path, uid: int, gid: int) -> int:
+    """The daemon's log: a file in the job's directory that the job's user may read (and nobody else), where it
+    stays until the Epilog removes the directory; the daemon keeps it under LOG_MOST bytes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchown(fd, uid, gid)
+    os.fchmod(fd, 0o600)
+    return fd
 
 
 def unmount(args: argparse.Namespace) -> int:

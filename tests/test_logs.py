@@ -190,3 +190,46 @@ def test_mount_f_shows_the_mount_line_on_the_terminal(raw_volume: tuple[Path, Pa
         assert "level=info" in mounted[0] and "granted ASYNC_READ|PARALLEL_DIROPS|MAX_PAGES" in mounted[0]
     finally:
         proc.kill()
+
+
+def test_each_volume_of_a_shared_daemon_has_a_budget_of_its_own() -> None:
+    """The CSI daemon serves several tenants' volumes: a thread's volume (the cache it serves, named by
+    csi.daemon's filter, which runs first) has budgets of its own, so one volume's burst of errors never
+    silences another's first lines."""
+    from shardfs.cache import ByteCache, serving
+    from shardfs.csi.daemon import _Naming
+
+    a, b = ByteCache(1 << 20, 1 << 20), ByteCache(1 << 20, 1 << 20)
+    naming, limit = _Naming({a: "/pods/a", b: "/pods/b"}), RateLimit(burst=2, window=10, clock=lambda: 0.0)
+
+    def logged(cache: ByteCache) -> tuple[bool, str]:
+        serving(cache)
+        made = record(logging.ERROR, "eio")
+        naming.filter(made)
+        return limit.filter(made), made.getMessage()
+
+    try:
+        assert [logged(a)[0] for _ in range(5)] == [True, True, False, False, False]
+        assert [logged(b) for _ in range(2)] == [(True, "/pods/b: corrupt chunk")] * 2
+    finally:
+        serving(None)
+
+
+def test_a_log_file_of_its_own_stays_under_its_bound(tmp_path: Path) -> None:
+    """A daemon whose log no one rotates (a Slurm job's) keeps it under `most` bytes: emptied and begun again,
+    saying so, once it would grow past."""
+    path = tmp_path / "job.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    stream = open(fd, "a", buffering=1)  # noqa: SIM115 (the handler's, closed below)
+    handler = logs._Capped(stream, 4096)
+    handler.setFormatter(Logfmt())
+    try:
+        for i in range(2000):
+            made = record(logging.WARNING, "eio")
+            made.msg, made.args = "line %d", (i,)
+            handler.emit(made)
+            assert path.stat().st_size < 4096 + 200
+        text = path.read_text()
+        assert text.startswith("(the log reached 4.0 KiB and was begun again here)") and "line 1999" in text
+    finally:
+        stream.close()

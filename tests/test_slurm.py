@@ -319,3 +319,23 @@ def test_a_job_cannot_set_who_may_reach_its_mount_nor_take_more_than_the_ceiling
         assert len(said) == 1 and "is over this node's ceiling" in said[0], output
     assert not _mounted_under(slurm.jobs) and not (slurm.jobs / str(job)).exists()
     assert slurm.node_state() == "idle"
+
+
+def test_a_jobs_daemon_logs_where_the_job_can_read_it_and_names_never_collide(slurm: Slurm, dataset) -> None:
+    """The daemon's log is <name>.log in the job's directory, the job's user's to read, and goes with the job (it
+    logged into a deleted file on /run before, seen by no one, unbounded). Dataset names that would be the
+    Prolog's own files (.run, NAME.error, .NAME.pid, NAME.log) are refused, and the dataset they would have
+    clobbered still reads right."""
+    url, _, expected = dataset
+    clashing = ["vol.error", ".vol.pid", ".run", "vol.log"]
+    comment = " ".join([f"shardfs:vol={url},log_level=INFO", *(f"shardfs:{name}={url}" for name in clashing)])
+    script = READ_WITH_CLOUDVOLUME + '    cat "$SHARDFS_DIR/vol.log" > "$SLURM_JOB_ID.log"\n'
+    job = slurm.submit(script, comment)
+    assert slurm.ended(job) == "COMPLETED", slurm.output(job)
+    out = slurm.root / "out"
+    assert np.array_equal(np.load(out / f"{job}.npy"), expected)
+    assert "not mounted" not in slurm.output(job)
+    logged = (out / f"{job}.log").read_text()  # read by the job, as its user
+    assert "event=mounted" in logged and url.removeprefix("precomputed://") in logged, logged
+    assert not _mounted_under(slurm.jobs) and not (slurm.jobs / str(job)).exists()
+    assert slurm.node_state() == "idle"

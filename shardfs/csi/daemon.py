@@ -44,6 +44,7 @@ log = logging.getLogger("shardfs")
 # What serving may import only later (credentials.aws, for an s3:// source), imported while the daemon is still
 # root: where the interpreter lies under a directory its user cannot reach, an import after would fail.
 IMPORTED_FIRST = ("boto3", "botocore.session", "botocore.exceptions", "obstore.auth.boto3")
+LOG_MOST = 8 << 20  # bytes of a log file of its own (a Slurm job's) before it is begun again
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 
@@ -85,7 +86,8 @@ class _Naming(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         cache = served()
         target = self.targets.get(cache) if cache is not None else None
-        if target is not None:
+        if target is not None and getattr(record, "mount", None) != target:  # once, whichever handler asks
+            record.mount = target  # each volume has its own log budgets (logs.RateLimit)
             record.msg = f"{target}: ".replace("%", "%%") + str(record.msg)  # the message is a %-format
         return True
 
@@ -208,11 +210,11 @@ def main(argv: list[str]) -> int:
         print(f"shardfs csi daemon: {e}", file=sys.stderr)
         return 1
     log_to_terminal("WARNING")
-    log_to(None)
+    log_to(None, most=LOG_MOST)
     lifecycle.block_signals()  # before obstore's runtime starts a thread
     daemon = Daemon(sock, machine)
     for handler in logging.getLogger().handlers:
-        handler.addFilter(_Naming(daemon.named))
+        handler.filters.insert(0, _Naming(daemon.named))  # before the rate limit, which budgets by volume
     stopped = threading.Event()
 
     def stop(*_: object) -> None:

@@ -141,13 +141,14 @@ class Node:
     """The volumes published on this node, by target path."""
 
     def __init__(
-        self, run_dir: Path, uid: int = NOBODY, gid: int = NOBODY, home: str = "/nonexistent", machine: bool = False
+        self, run_dir: Path, uid: int = NOBODY, gid: int = NOBODY, home: str = "/nonexistent", machine: bool = False,
+        log: int | None = None,
     ) -> None:  # fmt: skip
         """Daemons run as uid:gid with HOME=home (where the AWS and gcloud tools keep a user's credentials). machine:
         whether a volume with no credentials of its own is read with the node's cloud identity (its EC2 instance
         role, its GCE service account): the admin's choice, off by default, or any pod could read any bucket the
-        node can."""
-        self.uid, self.gid, self.machine = uid, gid, machine
+        node can. log: where daemons write their log (a Slurm job's file); the plugin's stderr if None."""
+        self.uid, self.gid, self.machine, self.log = uid, gid, machine, log
         self.env = {**DAEMON_ENV, "HOME": home}
         self.published: dict[str, Published] = {}
         self.daemons: list[Daemon] = []
@@ -283,14 +284,14 @@ class Node:
 
     def _start_daemon(self, secrets: dict[str, str], watched: bool = True) -> Daemon:
         """A daemon in a session of its own (a signal to the plugin's group is not for it), logging to the
-        plugin's stderr; watched (see _watch) unless it replaces one, whose watch goes on with it."""
+        node's log, or the plugin's stderr; watched (see _watch) unless it replaces one, whose watch goes on."""
         ours, theirs = handoff.pair()
         with theirs:
             process = subprocess.Popen(
                 [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno()),
                  "machine" if self.machine else "own"],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=sys.stderr.fileno(), cwd="/",
-                env=self.env, start_new_session=True,
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=self.log or sys.stderr.fileno(),
+                stderr=self.log, cwd="/", env=self.env, start_new_session=True,
             )  # fmt: skip
         daemon = Daemon(process, ours, dict(secrets), self._kept)
         self.daemons.append(daemon)
