@@ -8,16 +8,19 @@ name where its marker file (zarr.json) is there. Everything else is the wrapped 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from cachetools import LRUCache
 
+from shardfs.cache import key_cost
 from shardfs.stores.protocol import Store
 
 log = logging.getLogger("shardfs")
-BY_NAME = 65536  # directories found by name kept (a few MB); one forgotten is found again from its parents
+BY_NAME = 1 << 20  # bytes of the directories found by name kept; one forgotten is found again from its parents
+CHUNK_KEY_DIRECTORY = re.compile(r"c|\d{1,20}")  # a zarr v3 chunk key's directories: `c/0/12/3`
 UNLISTED = (
     "a web server cannot list directories: only what the metadata names is listed (scales, meshes, groups and "
     "arrays, their info and zarr.json files, and sharded directories' chunks); other files, such as an "
@@ -50,7 +53,7 @@ class NamedListing:
         for path in self._files:
             parent, _, name = path.rpartition("/")
             self._children[parent][name] = False
-        self._by_name: LRUCache[str, bool] = LRUCache(BY_NAME)  # directories found by name (see _found_by_name)
+        self._by_name: LRUCache[str, bool] = LRUCache(BY_NAME, getsizeof=key_cost)  # see _found_by_name
         self._lock = threading.Lock()
         self._said = False
 
@@ -83,14 +86,16 @@ class NamedListing:
 
     def _found_by_name(self, path: str) -> bool:
         """Whether path is a directory where the store cannot say: a node no metadata names, known by its
-        marker file (its files then pass through as stored), or any name inside such a node that is not an
-        object itself (a chunk key's directories: nothing can tell one from an absent name, and the object
-        below it decides)."""
+        marker file (its files then pass through as stored), or inside such a node a name a chunk key's
+        directory can have (`c`, or a grid position) that is not an object itself: nothing can tell one from
+        an absent name, and the object below it decides. Any other made-up name is absent, and costs nothing
+        kept."""
         with self._lock:
             if path in self._by_name:
                 return True
-        parent = path.rpartition("/")[0]
-        inside = bool(parent) and parent not in self._files and self.store.type_of(parent) is None
+        parent, _, name = path.rpartition("/")
+        inside = bool(parent) and CHUNK_KEY_DIRECTORY.fullmatch(name) is not None
+        inside = inside and parent not in self._files and self.store.type_of(parent) is None
         if not (inside and self._found_by_name(parent)) and self.store.type_of(f"{path}/{self._marker}") != "file":
             return False
         with self._lock:
