@@ -94,6 +94,8 @@ def test_the_daemonset_wires_plugin_sidecars_and_kubelet_together() -> None:
     # Targets are under kubelet's pods directory, and the mounts made there must reach the host.
     [pods] = [m for m in plugin["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pods"]
     assert pods["mountPropagation"] == "Bidirectional"
+    assert Path(pods["mountPath"]).is_relative_to(parsed.kubelet_dir)  # where the plugin takes targets
+    assert not parsed.node_identity and not parsed.local_root  # a pod reads neither the node's identity nor its files
     assert volumes[pods["name"]]["hostPath"]["path"] == "/var/lib/kubelet/pods"
     assert volumes[_mount_named(plugin, "/dev/fuse")]["hostPath"]["type"] == "CharDevice"
     assert volumes[_mount_named(plugin, str(parsed.run_dir))]
