@@ -58,7 +58,7 @@ def mount(args: argparse.Namespace) -> int:
               f" digit, not ending {', '.join(OWN_SUFFIXES)}", file=sys.stderr)  # fmt: skip
         return 2
     log = _log_file(args.job_dir / f"{args.name}.log", args.uid, args.gid)
-    node = Node(args.job_dir / ".run", args.uid, args.gid, args.home, args.node_identity, log)
+    node = Node(args.job_dir / ".run", range(args.uid, args.uid + 1), args.gid, args.home, args.node_identity, log)
     point = args.job_dir / args.name
     try:
         ceilings = Ceilings(args.ceiling_cache_size, args.ceiling_max_file_size, args.ceiling_threads, CEILING_CONF)

@@ -1,6 +1,6 @@
 """`shardfs csi`, called over its unix socket as kubelet calls it: the CSI sanity suite's node-plugin cases
 (missing fields, idempotent publish and unpublish, capabilities and info), then real publishes of a remote
-dataset on a loopback server, served by a daemon running as uid 65534 with no capabilities and read through
+dataset on a loopback server, served by a daemon running as a uid of its own with no capabilities and read through
 the target path by tensorstore, cloud-volume and another user; an unpublish whose daemon hangs; the publish
 secret nowhere but the daemon's memory; two volumes served by one daemon, each with its own figures."""
 
@@ -30,7 +30,7 @@ import pytest
 import tensorstore as ts
 from cloudvolume import CloudVolume
 
-from shardfs.csi import DRIVER, handoff
+from shardfs.csi import DAEMON_UIDS, DRIVER, handoff
 from shardfs.csi import csi_pb2 as pb
 from shardfs.csi import csi_pb2_grpc as rpc
 from shardfs.csi import node as node_module
@@ -257,7 +257,9 @@ def test_publish_serves_the_dataset_from_an_unprivileged_daemon(plugin: Plugin, 
     assert {"ro", "allow_other", "default_permissions"} <= set(mounted.options.split(",") + _vfs(target))
     [daemon] = plugin.daemons()
     status = _status(daemon.pid)
-    assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
+    uid = int(status["Uid"].split()[0])
+    assert uid in DAEMON_UIDS and status["Uid"].split() == [str(uid)] * 4 and status["Gid"].split() == ["65534"] * 4
+    assert f"user_id={uid}" in mounted.options.split(",")  # the mount is its daemon's
     assert status["Groups"].strip() == ""
     assert all(int(status[c], 16) == 0 for c in ("CapInh", "CapPrm", "CapEff", "CapAmb"))
     assert status["NoNewPrivs"] == "1"
@@ -449,8 +451,10 @@ def test_the_publish_secret_is_nowhere_but_the_daemon(plugin: Plugin, raw_volume
 
 
 def _readable_by_another_daemon_user(pid: int) -> bool:
-    """Whether another process of uid 65534 (another volume's daemon) could read the daemon's environment."""
-    read = as_user((65534, 65534), "cat", f"/proc/{pid}/environ")
+    """Whether another process of the daemon's own uid (what a daemon of another volume was, before each had a
+    uid of its own) could read the daemon's environment: not while it is not dumpable."""
+    uid = int(_status(pid)["Uid"].split()[0])
+    read = as_user((uid, 65534), "cat", f"/proc/{pid}/environ")
     return read.returncode == 0
 
 
@@ -475,7 +479,7 @@ def test_one_daemon_serves_two_volumes_each_with_its_own_figures(plugin: Plugin,
     publish(plugin, a, {**attributes, "cacheSize": "16M"}, volume_id="vol-a")
     publish(plugin, b, {**attributes, "cacheSize": "8M", "logLevel": "DEBUG"}, volume_id="vol-b")  # a line a request
     [daemon] = plugin.daemons()
-    assert _status(daemon.pid)["Uid"].split() == ["65534"] * 4
+    assert int(_status(daemon.pid)["Uid"].split()[0]) in DAEMON_UIDS
     connections = {int(mountinfo.exactly_at(str(t)).device.split(":")[1]) for t in (a, b)}  # type: ignore[union-attr]
     assert _fuse_connections_held(daemon.pid) in (connections, {-1})  # -1: a kernel whose fdinfo does not say
 
@@ -733,3 +737,38 @@ def test_publishes_stuck_on_their_source_never_hold_up_an_unpublish(plugin: Plug
             for i, target in enumerate(targets):
                 unpublish(plugin, target, f"vol-stuck-{i}")
     assert not plugin.daemons()
+
+
+def test_daemons_of_different_secrets_cannot_signal_or_relimit_each_other(plugin: Plugin, server, raw_volume) -> None:
+    """Two tenants' volumes (different publish secrets) get two daemons, each a uid of its own from the plugin's
+    range, the mount its daemon's (user_id=): a compromised daemon, as its uid, can neither signal, nor renice,
+    nor prlimit the other (it could kill it four times a minute, and have the plugin give its volume up, when
+    all shared uid 65534). A daemon replaced after a kill keeps its predecessor's uid, the mount's user."""
+    _, twin, _ = raw_volume
+    a, b = plugin.pods / "tenant-a", plugin.pods / "tenant-b"
+    attributes = {"source": f"precomputed://{server.url}", "timeout": "20"}
+    publish(plugin, a, attributes, "vol-tenant-a", secrets={"AWS_ACCESS_KEY_ID": "tenant-a"})
+    publish(plugin, b, attributes, "vol-tenant-b", secrets={"AWS_ACCESS_KEY_ID": "tenant-b"})
+    try:
+        daemons = {int(_status(d.pid)["Uid"].split()[0]): d for d in plugin.daemons()}
+        assert len(daemons) == 2 and set(daemons) <= set(DAEMON_UIDS), daemons
+        for target in (a, b):
+            options = mountinfo.exactly_at(str(target)).options.split(",")  # type: ignore[union-attr]
+            assert any(f"user_id={uid}" in options for uid in daemons), options
+        (uid_a, _), (uid_b, pid_b) = ((u, d.pid) for u, d in sorted(daemons.items()))
+        for command in (["kill", "-0", str(pid_b)], ["renice", "-n", "19", "-p", str(pid_b)],
+                        ["prlimit", "--nofile=16:16", "--pid", str(pid_b)]):  # fmt: skip
+            done = as_user((uid_a, 65534), *command)
+            assert done.returncode != 0 and "not permitted" in done.stderr, (command, done)
+        assert as_user((uid_b, 65534), "kill", "-0", str(pid_b)).returncode == 0  # the check itself can succeed
+        daemons[uid_b].kill()
+        name = sorted(os.listdir(twin / "4_4_40"))[3]
+        # the replacement serves once it has answered; then it has long made itself its uid
+        assert (b / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        after = {int(_status(d.pid)["Uid"].split()[0]) for d in plugin.daemons()}
+        assert after == {uid_a, uid_b}  # the replacement took the uid the mount was made for
+        assert pid_b not in {d.pid for d in plugin.daemons()}
+    finally:
+        unpublish(plugin, a, "vol-tenant-a")
+        # the plugin may still be handing b to its new daemon: ABORTED until then, and retried, as kubelet does
+        assert wait_for(lambda: _error_of(lambda: unpublish(plugin, b, "vol-tenant-b")) is None, PATIENCE)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from shardfs.cli import parser
-from shardfs.csi import DRIVER, NOBODY
+from shardfs.csi import DAEMON_UIDS, DRIVER, NOBODY
 from shardfs.csi.server import socket_path
 from shardfs.csi.volume import volume_of
 
@@ -66,7 +66,7 @@ def test_the_daemonset_wires_plugin_sidecars_and_kubelet_together() -> None:
     args = [a.replace("$(NODE_NAME)", "node-1") for a in plugin["args"]]
     parsed = parser()[0].parse_args(args)
     assert parsed.command == "csi" and parsed.node_id == "node-1" and parsed.driver_name == DRIVER
-    assert parsed.daemon_user == (NOBODY, NOBODY)
+    assert parsed.daemon_user == (DAEMON_UIDS, NOBODY)  # a uid each
     assert any(e["name"] == "NODE_NAME" and e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
                for e in plugin["env"])  # fmt: skip
 

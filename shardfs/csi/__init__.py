@@ -8,6 +8,9 @@ from pathlib import Path
 
 DRIVER = "csi.shardfs.io"  # the CSIDriver's name: deploy/kubernetes/ names it too
 NOBODY = 65534
+# Daemons' uids by default: one each, so that none can signal, renice or re-limit another volume's. Below 2^31
+# (tools that read a uid as signed), above systemd's container and foreign-image ranges, unused by any distribution.
+DAEMON_UIDS = range(0x7FFF0000, 0x7FFFFFFF)
 CEILING_CACHE, CEILING_MAX_FILE, CEILING_THREADS = "1G", "256M", 64  # what one volume may ask at most, by default
 
 
@@ -17,12 +20,17 @@ def byte_size(text: str) -> int:
     return byte_size(text)
 
 
-def user_group(text: str) -> tuple[int, int]:
-    """'UID:GID' (numbers: the plugin's image may know no such names), neither of them root."""
-    uid, _, gid = text.partition(":")
-    if not (uid.isdigit() and gid.isdigit()) or int(uid) == 0 or int(gid) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not UID:GID of a user other than root")
-    return int(uid), int(gid)
+def user_group(text: str) -> tuple[range, int]:
+    """'UID:GID' or 'FIRST-LAST:GID' (numbers: the plugin's image may know no such names), none of them root: the
+    uids daemons take (one shared, or one each from the range) and their group."""
+    uids, _, gid = text.partition(":")
+    first, _, last = uids.partition("-")
+    last = last or first
+    if not (first.isdigit() and last.isdigit() and gid.isdigit()) or 0 in (int(first), int(gid)):
+        raise argparse.ArgumentTypeError(f"{text!r} is not UID:GID or FIRST-LAST:GID of users other than root")
+    if not int(first) <= int(last) < 0xFFFFFFFF:
+        raise argparse.ArgumentTypeError(f"{text!r}: the range {uids} is empty or reaches (uid_t) -1")
+    return range(int(first), int(last) + 1), int(gid)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,8 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-id", required=True, metavar="NAME", help="this node's name, as NodeGetInfo answers it")
     p.add_argument("--driver-name", default=DRIVER, metavar="NAME", help="the CSIDriver's name")
     p.add_argument(
-        "--daemon-user", type=user_group, default=(NOBODY, NOBODY), metavar="UID:GID",
-        help="the unprivileged user each volume's daemon runs as (default: 65534:65534, nobody)",
+        "--daemon-user", type=user_group, default=(DAEMON_UIDS, NOBODY), metavar="FIRST-LAST:GID",
+        help="the unprivileged users volumes' daemons run as: a uid each from FIRST-LAST, so that no daemon can"
+        " signal or re-limit another's (or UID:GID, one uid they all share), in group GID"
+        f" (default: {DAEMON_UIDS.start}-{DAEMON_UIDS.stop - 1}:{NOBODY})",
     )  # fmt: skip
     p.add_argument(
         "--node-identity", action="store_true",

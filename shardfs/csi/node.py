@@ -72,9 +72,9 @@ class Daemon:
 
     def __init__(
         self, process: subprocess.Popen[bytes], sock: socket.socket, secrets: dict[str, str],
-        kept: Callable[[str, int], None],
+        kept: Callable[[str, int], None], uid: int = NOBODY,
     ) -> None:  # fmt: skip
-        self.process, self.sock, self.secrets = process, sock, secrets
+        self.process, self.sock, self.secrets, self.uid = process, sock, secrets, uid
         self.targets: set[str] = set()
         self.restarts: list[float] = []  # when daemons before this one were replaced lately (monotonic)
         self.unanswering = False  # it let a publish wait READY_TIMEOUT (stopped, wedged): no volume goes to it again
@@ -141,14 +141,15 @@ class Node:
     """The volumes published on this node, by target path."""
 
     def __init__(
-        self, run_dir: Path, uid: int = NOBODY, gid: int = NOBODY, home: str = "/nonexistent", machine: bool = False,
-        log: int | None = None,
+        self, run_dir: Path, uids: range = range(NOBODY, NOBODY + 1), gid: int = NOBODY, home: str = "/nonexistent",
+        machine: bool = False, log: int | None = None,
     ) -> None:  # fmt: skip
-        """Daemons run as uid:gid with HOME=home (where the AWS and gcloud tools keep a user's credentials). machine:
+        """Daemons run as a uid of uids (one each, or the one they share: see free_uid) and gid, with HOME=home
+        (where the AWS and gcloud tools keep a user's credentials). machine:
         whether a volume with no credentials of its own is read with the node's cloud identity (its EC2 instance
         role, its GCE service account): the admin's choice, off by default, or any pod could read any bucket the
         node can. log: where daemons write their log (a Slurm job's file); the plugin's stderr if None."""
-        self.uid, self.gid, self.machine, self.log = uid, gid, machine, log
+        self.uids, self.gid, self.machine, self.log = uids, gid, machine, log
         self.env = {**DAEMON_ENV, "HOME": home}
         self.published: dict[str, Published] = {}
         self.daemons: list[Daemon] = []
@@ -229,16 +230,19 @@ class Node:
             log.info("published %s at %s", volume_id, target, extra={"event": "published"})
 
     def _publish(self, volume_id: str, target: str, volume: Volume) -> None:
+        daemon = self._daemon_for(target, volume)  # first: the mount is made for its uid
         try:
-            fd = mount(Path(target), kernel_mount(volume, (self.uid, self.gid)))
+            fd = mount(Path(target), kernel_mount(volume, (daemon.uid, self.gid)))
         except (FuseMountError, OSError) as e:
+            self._let_go(daemon, target)
             raise NodeError("INTERNAL", str(e)) from None
         try:
             connection = connection_of(fd) or _connection(target)
             keeper.keep(self.keeper, target, [fd])
-            daemon, answer = self._served(target, volume, [fd])
+            answer = daemon.serve(target, volume, [fd])
         except ServiceError as e:
             self._end(target, connection)
+            self._let_go(daemon, target)
             raise NodeError("INTERNAL", str(e)) from None
         finally:
             os.close(fd)  # the keeper's copy is the one a next daemon takes
@@ -256,16 +260,31 @@ class Node:
         why = answer.removeprefix(handoff.FAILED) or f"its daemon exited ({daemon.process.wait()})"
         raise NodeError("INTERNAL", f"volume {volume_id}: {why}")
 
-    def _served(self, target: str, volume: Volume, fds: list[int]) -> tuple[Daemon, str]:
-        """The daemon handed target (one serving volumes with the same publish secret, or a new one), and its
-        answer: READY, or why not (then the caller lets it go)."""
+    def _daemon_for(self, target: str, volume: Volume) -> Daemon:
+        """The daemon to serve target: one serving volumes with the same publish secret, or a new one, with a uid
+        of its own. target is counted as its from here, so that it is not let go meanwhile."""
         with self._sharing:
             shared = (d for d in self.daemons if d.alive and not d.unanswering and d.secrets == volume.secrets)
             daemon = next(shared, None)
             if daemon is None:
-                daemon = self._start_daemon(volume.secrets)
-            daemon.targets.add(target)  # before the answer: it must not be let go meanwhile
-        return daemon, daemon.serve(target, volume, fds)
+                try:
+                    daemon = self._start_daemon(volume.secrets, self._free_uid())
+                except OSError as e:
+                    raise NodeError("INTERNAL", f"{target}: no daemon could be started ({e})") from None
+            daemon.targets.add(target)
+        return daemon
+
+    def _free_uid(self) -> int:
+        """A uid no live daemon has (with _sharing held): each daemon its own, so that none can signal, renice or
+        `prlimit` another (they would share a uid otherwise). A range of one uid is shared by all."""
+        if len(self.uids) == 1:
+            return self.uids[0]
+        taken = {d.uid for d in self.daemons}
+        uid = next((u for u in self.uids if u not in taken), None)
+        if uid is None:
+            raise NodeError("RESOURCE_EXHAUSTED", f"every uid of --daemon-user {self.uids.start}-"
+                            f"{self.uids.stop - 1} has a daemon")  # fmt: skip
+        return uid
 
     def _kept(self, target: str, record: int) -> None:
         """The record of a daemon's fresh connection, kept beside the /dev/fuse descriptor this plugin mounted at
@@ -282,18 +301,18 @@ class Node:
             for fd in [*held, record]:
                 os.close(fd)
 
-    def _start_daemon(self, secrets: dict[str, str], watched: bool = True) -> Daemon:
+    def _start_daemon(self, secrets: dict[str, str], uid: int, watched: bool = True) -> Daemon:
         """A daemon in a session of its own (a signal to the plugin's group is not for it), logging to the
         node's log, or the plugin's stderr; watched (see _watch) unless it replaces one, whose watch goes on."""
         ours, theirs = handoff.pair()
         with theirs:
             process = subprocess.Popen(
-                [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(self.uid), str(self.gid), str(theirs.fileno()),
+                [sys.executable, "-I", "-m", "shardfs.csi.daemon", str(uid), str(self.gid), str(theirs.fileno()),
                  "machine" if self.machine else "own"],
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=self.log or sys.stderr.fileno(),
                 stderr=self.log, cwd="/", env=self.env, start_new_session=True,
             )  # fmt: skip
-        daemon = Daemon(process, ours, dict(secrets), self._kept)
+        daemon = Daemon(process, ours, dict(secrets), self._kept, uid)
         self.daemons.append(daemon)
         if watched:
             threading.Thread(target=self._watch, args=(daemon,), name="shardfs-csi-reaper", daemon=True).start()
@@ -361,7 +380,8 @@ class Node:
             try:
                 with self._sharing:
                     if after is None:
-                        after = self._start_daemon(published.volume.secrets, watched=False)
+                        # its predecessor's uid: the user the connection was mounted for
+                        after = self._start_daemon(published.volume.secrets, published.daemon.uid, watched=False)
                         after.restarts = [*restarts, time.monotonic()]
                     after.targets.add(target)
             except OSError as e:  # it could not even start
