@@ -20,7 +20,7 @@ import signal
 import sys
 from pathlib import Path
 
-from shardfs.csi import CEILING_CACHE, CEILING_MAX_FILE, CEILING_THREADS, byte_size
+from shardfs.csi import add_ceilings
 from shardfs.csi.node import Node, NodeError
 from shardfs.csi.volume import ATTRIBUTES, BadVolume, Ceilings, volume_of
 from shardfs.service import mountinfo
@@ -124,9 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--gid", type=int, required=True)
     m.add_argument("--home", default="/nonexistent")
     m.add_argument("--node-identity", action="store_true")  # the Prolog's SHARDFS_NODE_IDENTITY=1
-    m.add_argument("--ceiling-cache-size", type=byte_size, default=CEILING_CACHE)  # SHARDFS_CEILING_CACHE_SIZE
-    m.add_argument("--ceiling-max-file-size", type=byte_size, default=CEILING_MAX_FILE)
-    m.add_argument("--ceiling-threads", type=int, default=CEILING_THREADS)
+    add_ceilings(m)  # the Prolog's SHARDFS_CEILING_*
     m.add_argument("job_dir", type=Path)
     m.add_argument("name")
     m.add_argument("source")

@@ -33,6 +33,16 @@ def user_group(text: str) -> tuple[range, int]:
     return range(int(first), int(last) + 1), int(gid)
 
 
+def add_ceilings(p: argparse.ArgumentParser) -> None:
+    """The admin's ceilings on what one volume (or Slurm job's dataset) may ask: see csi.volume.Ceilings."""
+    for flag, kind, default, metavar, what in (
+        ("--ceiling-cache-size", byte_size, CEILING_CACHE, "SIZE", "cacheSize (cache_size)"),
+        ("--ceiling-max-file-size", byte_size, CEILING_MAX_FILE, "SIZE", "maxFileSize (max_file_size)"),
+        ("--ceiling-threads", int, CEILING_THREADS, "N", "session threads (max_threads)"),
+    ):
+        p.add_argument(flag, type=kind, default=default, metavar=metavar, help=f"the most a volume's {what} may be")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--endpoint", required=True, metavar="unix:///PATH",
@@ -60,18 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"), metavar="DIR",
         help="kubelet's directory: every target path must lie under it, or the call is refused",
     )  # fmt: skip
-    p.add_argument(
-        "--ceiling-cache-size", type=byte_size, default=CEILING_CACHE, metavar="SIZE",
-        help="the most a volume's cacheSize may be: daemons are shared by volumes of the same secret",
-    )  # fmt: skip
-    p.add_argument(
-        "--ceiling-max-file-size", type=byte_size, default=CEILING_MAX_FILE, metavar="SIZE",
-        help="the most a volume's maxFileSize may be",
-    )  # fmt: skip
-    p.add_argument(
-        "--ceiling-threads", type=int, default=CEILING_THREADS, metavar="N",
-        help="the most session threads a volume's mountOptions may ask for (max_threads)",
-    )  # fmt: skip
+    add_ceilings(p)
     p.add_argument(
         "--run-dir", type=Path, default=Path("/run/shardfs-csi"), metavar="DIR",
         help="the plugin's own directory (a fusectl mount, where /sys/fs/fuse/connections has none)",
