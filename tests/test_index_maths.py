@@ -217,3 +217,17 @@ def test_fragment_bytes_from_manifest() -> None:
     huge = bytearray(manifest([[1]]))
     huge[24:28] = struct.pack("<I", 2**32 - 1)  # a num_lods that would overrun
     assert fragment_bytes(bytes(huge)) is None
+
+
+def test_where_a_minishards_bytes_begin() -> None:
+    """The bytes before a minishard index run back to the end of the index that ends last before it (empty rows
+    aside), or to the end of the shard index: in tensorstore's layout, exactly the minishard's chunks."""
+    from shardfs.shards.neuroglancer import preceding_ends, span_start
+
+    rows = np.array([[100, 130], [0, 0], [30, 60], [160, 200], [130, 130]], dtype="<u8")
+    ends = preceding_ends(rows)
+    assert ends.tolist() == [60, 130, 200]
+    assert span_start(ends, 30) == 0  # the first: from the end of the shard index
+    assert span_start(ends, 100) == 60
+    assert span_start(ends, 160) == 130
+    assert span_start(ends, 130) == 130  # nothing between: the caller reads the index alone

@@ -271,3 +271,45 @@ def test_a_shard_the_server_refuses_leaves_its_directories_found_and_its_chunks_
         assert read_errno(m.path / "c" / "0" / "0" / "0") == errno.EACCES
         assert (m.path / "c" / "3" / "2" / "2").read_bytes() == inner_chunk(written, (3, 2, 2))  # shard c/1/1/1
         assert "c/0/0/0" in m.log_text()
+
+
+@pytest.mark.parametrize(("minishard_bits", "gets"), [(5, 8), (4, 8 + 32)], ids=["5 a minishard", "10 a minishard"])
+def test_a_minishards_chunks_come_with_its_index_in_one_get(tmp_path, mount, minishard_bits, gets) -> None:
+    """tensorstore writes each minishard's chunks right before its index. Once a first minishard has shown the
+    directory's minishards to be small (at most 8 chunks), a cold key's read fetches its minishard's index and
+    the bytes before it in one GET, checks every entry lies there, and serves the minishard's other keys from
+    those bytes: one GET a minishard instead of two in sequence a key. Keys read at random from 8 minishards of
+    one shard, 4 each. Minishards of 10 chunks are read as before (an index, then a GET a key): a random read
+    there would fetch 10 times what it serves."""
+    spec = peers.sharding_spec(preshift_bits=0, minishard_bits=minishard_bits, shard_bits=0, data_encoding="gzip")
+    rng = np.random.default_rng(7)
+    items = {key: rng.integers(0, 9, 3000, dtype=np.uint8).tobytes() for key in range(1, 160)}
+    peers.write_tensorstore_kv(tmp_path / "kv", items, sharding=spec)
+    by_minishard: dict[int, list[int]] = {}
+    for key in items:
+        by_minishard.setdefault(home(spec, key)[1], []).append(key)
+    chosen = [keys[:4] for keys in by_minishard.values() if len(keys) >= 4][:9]
+    assert len(chosen) == 9, by_minishard
+    first, rest = chosen[0], chosen[1:]
+    with RangeServer(tmp_path / "kv").running() as server:
+        m = mount(server.url)
+        assert (m.path / str(first[0])).read_bytes() == items[first[0]]  # the shard index, the index, the key: 3
+        before = counted(server)
+        wanted = [key for keys in rest for key in keys]
+        for key in [wanted[i] for i in rng.permutation(len(wanted))]:
+            assert (m.path / str(key)).read_bytes() == items[key], key
+        cold = counted(server) - before
+    assert cold == Counter({"GET": gets}), cold  # where an index, then a GET a key, cost 8 + 32 before
+
+
+def test_a_minishard_whose_chunks_lie_elsewhere_is_read_as_it_is_stored(tmp_path, mount) -> None:
+    """The spec promises no layout: where the bytes before a minishard index are not its chunks (here the
+    shard index of cloud-volume's layout is followed by all the chunks, then the indexes side by side), nothing
+    read there is served; each key reads right."""
+    spec = peers.sharding_spec(preshift_bits=0, minishard_bits=3, shard_bits=0, data_encoding="raw")
+    items = {key: f"value of {key}".encode() * 40 for key in range(1, 200)}
+    write_cloudvolume_kv(tmp_path / "kv", spec, items)
+    with RangeServer(tmp_path / "kv").running() as server:
+        m = mount(server.url)
+        for key in items:
+            assert (m.path / str(key)).read_bytes() == items[key], key

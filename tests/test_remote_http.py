@@ -295,8 +295,8 @@ def test_cache_dir_serves_a_later_mount_and_stays_in_budget(volume, server, moun
 
 def test_gzip_chunks_of_raw_voxels_are_stated_without_their_data(tmp_path, mount) -> None:
     """A gzip chunk of raw voxels has its size from the grid (clipped at the edges, channels included):
-    a lookup reads indexes only, never the chunk; each read then costs one GET, and the bytes are the
-    unsharded twin's."""
+    a lookup reads indexes only, never the chunk alone (a minishard's chunks may come with its index, in the
+    same GET); each read then costs one GET at most, and the bytes are the unsharded twin's."""
     source, twin = tmp_path / "src", tmp_path / "twin"
     peers.write_tensorstore_volume(source, dtype="uint16", num_channels=2, data_encoding="gzip", unsharded_twin=twin)
     with RangeServer(source).running() as server:
@@ -310,7 +310,7 @@ def test_gzip_chunks_of_raw_voxels_are_stated_without_their_data(tmp_path, mount
         before = server.gets(".shard")
         for name in names:
             assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
-        assert server.gets(".shard") - before == len(names)
+        assert server.gets(".shard") - before <= len(names)
 
 
 @pytest.mark.parametrize(

@@ -160,6 +160,22 @@ def _array(values: np.ndarray) -> array[int]:
 EMPTY = MinishardIndex.decode(b"", 0)
 
 
+def preceding_ends(rows: np.ndarray) -> np.ndarray:
+    """The sorted ends of a shard index's non-empty rows: where each minishard index ends, relative to the end of
+    the shard index (see span_start)."""
+    used = rows[rows[:, 1] != rows[:, 0]]
+    return np.sort(used[:, 1])
+
+
+def span_start(ends: np.ndarray, start: int) -> int:
+    """Where the bytes that lie between the minishard index before (the one ending last at or before start) and
+    a minishard index starting at start begin, relative to the end of the shard index: 0 if none ends before.
+    In tensorstore's layout a minishard's chunks are exactly those bytes; the spec promises no layout, so what
+    is read there is checked against the decoded index before it is used."""
+    i = int(np.searchsorted(ends, start, side="right"))
+    return int(ends[i - 1]) if i else 0
+
+
 def adjacent(rows: np.ndarray, index_size: int, size: int) -> tuple[int, int] | None:
     """Where in the file a shard index's non-empty rows are, [start, stop), if they follow one another with no
     gap (in any order), inside the file and within MINISHARD_BATCH bytes; else None."""

@@ -27,7 +27,16 @@ from shardfs.shards.listing import (
     Read,
     in_order,
 )
-from shardfs.shards.neuroglancer import EMPTY, MINISHARD_INDEX_LIMIT, SUFFIXES, MinishardIndex, ShardingSpec, adjacent
+from shardfs.shards.neuroglancer import (
+    EMPTY,
+    MINISHARD_INDEX_LIMIT,
+    SUFFIXES,
+    MinishardIndex,
+    ShardingSpec,
+    adjacent,
+    preceding_ends,
+    span_start,
+)
 from shardfs.stores.protocol import JoinedFile, Range, Store, StoredFile
 
 log = logging.getLogger("shardfs")
@@ -35,6 +44,13 @@ log = logging.getLogger("shardfs")
 PROBED_SHARDS = 4096  # the most shard names asked for, one by one, to list a directory that cannot be listed
 PROBES_AT_ONCE = 16
 SHARD_INDEX_READ = 64 << 10  # a shard index up to this size (minishard_bits <= 12) comes whole with its shard's opening
+# A key's minishard index is read with the bytes before it, back to the index before, in one request (in
+# tensorstore's layout, the minishard's chunks: a cold chunk then costs one round trip, not two in sequence),
+# where the store's reads wait on a network, those bytes are at most WHOLE_MINISHARD_BYTES, and the minishards
+# decoded so far in the directory hold at most WHOLE_MINISHARD_CHUNKS chunks on average: a random read then
+# fetches about that many times the bytes it serves, never more than that many bytes.
+WHOLE_MINISHARD_BYTES = 1 << 20
+WHOLE_MINISHARD_CHUNKS = 8
 
 
 @dataclass(frozen=True)
@@ -48,10 +64,30 @@ class OpenShard:
     file: StoredFile
     index: np.ndarray | None
     batch: tuple[int, int] | None
+    ends: np.ndarray | None = None  # where each minishard index ends (preceding_ends), with a whole index
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.index is None else self.index.nbytes
+        return sum(a.nbytes for a in (self.index, self.ends) if a is not None)
+
+
+@dataclass(frozen=True)
+class HeldChunks:
+    """The bytes before a minishard's index, read with it, [start, start + len(data)), kept once its decoded
+    index showed every chunk of it lies there: its chunks' reads are served from them."""
+
+    start: int
+    data: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    def cut(self, start: int, stop: int) -> bytes | None:
+        """The bytes [start, stop), or None where they are not all held."""
+        if self.start <= start <= stop <= self.start + len(self.data):
+            return self.data[start - self.start : stop - self.start]
+        return None
 
 
 class NeuroglancerKV(ShardedKV):
@@ -64,6 +100,8 @@ class NeuroglancerKV(ShardedKV):
         # The largest decoded value: one file's cap, unless the format knows better (volumes do).
         self.value_limit = cache.max_value
         self._budget_said = False  # whether a listing's running out of budget was logged (once a directory)
+        self._whole = store.reads_at_once > 1  # round trips cost: a minishard's chunks may come with its index
+        self._decoded = [0, 0]  # minishard indexes decoded in this directory, and their chunks (racy counts)
 
     def shard_path(self, shard: int, suffix: str = "shard") -> str:
         return self.path(self.spec.shard_name(shard, suffix))
@@ -92,7 +130,7 @@ class NeuroglancerKV(ShardedKV):
             if not whole:
                 first.append(tuple(rows[0].tolist()))
                 return OpenShard(shard, file, None, None)
-            return OpenShard(shard, file, rows, adjacent(rows, index_size, file.size))
+            return OpenShard(shard, file, rows, adjacent(rows, index_size, file.size), preceding_ends(rows))
 
         opened = self.cache.get_or_make(self.opened_cache_key(shard), make)
         self._index_size(opened.file, key)
@@ -136,7 +174,7 @@ class NeuroglancerKV(ShardedKV):
             opened, entry = self.open_shard(shard, minishard, key)
         except FileNotFoundError:
             return None  # a missing shard holds no keys
-        found = self.minishard(opened, minishard, entry, key).find(key)
+        found = self.minishard(opened, minishard, entry, key, whole=True).find(key)
         if found is None:
             return None
         start, stop = found
@@ -145,12 +183,18 @@ class NeuroglancerKV(ShardedKV):
             raise CorruptChunk(file.path, key, f"data range [{start}, {stop}) lies outside the file")
         return Extent(file, key, start, stop)
 
-    def minishard(self, opened: OpenShard, minishard: int, entry: tuple[int, int], key: object = "?") -> MinishardIndex:
-        """One minishard's index, whose shard index entry is entry, cached under its shard's version."""
-        make = lambda: self._read_minishard(opened, minishard, key, entry)  # noqa: E731
+    def minishard(
+        self, opened: OpenShard, minishard: int, entry: tuple[int, int], key: object = "?", whole: bool = False
+    ) -> MinishardIndex:  # fmt: skip
+        """One minishard's index, whose shard index entry is entry, cached under its shard's version. whole: a
+        key's read, which may have the minishard's chunks come with the index (see WHOLE_MINISHARD_BYTES); a
+        listing reads indexes alone."""
+        make = lambda: self._read_minishard(opened, minishard, key, entry, whole)  # noqa: E731
         return self.cache.get_or_make(self.cache_key("minishard", opened.file, minishard), make)
 
-    def _read_minishard(self, opened: OpenShard, minishard: int, key: object, entry: tuple[int, int]) -> MinishardIndex:
+    def _read_minishard(
+        self, opened: OpenShard, minishard: int, key: object, entry: tuple[int, int], whole: bool
+    ) -> MinishardIndex:  # fmt: skip
         file = opened.file
         index_size = self._index_size(file, key)
         start, stop = entry[0] + index_size, entry[1] + index_size
@@ -159,21 +203,50 @@ class NeuroglancerKV(ShardedKV):
             raise CorruptChunk(file.path, key, why)
         if start == stop:
             return EMPTY
+        first = self._chunks_start(opened, start, stop) if whole else None
         try:
-            return MinishardIndex.decode(self._minishard_bytes(opened, start, stop), index_size)
+            if first is None:
+                index = MinishardIndex.decode(self._minishard_bytes(opened, start, stop), index_size)
+            else:
+                raw = file.read(first, stop)
+                index = MinishardIndex.decode(self._decode_index(raw[start - first :]), index_size)
+                if len(index.keys) and min(index.starts) >= first and max(index.stops) <= start:
+                    held = HeldChunks(first, raw[: start - first])
+                    self.cache.get_or_make(self.cache_key("chunks", file, minishard), lambda: held)
         except ValueError as e:
             raise CorruptChunk(file.path, key, f"minishard {minishard} index: {e}") from e
+        self._decoded[0] += 1
+        self._decoded[1] += len(index.keys)
+        return index
+
+    def _chunks_start(self, opened: OpenShard, start: int, stop: int) -> int | None:
+        """Where the bytes to read with a minishard index [start, stop) begin (see WHOLE_MINISHARD_BYTES), or None
+        to read the index alone: a local store, a shard index not read whole, indexes batched (cloud-volume's
+        layout, where they lie together at the end), nothing before it, too many bytes, or minishards that
+        hold too many chunks so far (none decoded yet: the first is read alone, and counted)."""
+        if not self._whole or opened.ends is None or not self._decoded[0]:
+            return None
+        if opened.batch is not None and opened.batch[0] <= start <= stop <= opened.batch[1]:
+            return None
+        if self._decoded[1] > WHOLE_MINISHARD_CHUNKS * self._decoded[0]:
+            return None
+        index_size = self.spec.shard_index_size
+        first = span_start(opened.ends, start - index_size) + index_size
+        return first if first < start and stop - first <= WHOLE_MINISHARD_BYTES else None
 
     def _minishard_bytes(self, opened: OpenShard, start: int, stop: int) -> bytes:
         """A minishard index's decoded bytes: cut from its shard's batch where it has one (all its minishard
         indexes, read by the first of them wanted, and kept in the cache), else read alone."""
-        encoding, file = self.spec.minishard_index_encoding, opened.file
+        file = opened.file
         if opened.batch is None or not opened.batch[0] <= start <= stop <= opened.batch[1]:
-            return self._read_encoded(file, start, stop, encoding, MINISHARD_INDEX_LIMIT)
+            return self._read_encoded(file, start, stop, self.spec.minishard_index_encoding, MINISHARD_INDEX_LIMIT)
         first, last = opened.batch
         batch = self.cache.get_or_make(self.cache_key("minishards", file), lambda: file.read(first, last))
-        raw = batch[start - first : stop - first]
-        return gunzip(raw, MINISHARD_INDEX_LIMIT) if encoding == "gzip" else raw
+        return self._decode_index(batch[start - first : stop - first])
+
+    def _decode_index(self, raw: bytes) -> bytes:
+        """A minishard index's stored bytes with its encoding undone."""
+        return gunzip(raw, MINISHARD_INDEX_LIMIT) if self.spec.minishard_index_encoding == "gzip" else raw
 
     def _index_size(self, file: StoredFile, key: object) -> int:
         size = self.spec.shard_index_size
@@ -181,11 +254,15 @@ class NeuroglancerKV(ShardedKV):
             raise CorruptChunk(file.path, key, f"file is {file.size} bytes, shorter than its {size}-byte shard index")
         return size
 
-    def _read_encoded(self, file: StoredFile, start: int, stop: int, encoding: str, limit: int) -> bytes:
+    def _read_encoded(
+        self, file: StoredFile, start: int, stop: int, encoding: str, limit: int, held: bytes | None = None
+    ) -> bytes:  # fmt: skip
         """Read and decode a stored range (`raw` or `gzip`), the output bounded by limit (ValueError past
-        it); a range longer than its decoded limit is refused unread."""
+        it); a range longer than its decoded limit is refused unread. held: its bytes, if read already."""
         if stop - start > limit + 1024:
             raise OverLimit(f"{stop - start} stored bytes exceed the {limit}-byte limit", limit, stop - start)
+        if held is not None:
+            return gunzip(held, limit) if encoding == "gzip" else held
         if encoding == "gzip":  # a large value is read as it is decoded, so as not to be held twice
             small = stop - start <= self.store.piece_size
             return gunzip(file.read(start, stop) if small else file.pieces(start, stop), limit)
@@ -194,9 +271,18 @@ class NeuroglancerKV(ShardedKV):
     def value(self, chunk: Extent) -> bytes:
         """The stored value with `data_encoding` undone."""
         try:
-            return self._read_encoded(chunk.file, chunk.start, chunk.stop, self.spec.data_encoding, self.value_limit)
+            return self._read_encoded(
+                chunk.file, chunk.start, chunk.stop, self.spec.data_encoding, self.value_limit, self._held(chunk)
+            )  # fmt: skip
         except ValueError as e:
             raise CorruptChunk(chunk.shard, chunk.key, str(e)) from e
+
+    def _held(self, chunk: Extent) -> bytes | None:
+        """The chunk's stored bytes, if they came with its minishard's index and are still kept."""
+        if not self._whole or not isinstance(chunk.key, int):
+            return None
+        found = self.cache.get(self.cache_key("chunks", chunk.file, self.spec.shard_and_minishard(chunk.key)[1]))
+        return found.cut(chunk.start, chunk.stop) if isinstance(found, HeldChunks) else None
 
     def shards(self) -> Iterator[ShardFile]:
         """Each shard present, once, called by its `.shard`, or its pair, in the order of their numbers: a
