@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import zarr
 
+import shardfs
 from shardfs.fuse.listing import WORKERS
 from shardfs.service.daemon import REMOTE_THREADS
 from shardfs.shards.listing import LISTING_BLOCK, LISTING_BUDGET
@@ -269,6 +270,9 @@ def test_remembered_objects_cost_at_most_their_bound_and_absence_costs_nothing_m
         assert server.requests[("HEAD", "object-0000")] == heads + 1  # forgotten, asked for again
 
 
+PACKAGE = Path(shardfs.__file__).parent  # the package's own files: not the tests' beside it, whatever the clone's name
+
+
 def snapshot() -> tracemalloc.Snapshot:
     """What is allocated now, garbage collected first (an error's traceback and its frames form cycles)."""
     gc.collect()
@@ -278,5 +282,5 @@ def snapshot() -> tracemalloc.Snapshot:
 def grown(before: tracemalloc.Snapshot, after: tracemalloc.Snapshot) -> int:
     """Bytes allocated between two snapshots and still held, by shardfs's code (not the test's server, which
     runs in this process and keeps every request's headers)."""
-    ours = [tracemalloc.Filter(True, "*/shardfs/*", all_frames=True)]
+    ours = [tracemalloc.Filter(True, f"{PACKAGE}{os.sep}*", all_frames=True)]
     return sum(stat.size_diff for stat in after.filter_traces(ours).compare_to(before.filter_traces(ours), "filename"))
