@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -134,3 +135,37 @@ def test_missing_shard_means_absent_chunks(pristine, corrupted, mount) -> None:
     for name, *_ in chunks["1.shard"]:
         assert not (m.path / "1_1_1" / name).exists()
     assert_rest_healthy(m.path, pristine, chunks, "1.shard")
+
+
+@pytest.mark.parametrize("how", ["rewritten", "deleted"])
+def test_a_source_deleted_or_rewritten_under_the_mount_is_eio_never_fill_values(tmp_path, mount, how) -> None:
+    """zarr-python's open_group(mode='w') removes the directory and writes it again: a mount of the old one
+    must not show the array as absent chunks (zarr-python would read zeros without an error). Reads that find
+    nothing fail EIO, with one log line saying what happened and what to do; a remount serves the new data."""
+    import zarr
+
+    root = tmp_path / "brain.zarr"
+
+    def write(value: int) -> np.ndarray:
+        data = np.full((16, 16), value, dtype="uint16")
+        group = zarr.open_group(root, mode="w", zarr_format=3)
+        group.create_array("raw", shape=data.shape, dtype=data.dtype, chunks=(4, 4), shards=(8, 8))[...] = data
+        return data
+
+    first = write(7)
+    m = mount(root)
+    array = zarr.open_array(m.path / "raw", mode="r")
+    assert np.array_equal(array[:8, :8], first[:8, :8])  # one shard read: the rest is cold
+    if how == "rewritten":
+        write(9)
+    else:
+        shutil.rmtree(root)
+    with pytest.raises(OSError) as e:
+        zarr.open_array(m.path / "raw", mode="r")[8:, 8:]
+    assert e.value.errno == errno.EIO or "Input/output error" in str(e.value), e.value
+    assert_eio(m.path / "raw" / "c" / "3" / "3")
+    said = [line for line in m.log_text().splitlines() if "event=source_gone" in line]
+    assert len(said) == 1 and "unmount and mount again" in said[0], m.log_text()
+    if how == "rewritten":
+        again = mount(root)
+        assert np.array_equal(zarr.open_array(again.path / "raw", mode="r")[...], np.full((16, 16), 9, "uint16"))

@@ -5,6 +5,11 @@ component at a time, each opened relative to its parent's descriptor with `O_NOF
 followed, and swapping a directory for a link between a check and a use has no window to exploit. The
 owner and mode a node is shown with are narrowed by every directory on the way to it, so the mount lets
 read exactly what the source would, never more.
+
+The root is held open: a source deleted or replaced under the mount (a writer that removes its directory and
+writes it again) would otherwise look empty, every chunk absent, and readers such as zarr-python would read
+an array of fill values without an error. So whatever is found absent is checked against the root first: once
+the root is gone (no links left, or its path names another directory), absent is EIO, said once in the log.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import errno
 import functools
 import io
+import logging
 import os
 import stat
 import weakref
@@ -24,6 +30,7 @@ from shardfs.context import Context
 from shardfs.stores.protocol import ByteRange, Owner, StoreChanged, StoredFile
 
 T = TypeVar("T")
+log = logging.getLogger("shardfs")
 
 
 class LocalStore:
@@ -48,6 +55,32 @@ class LocalStore:
         # The caches call back weakly, so that a store nobody holds is freed (its files closed) at once.
         self._file = functools.lru_cache(maxsize=max_open)(_weakly(self._open))
         self._dirs = functools.lru_cache(maxsize=4096)(_weakly(self._directories))
+        self._gone_said = False
+
+    def _absent(self, e: OSError, path: str) -> OSError:
+        """What a failed open beneath the root means (see _absent); ENOENT becomes EIO once the root is gone."""
+        found = _absent(e, path)
+        if isinstance(found, FileNotFoundError) and (gone := self._root_gone()) is not None:
+            return gone
+        return found
+
+    def _root_gone(self) -> OSError | None:
+        """EIO, said once, if the root held open was deleted or its path now names another directory."""
+        held = os.fstat(self._root)
+        try:
+            now = os.stat(self.root)
+            replaced = (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
+        except OSError:
+            replaced = True
+        if held.st_nlink and not replaced:  # a directory has links while it is there (its name and ".")
+            return None
+        why = "deleted" if not held.st_nlink else "replaced by another directory"
+        if not self._gone_said:
+            self._gone_said = True
+            log.error("%s: the source directory was %s since it was mounted: its files fail (EIO) rather than look"
+                      " absent; unmount and mount again to serve what is there now", self.root, why,
+                      extra={"event": "source_gone"})  # fmt: skip
+        return OSError(errno.EIO, f"the source directory was {why} since it was mounted", str(self.root))
 
     # -- resolving beneath the root -----------------------------------------------------------------------------------
 
@@ -69,7 +102,7 @@ class LocalStore:
                 fd = opened
         except OSError as e:
             os.close(fd)
-            raise _absent(e, self.where("/".join(parts))) from None
+            raise self._absent(e, self.where("/".join(parts))) from None
         return fd
 
     def _directories(self, path: str) -> tuple[Owner, ...]:
@@ -93,7 +126,7 @@ class LocalStore:
         try:
             fd = os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
         except OSError as e:
-            raise _absent(e, self.where(path)) from None
+            raise self._absent(e, self.where(path)) from None
         finally:
             os.close(parent)
         file = io.FileIO(fd, "r")  # closes fd however this ends
@@ -114,6 +147,8 @@ class LocalStore:
         try:
             return os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
         except (FileNotFoundError, NotADirectoryError):
+            if (gone := self._root_gone()) is not None:
+                raise gone from None
             return None
         finally:
             os.close(parent)
@@ -154,6 +189,8 @@ class LocalStore:
             raise
 
     def list(self, path: str) -> Iterator[tuple[str, bool]]:
+        if (gone := self._root_gone()) is not None:  # a deleted root still lists, empty
+            raise gone
         try:
             fd = self._opendir(self._parts(path), os.O_RDONLY)
         except FileNotFoundError:
