@@ -273,15 +273,16 @@ def test_a_shard_the_server_refuses_leaves_its_directories_found_and_its_chunks_
         assert "c/0/0/0" in m.log_text()
 
 
+@pytest.mark.parametrize("encoding", ["gzip", "raw"])
 @pytest.mark.parametrize(("minishard_bits", "gets"), [(5, 8), (4, 8 + 32)], ids=["5 a minishard", "10 a minishard"])
-def test_a_minishards_chunks_come_with_its_index_in_one_get(tmp_path, mount, minishard_bits, gets) -> None:
+def test_a_minishards_chunks_come_with_its_index_in_one_get(tmp_path, mount, minishard_bits, gets, encoding) -> None:
     """tensorstore writes each minishard's chunks right before its index. Once a first minishard has shown the
     directory's minishards to be small (at most 8 chunks), a cold key's read fetches its minishard's index and
     the bytes before it in one GET, checks every entry lies there, and serves the minishard's other keys from
     those bytes: one GET a minishard instead of two in sequence a key. Keys read at random from 8 minishards of
     one shard, 4 each. Minishards of 10 chunks are read as before (an index, then a GET a key): a random read
     there would fetch 10 times what it serves."""
-    spec = peers.sharding_spec(preshift_bits=0, minishard_bits=minishard_bits, shard_bits=0, data_encoding="gzip")
+    spec = peers.sharding_spec(preshift_bits=0, minishard_bits=minishard_bits, shard_bits=0, data_encoding=encoding)
     rng = np.random.default_rng(7)
     items = {key: rng.integers(0, 9, 3000, dtype=np.uint8).tobytes() for key in range(1, 160)}
     peers.write_tensorstore_kv(tmp_path / "kv", items, sharding=spec)

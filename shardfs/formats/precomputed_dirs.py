@@ -18,10 +18,12 @@ from shardfs.shards.neuroglancer_kv import NeuroglancerKV
 
 
 def chunk_file(kv: NeuroglancerKV, chunk: Extent) -> File:
-    """A raw chunk is read straight from its shard; a gzip one is decoded now, because its size is
-    needed for stat anyway, and the node cache then serves every read of it."""
+    """A raw chunk is read straight from its shard, or cut from its minishard's bytes where they came with the
+    index; a gzip one is decoded now, because its size is needed for stat anyway, and the node cache then
+    serves every read of it."""
     if kv.spec.data_encoding == "raw":
-        return extent_file(chunk)
+        held = kv.held(chunk)
+        return extent_file(chunk) if held is None else BytesFile(held, chunk.file.owner, chunk.shard)
     return BytesFile(kv.value(chunk), chunk.file.owner, chunk.shard)
 
 

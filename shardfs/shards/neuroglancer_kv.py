@@ -272,12 +272,12 @@ class NeuroglancerKV(ShardedKV):
         """The stored value with `data_encoding` undone."""
         try:
             return self._read_encoded(
-                chunk.file, chunk.start, chunk.stop, self.spec.data_encoding, self.value_limit, self._held(chunk)
+                chunk.file, chunk.start, chunk.stop, self.spec.data_encoding, self.value_limit, self.held(chunk)
             )  # fmt: skip
         except ValueError as e:
             raise CorruptChunk(chunk.shard, chunk.key, str(e)) from e
 
-    def _held(self, chunk: Extent) -> bytes | None:
+    def held(self, chunk: Extent) -> bytes | None:
         """The chunk's stored bytes, if they came with its minishard's index and are still kept."""
         if not self._whole or not isinstance(chunk.key, int):
             return None
