@@ -12,6 +12,9 @@ tensorstore puts each beside its chunks). For each layout, each of --cold-repeat
 - a fresh mount, 16 readers (processes doing Python's `open().read()`) of --cold-sample chunks never read,
   files/s and requests per chunk counted at the server; against tensorstore in-process with a fresh
   context, 16 reads in flight, the same chunks from the same server (target: shardfs >= 1.5x tensorstore);
+- a fresh mount, one process reading --copy-files files of the scale one after another in listing order (as
+  `cp -r`, rsync or a loop over os.listdir), the directory listed first; against tensorstore given the same
+  chunks in one batch from a fresh context (target: shardfs >= 1.0x);
 - a fresh mount, the scale directory listed (os.listdir, every name), in seconds (target: <= 10 s at
   20 ms), then every name stat'ed by one thread.
 
@@ -34,7 +37,8 @@ scripts/bench.py, idle-priority busy loops keep the cores awake throughout (unle
 figures are medians; the ratios are of medians from this one run, printed together at the end.
 
     .venv/bin/python scripts/bench_remote.py [--chunks 16384] [--sample 2000] [--repeats 3] [--latency 0.02]
-        [--cold-chunks 20000] [--cold-sample 2000] [--cold-repeats 3] [--only cold|precomputed|zarr]
+        [--cold-chunks 20000] [--cold-sample 2000] [--cold-repeats 3] [--copy-files 2000]
+        [--only cold|precomputed|zarr]
         [--no-spinners]
 """
 
@@ -346,6 +350,7 @@ def write_igneous(written: Path, root: Path, scale: str) -> None:
 
 
 SHARDFS_COLD, TENSORSTORE_COLD = "shardfs, 16 readers", "tensorstore, 16 in flight"
+SHARDFS_COPY, TENSORSTORE_COPY = "shardfs, one process in listing order", "tensorstore, one batch"
 COLD_LAYOUTS = {  # the cold volume's two shard layouts, served side by side
     "cold": "shards written by tensorstore (each minishard index beside its chunks)",
     "cold-igneous": "the same chunks in shards made by cloud-volume, as igneous writes them (minishard indexes "
@@ -371,7 +376,45 @@ def cold(work: Path, source: Path, url: str, scale: str, server: Server, args: a
     }  # fmt: skip
     rate = {who: statistics.median(r for r, _ in v) for who, v in runs.items()}
     out["shardfs_vs_tensorstore"] = round(rate[SHARDFS_COLD] / rate[TENSORSTORE_COLD], 2)
+    out["copy"] = copies(work, url, scale, sorted(n.split("/", 1)[1] for n in names), server, options, args)
     out["listing"] = listings(work, url, scale, len(names), server, options, args.cold_repeats)
+    return out
+
+
+def copies(
+    work: Path, url: str, scale: str, listed: list[str], server: Server, options: list[str], args: argparse.Namespace
+) -> dict:  # fmt: skip
+    """One process reading the scale's files one after another in listing order, as `cp -r`, rsync or a loop
+    over os.listdir do, from a fresh mount (the directory listed first, as they do), against tensorstore given
+    the same chunks in one batch, from a fresh context: --copy-files files a round, in turns."""
+    names = listed[: args.copy_files]
+    runs: dict[str, list[tuple[float, float]]] = {SHARDFS_COPY: [], TENSORSTORE_COPY: []}
+    for i in range(args.cold_repeats):
+        for who in list(runs) if i % 2 == 0 else list(runs)[::-1]:
+            if who == SHARDFS_COPY:
+                with mounted(url, work / "mnt-copy", *options) as m, server.counting() as c:
+                    os.listdir(m.path / scale)
+                    t = time.perf_counter()
+                    for name in names:
+                        with open(m.path / scale / name, "rb") as f:
+                            f.read()
+                    rate = len(names) / (time.perf_counter() - t)
+            else:
+                store = tensorstore_open("precomputed", url)
+                with server.counting() as c:
+                    t = time.perf_counter()
+                    for future in [store[region("precomputed", name)].read() for name in names]:
+                        future.result()
+                    rate = len(names) / (time.perf_counter() - t)
+            requests = (c["GET"] + c["HEAD"]) / len(names)
+            runs[who].append((rate, requests))
+            print(f"{who}: {rate:6.0f} files/s, {requests:.2f} requests/file", flush=True)
+    out: dict[str, Any] = {
+        who: {"files_per_s": round(statistics.median(r for r, _ in v)),
+              "requests_per_file": round(statistics.median(n for _, n in v), 2)}
+        for who, v in runs.items()
+    }  # fmt: skip
+    out["shardfs_vs_tensorstore"] = round(out[SHARDFS_COPY]["files_per_s"] / out[TENSORSTORE_COPY]["files_per_s"], 2)
     return out
 
 
@@ -443,6 +486,7 @@ def main() -> None:
     ap.add_argument("--cold-chunks", type=int, default=20000, help="chunks in the hashed volume of the cold phase")
     ap.add_argument("--cold-sample", type=int, default=2000, help="chunks read per cold round")
     ap.add_argument("--cold-repeats", type=int, default=3, help="cold rounds (and listings), each from nothing")
+    ap.add_argument("--copy-files", type=int, default=2000, help="files read in listing order per copy round")
     ap.add_argument("--only", choices=("cold", "precomputed", "zarr"), help="one phase only")
     ap.add_argument("--no-spinners", action="store_true", help="let idle vCPUs halt (to see what they cost)")
     ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
@@ -503,6 +547,12 @@ def conclude(summary: dict[str, Any], latency: float) -> None:
             f"{layout}, fresh mount: shardfs 16 readers {ours['files_per_s']} files/s ({ours['requests_per_chunk']} "
             f"requests/chunk), tensorstore 16 in flight {theirs['files_per_s']} ({theirs['requests_per_chunk']}): "
             f"{c['shardfs_vs_tensorstore']:.2f}x (target >= 1.5x)"
+        )
+        copy, ours, theirs = c["copy"], c["copy"][SHARDFS_COPY], c["copy"][TENSORSTORE_COPY]
+        print(
+            f"{layout}, copy in listing order, fresh mount: shardfs one process {ours['files_per_s']} files/s "
+            f"({ours['requests_per_file']} requests/file), tensorstore one batch {theirs['files_per_s']} "
+            f"({theirs['requests_per_file']}): {copy['shardfs_vs_tensorstore']:.2f}x (target >= 1.0x)"
         )
         print(
             f"{layout}, listing the scale directory, fresh mount: {c['listing']['seconds']:.1f}s (target <= 10 s); "

@@ -110,10 +110,16 @@ class ByteCache:
                 self._held -= entry_cost(*self._lru.popitem(last=False))
                 self.evictions += 1
 
-    def get(self, key: Hashable) -> object | None:
-        """The cached value for key, or None; nothing is made."""
+    def get(self, key: Hashable, wait: bool = False) -> object | None:
+        """The cached value for key, or None; nothing is made. wait: if another thread is making it, wait for
+        that one (a read that finds its bytes being fetched ahead takes them rather than fetching them again)."""
         with self._lock:
             value = self._cached(key)
+            making = self._making.get(key) if wait else None
+        if value is _MISSING and making is not None:
+            with making:
+                pass
+            return self.get(key)
         return None if value is _MISSING else value
 
     @contextlib.contextmanager

@@ -169,6 +169,11 @@ class Metrics:
             "shardfs_over_max_file_size", "Reads refused because the file is larger than --max-file-size",
             registry=registry,
         )  # fmt: skip
+        self.read_ahead = Counter(
+            "shardfs_read_ahead_chunks",
+            "Chunks fetched ahead of the kernel's requests (fetched), of those read then (used), and fetches failed",
+            ["outcome"], registry=registry,
+        )  # fmt: skip
         self.resent = Counter(
             "shardfs_fuse_resent_requests",
             "Requests the kernel sent again after a restart (read by the daemon before and never answered)",

@@ -86,6 +86,10 @@ class ChunkDir:
             length, self.kv.cache, self.kv.cache_key("value", chunk.file, chunk.key), make, 0, chunk.file.owner
         )
 
+    def prefetch(self, key: int) -> bool:
+        """Fetch key's bytes ahead of its read (read-ahead); False if it has none to fetch."""
+        return self.kv.prefetch(key)
+
     def _stored(self, key: int) -> Extent:
         """Where key's bytes are; a key not stored is ENOENT."""
         chunk = self.kv.locate(key)
@@ -125,6 +129,10 @@ class MeshDir(ChunkDir):
         if length is None or length > chunk.start - self.kv.spec.shard_index_size:
             raise CorruptChunk(chunk.shard, key, "manifest's fragment sizes overrun the data before it")
         return RangeFile(chunk.file, chunk.start - length, chunk.start)
+
+    def prefetch(self, number: int) -> bool:
+        """The manifest's bytes fetched ahead (its fragment data is read when asked)."""
+        return self.kv.prefetch(number >> 1)
 
     def names(self) -> Iterator[str]:
         for name in super().names():

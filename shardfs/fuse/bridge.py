@@ -26,6 +26,7 @@ from shardfs.files import Dir
 from shardfs.fuse.filesystem import BLOCK_SIZE, Attributes, Entry, FuseError, Usage, count, error
 from shardfs.fuse.listing import Listing
 from shardfs.fuse.nodes import Nodes, Place
+from shardfs.fuse.readahead import ReadAhead
 from shardfs.fuse.record import Record
 from shardfs.metrics import Metrics
 from shardfs.stores.protocol import Owner
@@ -160,7 +161,7 @@ class Bridge:
 
     def __init__(
         self, tree: Tree, mtime_ns: int, shown: Shown = Shown(), record: Record | None = None,
-        metrics: Metrics | None = None,
+        metrics: Metrics | None = None, read_ahead: int = 0,
     ) -> None:  # fmt: skip
         self.tree = tree
         self.metrics = metrics or Metrics()
@@ -170,6 +171,12 @@ class Bridge:
         self._times = (*divmod(mtime_ns, 1_000_000_000),)
         self._modes = functools.lru_cache(maxsize=1024)(self._mode)
         self.usage = StoredBytes(tree.store.sizes)
+        # read_ahead: the most files fetched ahead (readahead.py); only where reads wait on a network
+        self.read_ahead = ReadAhead(tree, self.metrics, read_ahead if tree.store.reads_at_once > 1 else 0)
+
+    def close(self) -> None:
+        """The mount has ended: work ahead is dropped."""
+        self.read_ahead.close()
 
     # The protocol: by node id.
     def lookup(self, parent: int, name: bytes) -> Entry | None:
@@ -266,6 +273,8 @@ class Bridge:
 
     @errors_to_errno("read")
     def _read(self, place: Place, offset: int, size: int) -> bytes:
+        if offset == 0 and not isinstance(place, str):  # a numbered file's first bytes: what follows may be next
+            self.read_ahead.read(*place)
         node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)
         if isinstance(node, Dir):
             raise error(self.metrics, errno.EISDIR)

@@ -96,6 +96,17 @@ class Listing:
         stop = self.starts[bisect.bisect_right(self.starts, start + size, offset) - 1]
         return bytes(memoryview(self.dirents)[start:stop])
 
+    def position(self, name: bytes) -> int | None:
+        """The offset of the entry called name, found by bisection (the entries are sorted), or None."""
+        low, high = DOTS, len(self)
+        while low < high:
+            middle = (low + high) // 2
+            if self.entry(middle)[0] < name:
+                low = middle + 1
+            else:
+                high = middle
+        return low if low < len(self) and self.entry(low)[0] == name else None
+
     def entry(self, offset: int) -> tuple[bytes, bool]:
         """(name, is_dir) of the entry at offset."""
         at = self.starts[offset]

@@ -33,6 +33,7 @@ log = logging.getLogger("shardfs")
 # Python runs one thread at a time, so past a few threads more only fight for the GIL (docs/performance.md,
 # Threads), while four still let reads that wait on a slow local disk overlap.
 DEFAULT_THREADS = 4
+READ_AHEAD, MAX_READ_AHEAD = 64, 1024  # `-o read_ahead=N`: files of a directory fetched ahead (remote sources)
 MAX_THREADS = 100_000  # libfuse's most
 # Timeouts go to the kernel as 64-bit whole seconds (which it then caps at what it can count): a timeout is a
 # number of seconds from 0 up to below 2^64, anything else (nan, inf, negative, 1e30) is refused before mount.
@@ -70,6 +71,7 @@ class Settings:
     owner: int | None  # allow_root: the one user besides root whose requests are served
     debug: bool
     ignored: tuple[str, ...] = ()  # libfuse's options given that change nothing here (IGNORED)
+    read_ahead: int = READ_AHEAD  # the most files of a directory fetched ahead of a reader (0: none)
 
     def say_ignored(self) -> None:
         """Name each option given that changes nothing, with why: in the log of the daemon that serves them."""
@@ -134,6 +136,7 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
     kernel_cache = flag("kernel_cache")
     shown = Shown(integer("uid", 2**32 - 2), integer("gid", 2**32 - 2), integer("umask", 0o777, 8))
     debug = flag("debug")
+    read_ahead = integer("read_ahead", MAX_READ_AHEAD)
     if left:
         names = ",".join(k if v is True else f"{k}={v}" for k, v in left.items())
         raise refuse(f"unknown option(s): `-o {names}'")
@@ -141,7 +144,10 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
         raise refuse("invalid value max_threads=0")
     owner = os.getuid() if allow_root else None
     ignored = tuple(name for name in options if name in IGNORED)
-    return Settings(mount_options, timeouts, threads or DEFAULT_THREADS, kernel_cache, shown, owner, debug, ignored)
+    return Settings(
+        mount_options, timeouts, threads or DEFAULT_THREADS, kernel_cache, shown, owner, debug, ignored,
+        READ_AHEAD if read_ahead is None else read_ahead,
+    )  # fmt: skip
 
 
 class Control:
@@ -227,11 +233,11 @@ def serve(
                 unmount(mountpoint, lazy=True)
 
     metrics = metrics or Metrics()  # the session's counts and the bridge's, one mount's
+    bridge = Bridge(tree, mtime_ns, settings.shown, record, metrics, settings.read_ahead)
     try:
         session = Session(
-            fd, Bridge(tree, mtime_ns, settings.shown, record, metrics), settings.threads, settings.timeouts,
-            settings.kernel_cache, ready, owner=settings.owner, debug=settings.debug, record=record,
-            kept=kept is not None, metrics=metrics,
+            fd, bridge, settings.threads, settings.timeouts, settings.kernel_cache, ready, owner=settings.owner,
+            debug=settings.debug, record=record, kept=kept is not None, metrics=metrics,
         )  # fmt: skip
         control._bind(session, take_away, carrier)
         handlers = {signal.SIGTERM: control.stop, signal.SIGINT: control.stop, signal.SIGUSR2: control.hand_over}
@@ -247,6 +253,7 @@ def serve(
         take_away()
         raise
     finally:
+        bridge.close()
         if session is None or session.ended:  # else a thread still reads it: the number must not name another file
             os.close(fd)
     return control.handed_over

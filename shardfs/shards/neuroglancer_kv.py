@@ -278,11 +278,26 @@ class NeuroglancerKV(ShardedKV):
             raise CorruptChunk(chunk.shard, chunk.key, str(e)) from e
 
     def held(self, chunk: Extent) -> bytes | None:
-        """The chunk's stored bytes, if they came with its minishard's index and are still kept."""
+        """The chunk's stored bytes, if they were fetched ahead (prefetch) or came with its minishard's index,
+        and are still kept."""
         if not self._whole or not isinstance(chunk.key, int):
             return None
-        found = self.cache.get(self.cache_key("chunks", chunk.file, self.spec.shard_and_minishard(chunk.key)[1]))
-        return found.cut(chunk.start, chunk.stop) if isinstance(found, HeldChunks) else None
+        for where in (("chunk", chunk.key), ("chunks", self.spec.shard_and_minishard(chunk.key)[1])):
+            found = self.cache.get(self.cache_key(where[0], chunk.file, where[1]), wait=True)
+            if isinstance(found, HeldChunks):
+                return found.cut(chunk.start, chunk.stop)
+        return None
+
+    def prefetch(self, key: int) -> bool:
+        """Fetch key's indexes and stored bytes ahead of its read (see fuse/readahead.py), kept as held under its
+        shard's version; False if it is absent, or too large to hold ahead (it is read when asked)."""
+        chunk = self.locate(key)
+        if chunk is None or chunk.stop - chunk.start > WHOLE_MINISHARD_BYTES:
+            return False
+        if self.held(chunk) is None:
+            fetch = lambda: HeldChunks(chunk.start, chunk.file.read(chunk.start, chunk.stop))  # noqa: E731
+            self.cache.get_or_make(self.cache_key("chunk", chunk.file, key), fetch)  # a read of it meanwhile waits
+        return True
 
     def shards(self) -> Iterator[ShardFile]:
         """Each shard present, once, called by its `.shard`, or its pair, in the order of their numbers: a

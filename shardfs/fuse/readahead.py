@@ -1,0 +1,131 @@
+"""Read-ahead across files: a directory's files read in its listing's order (`cp -r`, rsync, a loop over
+`os.listdir`) have the next ones' chunks fetched before the kernel asks for them.
+
+The kernel asks for one file at a time per reader, and over a network each cold file costs a round trip. The
+daemon knows what the kernel cannot: the directory's sorted listing (it made it), and where each file's bytes
+lie. When a file is read that follows the one read before in the same directory (within GAP entries), twice in
+a row, the pattern holds and a window of the files after it is fetched ahead, at most AT_ONCE fetches in flight
+for the mount; the window doubles while the pattern holds (from 2 up to the mount's `read_ahead`, 64 files by
+default) and is dropped when it breaks. What is fetched lies in the byte-bounded cache under its shard's
+version, like any read: a changed source fails as a direct read would, and a fetch that fails is nobody's
+error (the real read, if it comes, goes to the store). Only over a network (a local disk answers a read in
+less than the bookkeeping would cost) and only for providers that can fetch a key ahead (`prefetch`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from cachetools import LRUCache
+
+from shardfs.fuse.listing import Listing
+from shardfs.metrics import Metrics
+from shardfs.tree import Tree
+
+log = logging.getLogger("shardfs")
+
+GAP = 4  # a read this many entries past the last one still follows it (readers a few files apart)
+FOLLOWED = 2  # reads in a row that follow one another before anything is fetched (random reads seldom do twice)
+FIRST_WINDOW = 2
+AT_ONCE = 16  # fetches ahead in flight for the mount
+REMEMBERED = 4096  # directories and fetched keys remembered (a few hundred KiB at most)
+
+
+@dataclass
+class _Pattern:
+    last: int  # the listing offset of the last file read
+    run: int = 0  # reads in a row that followed the one before
+    window: int = 0  # files fetched ahead of it (0: no pattern yet)
+    ahead: int = 0  # the offset up to which fetches were asked
+
+
+class ReadAhead:
+    """The read-ahead of one mount (see the module's docstring); most: the largest window, 0 for none."""
+
+    def __init__(self, tree: Tree, metrics: Metrics, most: int) -> None:
+        self.tree, self.metrics, self.most = tree, metrics, most
+        self._patterns: LRUCache[int, _Pattern] = LRUCache(REMEMBERED)
+        self._fetched: LRUCache[tuple[int, int], bool] = LRUCache(REMEMBERED)  # (number, key) fetched, not yet read
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(AT_ONCE)
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def read(self, number: int, key: int) -> None:
+        """A numbered file's first bytes are being read: count a hit if it was fetched ahead, and fetch the
+        next files of its directory if the pattern holds."""
+        if not self.most:
+            return
+        with self._lock:
+            if self._fetched.pop((number, key), False):
+                self.metrics.read_ahead.labels("used").inc()
+        directory = self.tree.numbered[number]
+        provider = self.tree.providers[directory]
+        listing = self.tree.cache.get(("listing", directory))
+        name = provider.rel_of(key)
+        if not isinstance(listing, Listing) or name is None or not hasattr(provider, "prefetch"):
+            return
+        position = listing.position(name.encode())
+        if position is None:
+            return
+        with self._lock:
+            todo = self._advance(number, position, len(listing))
+        for offset in todo:
+            entry, is_dir = listing.entry(offset)
+            found = None if is_dir else provider.key_of(entry.decode())
+            if found is not None and not self._fetch(number, found, provider.prefetch):
+                with self._lock:  # every slot busy: the next read asks again from here
+                    pattern = self._patterns.get(number)
+                    if pattern is not None:
+                        pattern.ahead = min(pattern.ahead, offset)
+                break
+
+    def _advance(self, number: int, position: int, end: int) -> range:
+        """The listing offsets to fetch now, as the pattern of directory number moves to position."""
+        pattern = self._patterns.get(number)
+        if pattern is None or not 0 < position - pattern.last <= GAP:
+            if pattern is None or position != pattern.last:
+                self._patterns[number] = _Pattern(position)
+            return range(0)
+        pattern.last, pattern.run = position, pattern.run + 1
+        if pattern.run < FOLLOWED:
+            return range(0)
+        pattern.window = min(max(FIRST_WINDOW, 2 * pattern.window), self.most)
+        start = max(position + 1, pattern.ahead)
+        pattern.ahead = min(position + 1 + pattern.window, end)
+        return range(start, pattern.ahead)
+
+    def _fetch(self, number: int, key: int, prefetch: object) -> bool:
+        """Fetch one key in the pool, if a slot is free; False if none is."""
+        if self._closed or not self._slots.acquire(blocking=False):
+            return False
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(AT_ONCE, thread_name_prefix="shardfs-read-ahead")
+
+        def run() -> None:
+            try:
+                if prefetch(key):  # type: ignore[operator]
+                    self.metrics.read_ahead.labels("fetched").inc()
+                    with self._lock:
+                        self._fetched[(number, key)] = True
+            except Exception as e:  # nobody's error: the real read goes to the store
+                self.metrics.read_ahead.labels("failed").inc()
+                log.debug("read-ahead of key %s failed: %s", key, e, extra={"event": "read_ahead"})
+            finally:
+                self._slots.release()
+
+        try:
+            self._pool.submit(run)
+        except RuntimeError:  # shut down meanwhile
+            self._slots.release()
+            return False
+        return True
+
+    def close(self) -> None:
+        """The mount has ended: fetches not begun are dropped, those under way end with their request."""
+        self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,103 @@
+"""Read-ahead across files (shardfs/fuse/readahead.py): a directory's files read in its listing's order, by
+one process through the kernel, have the next ones fetched before they are asked for; counted at a loopback
+server. Random reads fetch nothing ahead; a fetch ahead that fails is no reader's error; `-o read_ahead=0`
+turns it off."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from tests import peers
+from tests.conftest import scrape, shardfs
+from tests.helpers import counted, wait_for
+from tests.http_server import RangeServer
+
+LATENCY = 0.02  # seconds a request: a network's, where read-ahead pays
+
+
+@pytest.fixture(scope="module")
+def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, dict[int, bytes]]:
+    """600 values in one shard of 64 minishards (about 9 each), written by tensorstore."""
+    root = tmp_path_factory.mktemp("read-ahead") / "kv"
+    spec = peers.sharding_spec(preshift_bits=0, minishard_bits=6, shard_bits=0, data_encoding="gzip")
+    items = {key: random.Random(key).randbytes(2000) for key in range(1, 601)}
+    peers.write_tensorstore_kv(root, items, sharding=spec)
+    return root, items
+
+
+def figures(point: object) -> dict[str, float]:
+    found = scrape(shardfs("stats", point, "--prometheus").stdout)
+    return {
+        dict(labels)["outcome"]: value
+        for (name, labels), value in found.items()
+        if name == "shardfs_read_ahead_chunks_total"
+    }
+
+
+def copy_in_listing_order(point: object, items: dict[int, bytes]) -> None:
+    names = sorted(name for name in os.listdir(point) if name != "info")
+    assert names == sorted(map(str, items))
+    for name in names:  # as cp -r or a loop over os.listdir reads them: one file at a time
+        assert (point / name).read_bytes() == items[int(name)], name  # type: ignore[operator]
+
+
+def test_a_copy_in_listing_order_is_fetched_ahead(kv, mount) -> None:
+    root, items = kv
+    with RangeServer(root, latency=LATENCY).running() as server:
+        m = mount(server.url)
+        before = counted(server)
+        copy_in_listing_order(m.path, items)
+        asked = counted(server) - before
+        seen = figures(m.path)
+    assert seen.get("used", 0) >= 0.9 * len(items), seen  # nearly every file was there before it was read
+    assert asked["GET"] <= len(items) + 70, asked  # each fetched once (and the window past the last file)
+
+
+def test_random_reads_fetch_nothing_ahead(kv, mount) -> None:
+    root, items = kv
+    names = sorted(map(str, items))
+    random.Random(1).shuffle(names)
+    with RangeServer(root).running() as server:
+        m = mount(server.url)
+        os.listdir(m.path)
+        before = counted(server)
+        for name in names[:200]:
+            assert (m.path / name).read_bytes() == items[int(name)]
+        asked = counted(server) - before
+        off = mount(server.url, "-o", "read_ahead=0")
+        os.listdir(off.path)
+        before = counted(server)
+        for name in names[:200]:
+            assert (off.path / name).read_bytes() == items[int(name)]
+        assert asked == counted(server) - before, asked  # not one request more than with read-ahead off
+        assert figures(m.path).get("fetched", 0) == 0
+
+
+def test_read_ahead_off_fetches_nothing_ahead(kv, mount) -> None:
+    root, items = kv
+    with RangeServer(root).running() as server:
+        m = mount(server.url, "-o", "read_ahead=0")
+        copy_in_listing_order(m.path, items)
+        assert figures(m.path) == {}
+
+
+def test_a_fetch_ahead_that_fails_is_no_readers_error(kv, mount) -> None:
+    """The server answers 503 for a while in the middle of a copy (longer than the client retries within its
+    timeout): the fetches ahead made meanwhile fail, and are counted; every file is still read right, the
+    failed ones by the reader's own request once the server answers again."""
+    root, items = kv
+    with RangeServer(root, latency=LATENCY).running() as server:
+        m = mount(server.url, "--timeout", "1")
+        names = sorted(name for name in os.listdir(m.path) if name != "info")
+        for name in names[:50]:
+            assert (m.path / name).read_bytes() == items[int(name)]
+        server.always = 503
+        for name in names[50:52]:  # fetched ahead already: read right, and the window moves on, failing
+            assert (m.path / name).read_bytes() == items[int(name)]
+        assert wait_for(lambda: figures(m.path).get("failed", 0) > 0), figures(m.path)
+        server.always = None
+        for name in names[52:]:
+            assert (m.path / name).read_bytes() == items[int(name)], name
