@@ -236,3 +236,27 @@ def test_a_second_daemon_never_takes_up_a_live_mount(raw_volume, tmp_path, first
         unmount(point, lazy=True)
         os.kill(first, signal.SIGKILL)
         os.kill(keeper_pid, signal.SIGKILL)
+
+
+def test_a_root_mount_never_hands_its_connection_to_another_users_keeper(raw_volume, public_tmp, tmp_path, user,
+                                                                         other_user) -> None:  # fmt: skip
+    """Another user's keeper listening where root's `-o keeper=SOCKET` points (a shared directory): root's mount
+    is refused in one line and nothing is mounted; the squatter receives no descriptor (its LIST stays empty)."""
+    source, _, _ = raw_volume
+    shared = public_tmp / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    squatter = subprocess.Popen([*other_user, "shardfs.service.keeper", str(shared / "k.sock")])
+    point = tmp_path / "m"
+    point.mkdir()
+    try:
+        assert wait_for(lambda: keeper.answers(shared / "k.sock"))
+        run = shardfs("mount", source, point, "-o", f"keeper={shared / 'k.sock'}", check=False)
+        assert run.returncode != 0 and "open to other users" in run.stderr, run
+        assert not os.path.ismount(point)
+        listed = subprocess.run([*other_user, "tests.keeper_list", str(shared / "k.sock")], capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
+        assert listed.stdout.strip() == "names: []", listed
+    finally:
+        squatter.kill()
+        squatter.wait()
