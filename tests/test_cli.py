@@ -196,3 +196,17 @@ def test_list_shows_every_mount_with_its_daemon(kv, mount, tmp_path) -> None:
         assert (shown_source, shown_view) == (str(source), view) and int(pid) > 1 and uptime[0] == "0m"
         assert any(str(m.path) in arg for arg in psutil.Process(int(pid)).cmdline())
     assert "/" not in rows and "/proc" not in rows
+
+
+def test_a_mistyped_option_is_named_with_what_was_meant(kv, tmp_path) -> None:
+    point = tmp_path / "m"
+    point.mkdir()
+    done = shardfs("mount", kv[0], point, "-o", "allow_others", "--log-file", tmp_path / "log", check=False)
+    one_line_error(done, 1, "unknown option(s): -o allow_others (did you mean allow_other?)")
+    assert "`" not in done.stderr and not os.path.ismount(point)
+
+
+def test_the_csi_help_states_each_default_once() -> None:
+    out = " ".join(shardfs("csi", "--help").stdout.split())  # as one line: help text wraps anywhere
+    said = out.split("--daemon-user FIRST-LAST:GID", 2)[-1].split("--node-identity")[0]
+    assert said.count("(default:") == 1 and "(default: 2147418112-2147483646:65534)" in said, said

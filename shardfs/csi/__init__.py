@@ -51,10 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-id", required=True, metavar="NAME", help="this node's name, as NodeGetInfo answers it")
     p.add_argument("--driver-name", default=DRIVER, metavar="NAME", help="the CSIDriver's name")
     p.add_argument(
-        "--daemon-user", type=user_group, default=(DAEMON_UIDS, NOBODY), metavar="FIRST-LAST:GID",
+        "--daemon-user", type=user_group, default=f"{DAEMON_UIDS.start}-{DAEMON_UIDS.stop - 1}:{NOBODY}",
+        metavar="FIRST-LAST:GID",
         help="the unprivileged users volumes' daemons run as: a uid each from FIRST-LAST, so that no daemon can"
-        " signal or re-limit another's (or UID:GID, one uid they all share), in group GID"
-        f" (default: {DAEMON_UIDS.start}-{DAEMON_UIDS.stop - 1}:{NOBODY})",
+        " signal or re-limit another's (or UID:GID, one uid they all share), in group GID",
     )  # fmt: skip
     p.add_argument(
         "--node-identity", action="store_true",

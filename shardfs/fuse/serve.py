@@ -12,6 +12,7 @@ hands the mount over to the next daemon: this one ends, and the mount stays. A p
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import math
 import os
@@ -79,6 +80,14 @@ class Settings:
             log.info("-o %s changes nothing: %s", name, IGNORED[name], extra={"event": "option_ignored"})
 
 
+# Every `-o` name settings_of reads, for the "did you mean" of an unknown one.
+KNOWN = (
+    "allow_root", "allow_other", "rw", "ro", "max_read", "fsname", "subtype", "default_permissions", "auto_unmount",
+    "entry_timeout", "attr_timeout", "negative_timeout", "max_threads", "kernel_cache", "uid", "gid", "umask",
+    "debug", "read_ahead", *CONTEXTS, *VFS_FLAGS, *IGNORED, *REFUSED,
+)  # fmt: skip
+
+
 def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
     """What `-o` options (as daemon.fuse_options makes them) ask of the mount and the session, checked once;
     FuseMountError naming mountpoint and the option if one cannot work."""
@@ -139,7 +148,9 @@ def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
     read_ahead = integer("read_ahead", MAX_READ_AHEAD)
     if left:
         names = ",".join(k if v is True else f"{k}={v}" for k, v in left.items())
-        raise refuse(f"unknown option(s): `-o {names}'")
+        close = [found for name in left for found in difflib.get_close_matches(name, KNOWN, 1)]
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise refuse(f"unknown option(s): -o {names}{hint}")
     if threads == 0:
         raise refuse("invalid value max_threads=0")
     owner = os.getuid() if allow_root else None
