@@ -72,10 +72,13 @@ def open_source(
     except OSError as e:  # the first request of all: what failed is reaching the source, not one file of it
         hint = "check the URL and --endpoint"
         if e.errno == errno.EACCES:
-            unsigned = access is not None and access.anonymous
-            hint = (
-                "the server refuses unsigned requests: drop --anonymous" if unsigned else "it refused these credentials"
-            )
+            if access is not None and access.anonymous:
+                hint = "the server refuses unsigned requests: drop --anonymous"
+            elif isinstance(store, RemoteStore) and not store.signed:
+                hint = ("the server refuses unsigned requests, and no credentials were found: see README, Remote"
+                        " sources, for where they are looked for")  # fmt: skip
+            else:
+                hint = "it refused these credentials"
         raise SourceError(f"{name}: cannot be reached ({e.strerror}); {hint}") from None
     try:
         plan = open_zarr(store, cache) if kind == "zarr" else open_precomputed(store, cache)

@@ -48,8 +48,10 @@ def test_a_refusal_is_eacces_whether_unauthenticated_or_forbidden(kv, mount, sta
     assert "access denied by the server" in m.log_text()
     with RangeServer(root).running() as server:
         server.always = status
-        refused = shardfs("ls", server.url, check=False)
-    assert refused.returncode != 0 and "refused these credentials" in refused.stderr, refused.stderr
+        refused = shardfs("ls", server.url, check=False)  # sent unsigned: said so, and where to look
+        signed = shardfs("ls", server.url.replace("://", "://reader:pw@"), check=False)  # sent with credentials
+    assert refused.returncode != 0 and "refuses unsigned requests, and no credentials were found" in refused.stderr
+    assert signed.returncode != 0 and "refused these credentials" in signed.stderr, signed.stderr
 
 
 # Every character a URL's userinfo must escape, and '%' itself, written escaped as a user must; and a password

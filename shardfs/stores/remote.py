@@ -123,16 +123,16 @@ def client_options(access: Access, url: str) -> tuple[dict[str, Any], dict[str, 
     return options, retry
 
 
-def make_client(remote: Remote, access: Access) -> Any:
-    """The obstore store for a remote source; unsigned when asked or when no credentials are found (see
-    shardfs/stores/credentials.py for where they are looked for)."""
+def make_client(remote: Remote, access: Access) -> tuple[Any, bool]:
+    """The obstore store for a remote source, and whether its requests are signed: unsigned when asked or when
+    no credentials are found (see shardfs/stores/credentials.py for where they are looked for)."""
     endpoint = access.endpoint or ""
     options, retry = client_options(access, endpoint or remote.url)
     common: dict[str, Any] = {"client_options": options, "retry_config": retry}
     if remote.scheme in ("http", "https"):
         if remote.authorization:  # the URL's user:password; reqwest drops it on a redirect to another host
             options["default_headers"] = {"authorization": remote.authorization}
-        return HTTPStore(remote.address, **common)
+        return HTTPStore(remote.address, **common), bool(remote.authorization)
     prefix = remote.prefix or None
     if remote.scheme == "s3":
         provider = None if access.anonymous else credentials.aws(remote.url, access.profile, access.machine)
@@ -142,7 +142,9 @@ def make_client(remote: Remote, access: Access) -> Any:
         if access.region:
             config["region"] = access.region  # else the profile's, or AWS_DEFAULT_REGION, or us-east-1
         _say_unsigned(remote, access, provider is not None)
-        return S3Store(remote.bucket, prefix=prefix, config=config, credential_provider=provider, **common)
+        return S3Store(remote.bucket, prefix=prefix, config=config, credential_provider=provider, **common), bool(
+            provider
+        )
     if access.requester_pays:  # GCS bills the requester through a userProject, which object_store never sends
         raise SourceError(f"{remote.url}: --requester-pays is for s3:// sources; object_store cannot name a GCS "
                           "billing project")  # fmt: skip
@@ -151,7 +153,7 @@ def make_client(remote: Remote, access: Access) -> Any:
     if endpoint:
         config["base_url"] = endpoint
     _say_unsigned(remote, access, signed)
-    return GCSStore(remote.bucket, prefix=prefix, config=config, **common)
+    return GCSStore(remote.bucket, prefix=prefix, config=config, **common), signed
 
 
 def _say_unsigned(remote: Remote, access: Access, signed: bool) -> None:
@@ -188,7 +190,7 @@ class RemoteStore:
         self.context = context or Context()
         self._owner = Owner(os.getuid(), os.getgid(), 0o555)
         self._lock = threading.Lock()
-        self._client: tuple[int, Any] | None = None
+        self._client: tuple[int, Any, bool] | None = None  # (pid, client, signed)
         self._reads: tuple[int, ThreadPoolExecutor] | None = None
         self._opened: LRUCache[str, StoredFile | Absent] = LRUCache(REMEMBERED_BYTES, getsizeof=_remembered_cost)
         self._said_unversioned = False
@@ -207,8 +209,14 @@ class RemoteStore:
             with self._lock:
                 made = self._client
                 if made is None or made[0] != os.getpid():
-                    made = self._client = (os.getpid(), make_client(self.remote, self.access))
+                    made = self._client = (os.getpid(), *make_client(self.remote, self.access))
         return made[1]
+
+    @property
+    def signed(self) -> bool:
+        """Whether requests carry credentials (found, or the URL's user:password); the client is made if not yet."""
+        self._store()
+        return bool(self._client and self._client[2])
 
     def reads(self) -> Executor:
         """The threads every listing's reads run in, READS_AT_ONCE for the process, however many listings are
