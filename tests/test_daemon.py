@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shardfs.service import stats_socket
 from shardfs.service.daemon import is_stale
 from tests import peers
 from tests.conftest import SHARDFS, scrape, shardfs
@@ -56,9 +57,12 @@ def test_stale_mount_is_cleared(source, mount) -> None:
 
 
 def test_second_mount_on_a_live_mountpoint_refuses(source, mount) -> None:
+    """Refused in one line naming what is there (its source and daemon) and what to do."""
     m = mount(source)
     again = shardfs("mount", source, m.path, check=False)
-    assert again.returncode == 1 and "already mounted" in again.stderr
+    pid = stats_socket.ask(m.path)[0]
+    said = f"{m.path}: shardfs already serves {source} here (daemon pid {pid}); `shardfs unmount {m.path}` first"
+    assert again.returncode == 1 and again.stderr == f"shardfs: {said}\n", again.stderr
     assert len(os.listdir(m.path / "4_4_40")) == 100
 
 

@@ -228,7 +228,7 @@ def test_a_second_daemon_never_takes_up_a_live_mount(raw_volume, tmp_path, first
         for given in (point, tmp_path / "parent" / "m", tmp_path / "link"):
             run = shardfs("mount", source, given, "--log-file", tmp_path / "log2", "-o", f"keeper={path}", check=False)
             assert run.returncode != 0, (given, run)
-            assert "serves this mount" in run.stderr or "already mounted" in run.stderr, (given, run.stderr)
+            assert f"shardfs already serves {source} here (daemon pid {first})" in run.stderr, (given, run.stderr)
             assert daemon_of(point) == first
             assert (point / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
         assert keeper.names(path) == [str(point)]

@@ -31,7 +31,7 @@ from shardfs.fuse.mount import FuseMountError, connection_of, handed_fd, handed_
 from shardfs.fuse.record import Carrier, Kept
 from shardfs.fuse.serve import Control, Settings, settings_of
 from shardfs.logs import log_to, open_log, replay_early
-from shardfs.service import handover, holders, lifecycle, mountinfo, stats_socket
+from shardfs.service import handover, holders, keeper, lifecycle, mountinfo, stats_socket
 from shardfs.service.rundir import own_dir
 from shardfs.source import Source
 from shardfs.tree import Tree
@@ -164,7 +164,7 @@ def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: b
     if not mountpoint.is_dir():
         raise UsageError(f"{mountpoint}: mountpoint is not a directory")
     if os.path.ismount(mountpoint):
-        raise MountError(f"{mountpoint}: something is already mounted here")
+        raise MountError(already_mounted(mountpoint))
     where = Path(os.path.realpath(mountpoint))
     if source is not None and (where.is_relative_to(source.resolve()) or source.resolve().is_relative_to(where)):
         source = source.resolve()
@@ -173,6 +173,20 @@ def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: b
     with os.scandir(mountpoint) as entries:
         if not allow_non_empty and any(entries):
             raise UsageError(f"{mountpoint}: mountpoint is not empty; pass --allow-non-empty to mount over it")
+
+
+def already_mounted(mountpoint: Path) -> str:
+    """What is mounted at mountpoint, in one line saying what to do: the same whether a mount or a keeper's
+    daemon found it first."""
+    found = mountinfo.topmost(mountpoint)
+    if found is None or found.fstype != mountinfo.SHARDFS_TYPE:
+        what = f"a {found.fstype} mount of {found.source}" if found is not None else "a mount"
+        return f"{mountpoint}: {what} is already here; mount elsewhere"
+    try:
+        pid = f" (daemon pid {stats_socket.ask(mountpoint)[0]})"
+    except ServiceError:
+        pid = ""
+    return f"{mountpoint}: shardfs already serves {found.source} here{pid}; `shardfs unmount {mountpoint}` first"
 
 
 def unmount(mountpoint: Path, any_type: bool = False, lazy: bool = False) -> None:
@@ -319,7 +333,10 @@ def mount(
     if foreground:  # before anything is said: taking up a kept connection, clearing a stale mount
         log_to(log_file)
         replay_early()
-    carrier, kept = handover.choose(mountpoint, options, foreground, handover.served(name, view, mountpoint))
+    try:
+        carrier, kept = handover.choose(mountpoint, options, foreground, handover.served(name, view, mountpoint))
+    except keeper.Busy:
+        raise MountError(already_mounted(mountpoint)) from None
     if kept is None:
         prepare_mountpoint(mountpoint, local, allow_non_empty)
     mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()

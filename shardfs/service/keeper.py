@@ -71,6 +71,10 @@ def default_path() -> Path:
     return own_dir(runtime_dir(uid), 0o755 if uid == 0 else 0o700) / "keeper.sock"
 
 
+class Busy(ServiceError):
+    """Another daemon's link holds the mount: it is served."""
+
+
 # The client side: a daemon's (or a node plugin's) requests.
 class Link:
     """A connection to the keeper at path, checked before anything is sent: the socket's directory closed to
@@ -137,8 +141,8 @@ class Link:
             if not answer.startswith("BUSY"):
                 return []
             if time.monotonic() > deadline:
-                raise ServiceError(f"{name}: a live daemon (pid {answer[5:]}) serves this mount; it is not taken"
-                                   " over (`shardfs unmount` it first)")  # fmt: skip
+                raise Busy(f"{name}: a live daemon (pid {answer[5:]}) serves this mount; it is not taken over"
+                           " (`shardfs unmount` it first)")  # fmt: skip
             time.sleep(0.05)
 
 
