@@ -131,8 +131,15 @@ class Session:
         elif self.kept:  # the daemon before died before answering INIT: if it had read it, it comes again
             self._resend(quiet=True)
         self._running = self.threads
-        for i in range(self.threads):
-            threading.Thread(target=self._serve, name=f"fuse-{i}", daemon=True).start()
+        # Every thread is made before any reads the device: the mount is ready (INIT answered) only once the
+        # daemon is whole, so that nothing a caller does after (a limit set on the process, say) finds it
+        # still making threads.
+        started = threading.Event()
+        try:
+            for i in range(self.threads):
+                threading.Thread(target=self._serve, args=(started,), name=f"fuse-{i}", daemon=True).start()
+        finally:
+            started.set()
         if terms is not None and self.on_ready is not None:
             self.on_ready()
         self._done.wait()
@@ -172,7 +179,8 @@ class Session:
         """Make run return now; the threads end with the process (or once the mount goes)."""
         self._done.set()
 
-    def _serve(self) -> None:
+    def _serve(self, started: threading.Event) -> None:
+        started.wait()
         try:
             self._loop()
         finally:
