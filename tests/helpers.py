@@ -306,8 +306,10 @@ def ask(kernel: socket.socket, opcode: int, body: bytes, unique: int = 1, nodeid
     return -error, reply[wire.OUT_HEADER.size :]
 
 
-def init(kernel: socket.socket, major: int, minor: int, flags: int) -> tuple[int, bytes]:
-    return ask(kernel, wire.Op.INIT, wire.INIT_IN.pack(major, minor, 1 << 17, flags) + bytes(48))
+def init(kernel: socket.socket, major: int, minor: int, flags: int, flags2: int = 0) -> tuple[int, bytes]:
+    """INIT as a kernel of major.minor sends it: flags2 is read only where flags has INIT_EXT."""
+    body = wire.INIT_IN.pack(major, minor, 1 << 17, flags) + wire.INIT_IN_FLAGS2.pack(flags2)
+    return ask(kernel, wire.Op.INIT, body + bytes(64 - len(body)))
 
 
 EVERYTHING = 0xFFFFFFFF  # INIT flags: every capability a kernel could offer

@@ -29,7 +29,7 @@ from shardfs.fuse import wire
 from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.mount import FuseMountError, MountOptions, mount, unmount
 from shardfs.fuse.session import Session
-from shardfs.fuse.wire import InitFlag
+from shardfs.fuse.wire import InitFlag, InitFlag2
 from shardfs.source import open_source
 from tests import peers
 from tests.conftest import shardfs
@@ -509,16 +509,40 @@ def test_absences_are_kept_by_the_kernel(volume, server, tmp_path) -> None:
         assert sum(server.requests.values()) - before == asked
 
 
-@pytest.mark.parametrize("minor", [38, 44])
+@pytest.mark.parametrize("minor", [40, 44])
 def test_init_answers_a_kernel_as_new_or_newer_with_our_minor(volume, minor) -> None:
     with kernel_socket(volume[0]) as (kernel, session):
-        code, reply = init(kernel, 7, minor, EVERYTHING)
+        code, reply = init(kernel, 7, minor, EVERYTHING, InitFlag2.HAS_RESEND)
         assert code == 0 and len(reply) == wire.INIT_OUT.size
         major, got_minor, readahead, flags, _, _, max_write, gran, max_pages, *_ = wire.INIT_OUT.unpack(reply)
-        assert (major, got_minor, readahead, max_write, gran, max_pages) == (7, 38, 1 << 17, 4096, 1, 256)
+        assert (major, got_minor, readahead, max_write, gran, max_pages) == (7, 40, 1 << 17, 4096, 1, 256)
+        assert session.resend  # 7.40 is the minor that carries FUSE_NOTIFY_RESEND
         assert InitFlag(flags) == InitFlag.ASYNC_READ | InitFlag.PARALLEL_DIROPS | InitFlag.MAX_PAGES
         assert session.no_open
         assert ask(kernel, wire.Op.OPEN, bytes(8), 2, 1)[0] == errno.ENOSYS  # no_open: no OPEN again
+
+
+@pytest.mark.parametrize(("minor", "flags2", "resend"), [(38, 0, False), (39, 0, False), (40, 0, False)])
+def test_resend_is_used_only_where_the_minor_answered_carries_it_and_the_kernel_offers_it(
+    volume, minor, flags2, resend
+) -> None:  # fmt: skip
+    """Linux 6.1 to 6.8 speak 7.38 or 7.39 and know no FUSE_NOTIFY_RESEND: such a kernel is answered in its
+    own minor, and a daemon taking up its connection never sends the notification (nor hands the mount over)."""
+    with kernel_socket(volume[0]) as (kernel, session):
+        code, reply = init(kernel, 7, minor, EVERYTHING, flags2)
+        assert code == 0 and wire.INIT_OUT.unpack(reply)[:2] == (7, minor)
+        assert session.resend is resend and session.minor == minor
+
+
+def test_a_flag_offered_at_the_resend_bit_is_read_in_flags2_only(volume) -> None:
+    """FUSE_HAS_RESEND is bit 39 of the flags, so bit 7 of flags2, sent only with INIT_EXT (linux/fuse.h)."""
+    assert InitFlag2.HAS_RESEND == 1 << (39 - 32) and InitFlag.INIT_EXT == 1 << 30
+    with kernel_socket(volume[0]) as (kernel, session):
+        assert init(kernel, 7, 40, EVERYTHING & ~InitFlag.INIT_EXT, InitFlag2.HAS_RESEND)[0] == 0
+        assert not session.resend  # flags2 not sent: nothing offered
+    with kernel_socket(volume[0]) as (kernel, session):
+        assert init(kernel, 7, 40, InitFlag.INIT_EXT | 1 << 7)[0] == 0
+        assert not session.resend  # bit 7 of the low flags is another flag (FUSE_EXPORT_SUPPORT)
 
 
 def test_init_answers_an_older_kernel_in_its_own_terms(volume) -> None:
@@ -538,8 +562,8 @@ def test_init_answers_an_older_kernel_in_its_own_terms(volume) -> None:
 def test_init_of_a_newer_major_asks_again_and_a_too_old_kernel_is_refused(volume) -> None:
     with kernel_socket(volume[0]) as (kernel, _):
         code, reply = init(kernel, 8, 0, EVERYTHING)
-        assert code == 0 and wire.INIT_OUT.unpack(reply)[:2] == (7, 38)  # our major: the kernel asks again
-        assert init(kernel, 7, 38, EVERYTHING)[0] == 0
+        assert code == 0 and wire.INIT_OUT.unpack(reply)[:2] == (7, 40)  # our major: the kernel asks again
+        assert init(kernel, 7, 40, EVERYTHING)[0] == 0
     with kernel_socket(volume[0]) as (kernel, _):
         assert init(kernel, 7, 8, EVERYTHING)[0] == errno.EPROTO
 

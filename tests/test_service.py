@@ -24,7 +24,7 @@ from shardfs.cli import mount_argv, parser
 from shardfs.logs import BURST
 from shardfs.service import daemon as daemon_module
 from shardfs.service import lifecycle, stats_socket
-from shardfs.service.handover import HANDED_OVER
+from shardfs.service.handover import FUSE_NAME, HANDED_OVER, RECORD_NAME
 from shardfs.service.rundir import runtime_dir
 from tests import peers
 from tests.conftest import SHARDFS, assert_eio, scrape, shardfs
@@ -116,7 +116,12 @@ def test_type_notify_ready_once_live_and_stopping_on_sigterm(kv, tmp_path) -> No
             live_when_ready = os.path.ismount(point)
             assert "READY=1" in message.splitlines() and live_when_ready
             assert (point / "7").read_bytes() == stored[7]
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGTERM)  # a stop (no systemd to say it is a restart): the store emptied
+            removed = [notify.recv(4096).decode().splitlines() for _ in range(2)]
+            assert sorted(m[1] for m in removed if m[0] == "FDSTOREREMOVE=1") == [
+                f"FDNAME={FUSE_NAME}",
+                f"FDNAME={RECORD_NAME}",
+            ], removed
             assert "STOPPING=1" in notify.recv(4096).decode().splitlines()
             assert proc.wait(timeout=30) == 0
             assert proc.stderr is not None and "could not tell systemd" not in proc.stderr.read()  # it did

@@ -59,6 +59,14 @@ class _ToPlugin:
     def keep(self, kept: Kept) -> None:
         handoff.send(self.sock, handoff.KEEP, self.target, kept.fds)
 
+    # A volume's mount is served without signals: its plugin stops it (Control.stop), and lets go of what it
+    # keeps when it unpublishes the volume. No SIGTERM reaches a volume: nothing here is ever asked.
+    def forget(self) -> None:
+        raise NotImplementedError("a CSI volume's connection is let go by its plugin")
+
+    def restarting(self) -> bool:
+        raise NotImplementedError("a CSI volume's daemon is never restarted by a signal")
+
 
 def become(uid: int, gid: int) -> None:
     """This process as uid:gid, with no way back: no groups, no capabilities, no_new_privs, not dumpable."""

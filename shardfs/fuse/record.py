@@ -216,6 +216,14 @@ class Carrier(Protocol):
 
     def keep(self, kept: Kept) -> None: ...
 
+    def forget(self) -> None:
+        """Let go of the connection kept: the mount is ending for good (a stop)."""
+        ...
+
+    def restarting(self) -> bool:
+        """Whether the SIGTERM just come is the stop half of a restart, which keeps the mount for the next daemon."""
+        ...
+
     def descriptors(self) -> list[int]:
         """What the daemon must hold open to reach it (when it closes what else it inherited)."""
         ...

@@ -5,8 +5,10 @@ Its options that change nothing here are accepted (and named in the log at INFO,
 work, or that nobody knows, refuses the mount in one line, as libfuse did. SIGTERM and SIGINT unmount
 (lazily, as libfuse does). Given somewhere to keep the connection (a `Carrier`), the descriptor and its
 record are handed there once mounted, a connection kept there is taken up instead of mounting, and SIGUSR2
-hands the mount over to the next daemon: this one ends, and the mount stays. A process serving several mounts
-(the CSI daemon) serves each from a thread of its own and stops them through their `Control`, not signals.
+hands the mount over to the next daemon: this one ends, and the mount stays. So does the SIGTERM of a
+restart, where the carrier can tell one (systemd's store); a stop's SIGTERM takes the connection back too.
+A process serving several mounts (the CSI daemon) serves each from a thread of its own and stops them through
+their `Control`, not signals.
 """
 
 from __future__ import annotations
@@ -185,6 +187,36 @@ class Control:
         self._take_away()
         self._session.stop()
 
+    def terminate(self) -> None:
+        """SIGTERM: a stop, which also lets go of the connection where it is kept (so that nothing of the mount
+        is left); but the stop half of a restart (the carrier says: `systemctl restart`) hands the mount over,
+        so that the next daemon, started at once, takes it up and readers see a pause, not an error."""
+        session, carrier = self._session, self._carrier
+        if session is None:
+            self._asked = self.terminate
+            return
+        if carrier is not None and carrier.restarting():
+            if session.resend:
+                log.warning(
+                    "SIGTERM of a restart: handing the mount over to the next daemon", extra={"event": "handover"}
+                )
+                self.handed_over = True
+                session.stop()
+                return
+            log.error(
+                "SIGTERM of a restart: this kernel cannot resend requests (FUSE_HAS_RESEND, Linux 6.9), so the mount"
+                " ends and the next daemon mounts afresh", extra={"event": "handover"},
+            )  # fmt: skip
+        self._take_away()
+        if carrier is not None:
+            try:
+                carrier.forget()
+            except Exception as e:  # the mount is gone either way; what is kept ends once its holder lets go
+                log.error(
+                    "could not take the connection back from where it was kept: %s", e, extra={"event": "handover"}
+                )
+        session.stop()
+
     def hand_over(self) -> None:
         """Leave the mount to the next daemon: what this one read and has not answered, the kernel resends to
         it. A kernel that cannot resend would leave those callers waiting for ever: refused."""
@@ -251,7 +283,7 @@ def serve(
             debug=settings.debug, record=record, kept=kept is not None, metrics=metrics,
         )  # fmt: skip
         control._bind(session, take_away, carrier)
-        handlers = {signal.SIGTERM: control.stop, signal.SIGINT: control.stop, signal.SIGUSR2: control.hand_over}
+        handlers = {signal.SIGTERM: control.terminate, signal.SIGINT: control.stop, signal.SIGUSR2: control.hand_over}
         previous = {}
         if signals:
             previous = {sig: signal.signal(sig, lambda *_, do=do: do()) for sig, do in handlers.items()}

@@ -43,12 +43,12 @@ WANTED = InitFlag.ASYNC_READ | InitFlag.PARALLEL_DIROPS | InitFlag.MAX_PAGES
 ZERO_ATTR = bytes(wire.ATTR.size)
 READDIR_MOST = 32 << 10  # bytes of entries a READDIR answers: glibc asks st_blksize (1 MiB) after each seek
 STATFS_UNIT = 512  # f_frsize: `df` shows the source's size to within half a KiB
-# Opcodes answered ENOSYS: the kernel remembers most (FLUSH, FSYNC, xattrs, ACCESS, LSEEK, POLL, BMAP)
-# and never asks again; locks are then kept by the kernel alone.
+# Opcodes answered ENOSYS: the kernel remembers most (FLUSH, FSYNC, xattrs, ACCESS, LSEEK, POLL, BMAP, STATX)
+# and never asks again; locks are then kept by the kernel alone; for STATX it asks GETATTR instead.
 NOT_IMPLEMENTED = frozenset(
     {
         Op.FLUSH, Op.FSYNC, Op.FSYNCDIR, Op.GETXATTR, Op.LISTXATTR, Op.ACCESS, Op.GETLK, Op.SETLK, Op.SETLKW,
-        Op.BMAP, Op.POLL, Op.LSEEK, Op.SYNCFS, Op.SETUPMAPPING, Op.REMOVEMAPPING,
+        Op.BMAP, Op.POLL, Op.LSEEK, Op.SYNCFS, Op.SETUPMAPPING, Op.REMOVEMAPPING, Op.STATX,
     }
 )  # fmt: skip
 OPCODE_UNIQUE = struct.Struct("=IQ")  # fuse_in_header's opcode and unique, from its 4th byte
@@ -286,7 +286,7 @@ class Session:
             (offered2,) = wire.INIT_IN_FLAGS2.unpack_from(body, wire.INIT_IN.size)
         self.granted = WANTED & offered
         self.no_open = InitFlag.NO_OPEN_SUPPORT in offered and self.owner is None
-        self.resend = InitFlag2.HAS_RESEND in InitFlag2(offered2)
+        self.resend = minor >= wire.RESEND_MINOR and InitFlag2.HAS_RESEND in InitFlag2(offered2)  # what we speak
         self.minor = minor
         background = min(max(self.threads, KERNEL_BACKGROUND), 0xFFFF)
         if self.record is not None:  # before the answer: a connection kept from here on has its terms
@@ -301,7 +301,7 @@ class Session:
             self.on_ready()
 
     def granted_text(self) -> str:
-        """What INIT settled, for the mount's log line: `FUSE 7.38, granted ASYNC_READ|..., no_open, 10 threads`."""
+        """What INIT settled, for the mount's log line: `FUSE 7.40, granted ASYNC_READ|..., no_open, 10 threads`."""
         granted = "|".join(flag.name or "" for flag in InitFlag if flag in self.granted) or "nothing"
         kept = ", a kept connection taken up" if self.kept else ""
         no_open = ", no_open" if self.no_open else ""

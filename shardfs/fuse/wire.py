@@ -1,6 +1,9 @@
-"""The kernel's FUSE protocol, as `linux/fuse.h` (7.38) defines it: opcodes, flags and the structs a
-read-only filesystem reads and writes; and from 7.40, the resending of unanswered requests. Native byte
-order; every struct is padded to 8 bytes as the kernel's are."""
+"""The kernel's FUSE protocol, as `linux/fuse.h` (7.40) defines it: opcodes, flags and the structs a
+read-only filesystem reads and writes, with the resending of unanswered requests that 7.40 brought. Native
+byte order; every struct is padded to 8 bytes as the kernel's are. 7.39 and 7.40 changed no size this reads
+or writes (init_out's max_stack_depth and open_out's backing_id took padding, and mean something only with
+FUSE_PASSTHROUGH, never granted); FUSE_STATX, new in 7.39, is answered ENOSYS, and the kernel then asks
+GETATTR."""
 
 from __future__ import annotations
 
@@ -8,7 +11,8 @@ import enum
 import struct
 
 KERNEL_MAJOR = 7
-OUR_MINOR = 38  # the header this was written against; a kernel offering less is answered with its own
+OUR_MINOR = 40  # the header this was written against; a kernel offering less is answered with its own
+RESEND_MINOR = 40  # from this minor on, a kernel offering FUSE_HAS_RESEND takes FUSE_NOTIFY_RESEND
 MIN_MINOR = 12  # below this, entry_out and attr_out had other sizes (FUSE_COMPAT_*_SIZE): refused
 ROOT_ID = 1
 UNKNOWN_INO = 0xFFFFFFFF  # what a directory entry's d_ino is before its name is looked up (as libfuse)
@@ -65,6 +69,7 @@ class Op(enum.IntEnum):
     REMOVEMAPPING = 49
     SYNCFS = 50
     TMPFILE = 51
+    STATX = 52  # 7.39
 
 
 class InitFlag(enum.IntFlag):

@@ -5,7 +5,12 @@ Under systemd (a unit with `FileDescriptorStoreMax=`, see systemd/shardfs@.servi
 holds them while the unit restarts and passes them to the next ExecStart as LISTEN_FDS/LISTEN_FDNAMES.
 Elsewhere `-o keeper[=SOCKET]` hands them to a keeper process (service/keeper.py, started if none answers).
 Either way the next `shardfs mount` of the same mountpoint finds the connection and takes it up without
-mounting: nothing touches the mountpoint first, since no daemon would answer for it yet.
+mounting: nothing touches the mountpoint first, since no daemon would answer for it yet. It does so only if
+the connection is still mounted there: a mount detached while files were open on it (a stop, `shardfs
+unmount --lazy`) keeps its connection alive, and taking that up would serve nothing anyone can reach.
+
+A stop lets go of what was kept; under systemd, the SIGTERM of a restart hands the mount over instead
+(`SystemdStore.restarting`): a restart is as invisible to readers as a crash.
 """
 
 from __future__ import annotations
@@ -17,16 +22,20 @@ import logging
 import os
 import select
 import socket
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shardfs.errors import ServiceError
-from shardfs.fuse.mount import FuseMountError, unmount
+from shardfs.fuse.mount import FuseMountError, connection_of, unmount
 from shardfs.fuse.record import Carrier, Kept, RecordError
-from shardfs.service import keeper
+from shardfs.service import keeper, mountinfo
 
 log = logging.getLogger("shardfs")
 
+BUSCTL = ("busctl", "--json=short", "--timeout=2")  # systemd's own D-Bus client, there wherever systemd is
+SYSTEMD = "org.freedesktop.systemd1"
 FUSE_NAME = "shardfs-fuse"  # FDNAME of the /dev/fuse descriptor in systemd's store
 RECORD_NAME = "shardfs-record"  # FDNAME of its record
 LISTEN_FDS_START = 3  # sd_listen_fds(3): passed descriptors begin here
@@ -54,6 +63,20 @@ def served(source: str, view: str, mountpoint: Path) -> str:
     return json.dumps({"source": source, "view": view, "mountpoint": str(mount_name(mountpoint))}, sort_keys=True)
 
 
+def _stamp(kept: Kept, serves: str) -> None:
+    """Stamp what the connection serves, with its mount's device (`0:N`, as mountinfo lists it): on the kernels
+    that do not name a descriptor's connection (before 6.18), how the next daemon knows where it is mounted."""
+    found = mountinfo.topmost(Path(json.loads(serves)["mountpoint"]))
+    device = _device(kept.fd) or (found.device if found is not None else None)
+    kept.record.stamp(json.dumps({**json.loads(serves), "device": device}, sort_keys=True))
+
+
+def _device(fd: int) -> str | None:
+    """The device of the mount a /dev/fuse descriptor serves, where the kernel names its connection."""
+    connection = connection_of(fd)
+    return None if connection is None else f"0:{connection}"
+
+
 @dataclass(frozen=True)
 class SystemdStore:
     """The unit's file-descriptor store, reached over $NOTIFY_SOCKET. serves: see served()."""
@@ -64,7 +87,7 @@ class SystemdStore:
     def keep(self, kept: Kept) -> None:
         """Store a new connection's descriptors, once whatever an earlier one left under their names (a record
         whose connection ended, say) is removed: the next start must find one of each."""
-        kept.record.stamp(self.serves)
+        _stamp(kept, self.serves)
         self.forget()
         for name, fd in ((FUSE_NAME, kept.fd), (RECORD_NAME, kept.record.fd)):
             self._notify(f"FDSTORE=1\nFDNAME={name}", [fd])
@@ -85,6 +108,30 @@ class SystemdStore:
 
     def descriptors(self) -> list[int]:
         return []  # a new socket each time
+
+    def restarting(self) -> bool:
+        """Whether systemd is restarting this unit (`systemctl restart`, `try-restart`, a package upgrade's):
+        its job is then of type `restart`, where a stop's is `stop` and a kill or a crash has none. Asked over
+        D-Bus (busctl) when SIGTERM comes; if systemd cannot say, a stop is assumed, as before restarts were
+        told apart."""
+        try:
+            (unit,) = _bus(
+                "call", "/org/freedesktop/systemd1", f"{SYSTEMD}.Manager", "GetUnitByPID", "u", str(os.getpid())
+            )
+            job_id, job = _bus("get-property", unit, f"{SYSTEMD}.Unit", "Job")
+            return bool(job_id) and _bus("get-property", job, f"{SYSTEMD}.Job", "JobType") == "restart"
+        except (OSError, subprocess.SubprocessError, ValueError, TypeError, KeyError) as e:
+            log.warning("could not ask systemd whether this stop is a restart (%s): it ends the mount", e,
+                        extra={"event": "handover"})  # fmt: skip
+            return False
+
+
+def _bus(verb: str, path: str, *args: str) -> Any:
+    """What systemd answers over D-Bus, from JSON: busctl's `data`."""
+    env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}  # else its failure is told to systemd
+    command = [*BUSCTL, verb, SYSTEMD, path, *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=5, check=True)
+    return json.loads(done.stdout)["data"]
 
 
 def _listened() -> dict[str, int]:
@@ -109,11 +156,14 @@ class KeeperCarrier:
     serves: str
 
     def keep(self, kept: Kept) -> None:
-        kept.record.stamp(self.serves)
+        _stamp(kept, self.serves)
         self.link.keep(self.name, kept.fds)
 
     def forget(self) -> None:
         self.link.ask(f"DROP {self.name}")
+
+    def restarting(self) -> bool:
+        return False  # a keeper's daemon is replaced by a hand-over (SIGUSR2) or a crash; SIGTERM stops it
 
     def descriptors(self) -> list[int]:
         return [self.link.sock.fileno()]
@@ -151,8 +201,13 @@ def _kept(fds: list[int], where: str, carrier: SystemdStore | KeeperCarrier) -> 
         kept.record.terms()  # reads, or says why not
         if _ended(kept.fd):
             raise RecordError("its mount has ended")
-        if kept.record.serves() not in (None, carrier.serves):  # None: stamped by no version before this one
+        stamped = json.loads(kept.record.serves() or "null")  # None: stamped by no version before this one
+        if stamped is not None and {k: v for k, v in stamped.items() if k != "device"} != json.loads(carrier.serves):
             _end_other(kept, carrier)
+            for fd in fds:
+                os.close(fd)
+            return None
+        if not _mounted_here(kept, stamped, carrier):
             for fd in fds:
                 os.close(fd)
             return None
@@ -165,6 +220,25 @@ def _kept(fds: list[int], where: str, carrier: SystemdStore | KeeperCarrier) -> 
         return None
     log.info("taking up the connection kept by %s", where, extra={"event": "handover"})
     return kept
+
+
+def _mounted_here(kept: Kept, stamped: dict[str, str | None] | None, carrier: SystemdStore | KeeperCarrier) -> bool:
+    """Whether the kept connection is the mount at its mountpoint. One detached (a stop or `shardfs unmount`
+    with files open: the kernel keeps the connection until they close) must not be served, or the unit would be
+    active with nothing mounted: it is let go where it is kept, and the mount made afresh. Where neither the
+    kernel nor the record names its device (a record from before devices were stamped), it is taken up."""
+    device = _device(kept.fd) or (stamped or {}).get("device")
+    if device is None:
+        return True
+    asked = json.loads(carrier.serves)["mountpoint"]
+    found = mountinfo.topmost(Path(asked))
+    if found is not None and found.device == device:
+        return True
+    log.warning("the connection kept (device %s) is no longer mounted at %s: it is let go and the mount made"
+                " afresh", device, asked, extra={"event": "handover"})  # fmt: skip
+    with contextlib.suppress(ServiceError, OSError):
+        carrier.forget()
+    return False
 
 
 def _end_other(kept: Kept, carrier: SystemdStore | KeeperCarrier) -> None:
