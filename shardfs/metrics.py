@@ -137,6 +137,9 @@ class Metrics:
         self.served = FastCounter("shardfs_served_bytes", "Bytes returned to readers", tally)
         self.store_reads = FastCounter("shardfs_store_reads", "Byte-range reads of source files", tally)
         self.store_bytes = FastCounter("shardfs_store_read_bytes", "Bytes read from source files", tally)
+        self.files_read = FastCounter(
+            "shardfs_files_read", "Files whose first bytes a reader read (store reads a file: reads over this)", tally
+        )
         self.registry.register(TallyCollector(self))
         registry = self.registry
         self.errors = Counter(
@@ -174,6 +177,10 @@ class Metrics:
             "Chunks fetched ahead of the kernel's requests (fetched), of those read then (used), and fetches failed",
             ["outcome"], registry=registry,
         )  # fmt: skip
+        self.read_ahead_bytes = Counter(
+            "shardfs_read_ahead_bytes", "Bytes fetched ahead of the kernel's requests (fetched), and of those read then"
+            " (used): the difference was fetched for nothing", ["outcome"], registry=registry,
+        )  # fmt: skip
         self.resent = Counter(
             "shardfs_fuse_resent_requests",
             "Requests the kernel sent again after a restart (read by the daemon before and never answered)",
@@ -196,7 +203,7 @@ class TallyCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         m = self.metrics
         totals = m.tally.totals()
-        for metric in (m.ops, m.served, m.store_reads, m.store_bytes):
+        for metric in (m.ops, m.served, m.store_reads, m.store_bytes, m.files_read):
             yield metric.collect(totals)
 
 

@@ -171,10 +171,20 @@ def test_stats_is_a_short_summary_by_default(kv, mount) -> None:
     m = mount(kv[0])
     served = sum(len((m.path / str(k)).read_bytes()) for k in range(10))
     lines = shardfs("stats", m.path).stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["mount", "uptime", "operations", "served", "cache", "errors"]
+    heads = ["mount", "uptime", "operations", "served", "store", "read-ahead", "cache", "errors"]
+    assert [line.split()[0] for line in lines] == heads
     assert lines.pop(0) == f"mount       {kv[0]} at {m.path}, view native"
     assert lines[2].split()[1:] == [str(served), "B"]
-    assert lines[4].split()[1] == "0;"
+    figures = scrape(shardfs("stats", m.path, "--prometheus").stdout)
+    reads = figures[("shardfs_store_reads_total", frozenset())]
+    stored = figures[("shardfs_store_read_bytes_total", frozenset())]
+    assert figures[("shardfs_files_read_total", frozenset())] == 10 and reads > 0
+    assert lines[3] == (
+        f"store       {reads:,.0f} reads ({reads / 10:,.2f} a file read), {stored:.0f} B read for {served} B served"
+        f" ({stored / served:,.2f} a byte)"
+    )
+    assert lines[4] == "read-ahead  nothing fetched ahead"  # a local source: nothing waits on a network
+    assert lines[6].split()[1] == "0;"
     uptime = lines[0].split()[1:]
     assert uptime[0] == "0m" and int(uptime[1].rstrip("s")) < 60
 

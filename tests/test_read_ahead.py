@@ -52,9 +52,20 @@ def test_a_copy_in_listing_order_is_fetched_ahead(kv, mount) -> None:
         before = counted(server)
         copy_in_listing_order(m.path, items)
         asked = counted(server) - before
+        gets = counted(server)["GET"]  # the mount's own, from its first
         seen = figures(m.path)
     assert seen.get("used", 0) >= 0.9 * len(items), seen  # nearly every file was there before it was read
     assert asked["GET"] <= len(items) + 70, asked  # each fetched once (and the window past the last file)
+    found = scrape(shardfs("stats", m.path, "--prometheus").stdout)
+    fetched, used = (
+        found[("shardfs_read_ahead_bytes_total", frozenset({("outcome", o)}))] for o in ("fetched", "used")
+    )
+    assert fetched >= used > 1000 * seen["used"]  # 2000 bytes a value, gzip'd random bytes: no smaller
+    reads, files = found[("shardfs_store_reads_total", frozenset())], found[("shardfs_files_read_total", frozenset())]
+    assert files == len(items) and reads <= gets  # each store read is a GET (or more, retried)
+    lines = dict(line.split(None, 1) for line in shardfs("stats", m.path).stdout.splitlines())
+    assert lines["read-ahead"].startswith(f"{seen['fetched']:,.0f} files fetched ahead, {seen['used']:,.0f} read then;")
+    assert f"({reads / files:,.2f} a file read)" in lines["store"]
 
 
 def test_random_reads_fetch_nothing_ahead(kv, mount) -> None:

@@ -86,8 +86,8 @@ class ChunkDir:
             length, self.kv.cache, self.kv.cache_key("value", chunk.file, chunk.key), make, 0, chunk.file.owner
         )
 
-    def prefetch(self, key: int) -> bool:
-        """Fetch key's bytes ahead of its read (read-ahead); False if it has none to fetch."""
+    def prefetch(self, key: int) -> int | None:
+        """Fetch key's bytes ahead of its read (read-ahead): the bytes fetched; None if it has none to fetch."""
         return self.kv.prefetch(key)
 
     def _stored(self, key: int) -> Extent:
@@ -130,7 +130,7 @@ class MeshDir(ChunkDir):
             raise CorruptChunk(chunk.shard, key, "manifest's fragment sizes overrun the data before it")
         return RangeFile(chunk.file, chunk.start - length, chunk.start)
 
-    def prefetch(self, number: int) -> bool:
+    def prefetch(self, number: int) -> int | None:
         """The manifest's bytes fetched ahead (its fragment data is read when asked)."""
         return self.kv.prefetch(number >> 1)
 

@@ -273,8 +273,10 @@ class Bridge:
 
     @errors_to_errno("read")
     def _read(self, place: Place, offset: int, size: int) -> bytes:
-        if offset == 0 and not isinstance(place, str):  # a numbered file's first bytes: what follows may be next
-            self.read_ahead.read(*place)
+        if offset == 0:
+            self.metrics.files_read.inc()
+            if not isinstance(place, str):  # a numbered file's first bytes: what follows may be next
+                self.read_ahead.read(*place)
         node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)
         if isinstance(node, Dir):
             raise error(self.metrics, errno.EISDIR)

@@ -48,7 +48,7 @@ class ReadAhead:
     def __init__(self, tree: Tree, metrics: Metrics, most: int) -> None:
         self.tree, self.metrics, self.most = tree, metrics, most
         self._patterns: LRUCache[int, _Pattern] = LRUCache(REMEMBERED)
-        self._fetched: LRUCache[tuple[int, int], bool] = LRUCache(REMEMBERED)  # (number, key) fetched, not yet read
+        self._fetched: LRUCache[tuple[int, int], int] = LRUCache(REMEMBERED)  # (number, key) fetched: its bytes
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(AT_ONCE)
         self._pool: ThreadPoolExecutor | None = None
@@ -60,8 +60,10 @@ class ReadAhead:
         if not self.most:
             return
         with self._lock:
-            if self._fetched.pop((number, key), False):
-                self.metrics.read_ahead.labels("used").inc()
+            fetched = self._fetched.pop((number, key), None)
+        if fetched is not None:
+            self.metrics.read_ahead.labels("used").inc()
+            self.metrics.read_ahead_bytes.labels("used").inc(fetched)
         directory = self.tree.numbered[number]
         provider = self.tree.providers[directory]
         listing = self.tree.cache.get(("listing", directory))
@@ -107,10 +109,12 @@ class ReadAhead:
 
         def run() -> None:
             try:
-                if prefetch(key):  # type: ignore[operator]
+                fetched = prefetch(key)  # type: ignore[operator]
+                if fetched is not None:
                     self.metrics.read_ahead.labels("fetched").inc()
+                    self.metrics.read_ahead_bytes.labels("fetched").inc(fetched)
                     with self._lock:
-                        self._fetched[(number, key)] = True
+                        self._fetched[(number, key)] = fetched
             except Exception as e:  # nobody's error: the real read goes to the store
                 self.metrics.read_ahead.labels("failed").inc()
                 log.debug("read-ahead of key %s failed: %s", key, e, extra={"event": "read_ahead"})

@@ -288,16 +288,25 @@ class NeuroglancerKV(ShardedKV):
                 return found.cut(chunk.start, chunk.stop)
         return None
 
-    def prefetch(self, key: int) -> bool:
+    def prefetch(self, key: int) -> int | None:
         """Fetch key's indexes and stored bytes ahead of its read (see fuse/readahead.py), kept as held under its
-        shard's version; False if it is absent, or too large to hold ahead (it is read when asked)."""
+        shard's version: the bytes fetched (0 if already held), None if it is absent, or too large to hold ahead
+        (it is read when asked)."""
         chunk = self.locate(key)
         if chunk is None or chunk.stop - chunk.start > WHOLE_MINISHARD_BYTES:
-            return False
-        if self.held(chunk) is None:
-            fetch = lambda: HeldChunks(chunk.start, chunk.file.read(chunk.start, chunk.stop))  # noqa: E731
-            self.cache.get_or_make(self.cache_key("chunk", chunk.file, key), fetch)  # a read of it meanwhile waits
-        return True
+            return None
+        if self.held(chunk) is not None:
+            return 0
+        fetched = 0
+
+        def fetch() -> HeldChunks:
+            nonlocal fetched
+            data = chunk.file.read(chunk.start, chunk.stop)
+            fetched = len(data)
+            return HeldChunks(chunk.start, data)
+
+        self.cache.get_or_make(self.cache_key("chunk", chunk.file, key), fetch)  # a read of it meanwhile waits
+        return fetched
 
     def shards(self) -> Iterator[ShardFile]:
         """Each shard present, once, called by its `.shard`, or its pair, in the order of their numbers: a
