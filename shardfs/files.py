@@ -11,7 +11,7 @@ from shardfs.cache import ByteCache, closure_cost, key_cost
 from shardfs.stores.protocol import Owner, StoredFile
 
 if TYPE_CHECKING:
-    from shardfs.shards.kv import ShardedKV
+    from shardfs.shards.kv import Fetch, ShardedKV
 
 
 class File(Protocol):
@@ -64,6 +64,10 @@ class Provider(Protocol):
     def file_of(self, key: int) -> File:
         """The file at the path whose `key_of` is key, found from the key alone: what `child` gives for that
         path. Raises FileNotFoundError if it does not exist."""
+
+    def prefetch(self, keys: list[int]) -> list[Fetch]:
+        """How to fetch the files of keys ahead of their reads (fuse/readahead.py), in groups that run apart;
+        none where nothing is worth fetching ahead (a source's own files, read as they are asked for)."""
 
 
 @dataclass(slots=True)

@@ -8,12 +8,15 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+from pathlib import Path
 
+import numpy as np
 import pytest
+import zarr
 
 from tests import peers
 from tests.conftest import scrape, shardfs
-from tests.helpers import counted, wait_for
+from tests.helpers import BUCKET, counted, wait_for
 from tests.http_server import RangeServer
 
 LATENCY = 0.02  # seconds a request: a network's, where read-ahead pays
@@ -115,3 +118,51 @@ def test_a_fetch_ahead_that_fails_is_no_readers_error(kv, mount) -> None:
         server.always = None
         for name in names[50:]:
             assert (m.path / name).read_bytes() == items[int(name)], name
+
+
+@pytest.fixture(scope="module")
+def zarr_bucket(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """A bucket holding a zarr v3 group written by zarr-python: `rows`, 4 x 2048 uint16 in inner chunks of 1 x 16
+    and shards of one row (128 chunks of 32 bytes each), and `cols`, its transpose, whose N5 blocks nest the
+    other way (N5 names x first): each has a directory of 128 chunk files, all of one shard."""
+    root = tmp_path_factory.mktemp("read-ahead-zarr")
+    group = zarr.open_group(root / BUCKET / "g.zarr", mode="w")
+    data = np.arange(4 * 2048, dtype="uint16").reshape(4, 2048)
+    for name, values, chunks, shards in (("rows", data, (1, 16), (1, 2048)), ("cols", data.T, (16, 1), (2048, 1))):
+        group.create_array(name, shape=values.shape, dtype="uint16", chunks=chunks, shards=shards, compressors=None)[
+            :
+        ] = values
+    return root
+
+
+def widest(top: Path) -> tuple[Path, list[str]]:
+    """The directory below top with the most files, and their names in listing order (as `cp -r` reads them)."""
+    where, _, files = max(os.walk(top), key=lambda found: len(found[2]))
+    return Path(where), sorted(files, key=os.fsencode)
+
+
+@pytest.mark.parametrize(("view", "array"), [("native", "rows"), ("zarr2", "rows"), ("n5", "cols")])
+def test_zarr_chunk_keys_and_views_read_in_listing_order_are_fetched_ahead_a_shard_at_a_time(
+    zarr_bucket, mount, view, array
+) -> None:  # fmt: skip
+    """zarr-python's chunk keys (`c/0/17`), and the same chunks as the views show them (`0/17` or `0.17`, N5's
+    `0/17` of the transpose): a copy of one directory in listing order has its chunks fetched ahead, the ranges
+    of their one shard read together, so that the shard sees a few requests, not one a file; the bytes are those
+    read with read-ahead off."""
+    with RangeServer(zarr_bucket, latency=LATENCY, suffix_ranges=True).running() as server:  # as GCS does
+        source = [f"gs://{BUCKET}/g.zarr", "--endpoint", server.url, "--anonymous", "--view", view]
+        m, off = mount(*source), mount(*source, "-o", "read_ahead=0")
+        where, names = widest(m.path / array)
+        assert len(names) == 128, where
+        shard = f"{BUCKET}/g.zarr/{array}/c/"
+        before = server.gets(prefix=shard)
+        copied = {name: (where / name).read_bytes() for name in names}
+        ahead = server.gets(prefix=shard) - before
+        before = server.gets(prefix=shard)
+        twin = off.path / where.relative_to(m.path)
+        assert copied == {name: (twin / name).read_bytes() for name in names}
+        alone = server.gets(prefix=shard) - before
+        seen = figures(m.path)
+    assert alone >= len(names)  # read-ahead off: a request a file, at least
+    assert ahead <= len(names) // 8, (ahead, alone)  # 16 files or more a request
+    assert seen.get("used", 0) >= 0.8 * len(names), seen

@@ -14,7 +14,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
 from shardfs.files import BytesFile, File, Provider, RangeFile
-from shardfs.shards.kv import Extent
+from shardfs.shards.kv import Extent, Fetch, ShardedKV
 from shardfs.stores.protocol import Owner, Store
 
 LARGEST = 1 << 62  # sizes, shapes and offsets past it would overflow the int64 maths of chunk positions
@@ -60,6 +60,9 @@ class Array:
     multiscale: dict[str, Any] = field(default_factory=dict)  # precomputed: resolution and voxel_offset (x, y, z)
     dimension_names: tuple[str | None, ...] | None = None  # zarr v3's `dimension_names`, if it has them
     separator: str = "/"  # between the indices of its chunk keys in the source (zarr's `c/1/2` or `1.2`)
+    # How to fetch stored chunks ahead of their reads, by position (a view's read-ahead): none for an unsharded
+    # source's files, read as they are asked for.
+    prefetch: Callable[[list[tuple[int, ...]]], list[Fetch]] = lambda positions: []
 
 
 def senseless(where: str, e: Exception) -> SourceError:
@@ -67,12 +70,13 @@ def senseless(where: str, e: Exception) -> SourceError:
     return SourceError(f"{where}: cannot make sense of it ({type(e).__name__}: {e})")
 
 
-def extent_file(extent: Extent) -> File:
+def extent_file(extent: Extent, kv: ShardedKV) -> File:
     """A key's stored bytes as a file: read from its shard's range as it is asked for, or cut from the shard's
-    decoded bytes."""
-    if extent.data is None:
+    decoded bytes, or from those read ahead of it (kv.held)."""
+    held = kv.held(extent) if extent.data is None else extent.data[extent.start : extent.stop]
+    if held is None:
         return RangeFile(extent.file, extent.start, extent.stop)
-    return BytesFile(bytes(extent.data[extent.start : extent.stop]), extent.file.owner, extent.shard)
+    return BytesFile(bytes(held), extent.file.owner, extent.shard)
 
 
 def load_json(store: Store, path: str) -> Any:

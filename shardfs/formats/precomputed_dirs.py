@@ -13,7 +13,7 @@ from shardfs.errors import CorruptChunk
 from shardfs.files import BytesFile, File, LazyFile, RangeFile
 from shardfs.formats.plan import extent_file
 from shardfs.formats.precomputed_names import Naming, VolumeChunks
-from shardfs.shards.kv import Extent
+from shardfs.shards.kv import Extent, Fetch
 from shardfs.shards.neuroglancer_kv import NeuroglancerKV
 
 
@@ -22,8 +22,7 @@ def chunk_file(kv: NeuroglancerKV, chunk: Extent) -> File:
     index; a gzip one is decoded now, because its size is needed for stat anyway, and the node cache then
     serves every read of it."""
     if kv.spec.data_encoding == "raw":
-        held = kv.held(chunk)
-        return extent_file(chunk) if held is None else BytesFile(held, chunk.file.owner, chunk.shard)
+        return extent_file(chunk, kv)
     return BytesFile(kv.value(chunk), chunk.file.owner, chunk.shard)
 
 
@@ -86,9 +85,8 @@ class ChunkDir:
             length, self.kv.cache, self.kv.cache_key("value", chunk.file, chunk.key), make, 0, chunk.file.owner
         )
 
-    def prefetch(self, key: int) -> int | None:
-        """Fetch key's bytes ahead of its read (read-ahead): the bytes fetched; None if it has none to fetch."""
-        return self.kv.prefetch(key)
+    def prefetch(self, keys: list[int]) -> list[Fetch]:
+        return self.kv.fetches(keys)
 
     def _stored(self, key: int) -> Extent:
         """Where key's bytes are; a key not stored is ENOENT."""
@@ -130,9 +128,10 @@ class MeshDir(ChunkDir):
             raise CorruptChunk(chunk.shard, key, "manifest's fragment sizes overrun the data before it")
         return RangeFile(chunk.file, chunk.start - length, chunk.start)
 
-    def prefetch(self, number: int) -> int | None:
-        """The manifest's bytes fetched ahead (its fragment data is read when asked)."""
-        return self.kv.prefetch(number >> 1)
+    def prefetch(self, numbers: list[int]) -> list[Fetch]:
+        """The manifests fetched ahead, named as `<id>.index` (the fragment data is read when asked)."""
+        ids = list(dict.fromkeys(number >> 1 for number in numbers))
+        return [fetch.renamed(lambda key: 2 * int(key) + 1) for fetch in self.kv.fetches(ids)]  # type: ignore[call-overload]
 
     def names(self) -> Iterator[str]:
         for name in super().names():

@@ -17,6 +17,7 @@ from shardfs.formats.encodings import decode_precomputed
 from shardfs.formats.plan import Array
 from shardfs.formats.precomputed_dirs import chunk_file
 from shardfs.formats.precomputed_names import VolumeChunks
+from shardfs.shards.kv import Fetch
 from shardfs.shards.neuroglancer_kv import NeuroglancerKV
 from shardfs.stores.protocol import Store
 
@@ -52,7 +53,15 @@ class VolumeScale:
             decode=self.decode,
             owner=self.store.owner(self.directory),
             multiscale={"resolution": self.scale.get("resolution", [1, 1, 1]), "voxel_offset": self.naming.offset},
+            prefetch=self.prefetch,
         )
+
+    def prefetch(self, positions: list[tuple[int, ...]]) -> list[Fetch]:
+        """Chunks fetched ahead by position (a view's read-ahead); an unsharded scale's files are read as asked."""
+        if self.kv is None:
+            return []
+        keys = {self.naming.morton.encode(list(pos[::-1][:3])): pos for pos in positions}
+        return [fetch.renamed(keys.__getitem__) for fetch in self.kv.fetches(list(keys))]
 
     def chunk(self, pos: tuple[int, ...]) -> File | None:
         xyz = list(pos[::-1][:3])

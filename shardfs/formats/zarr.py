@@ -29,6 +29,7 @@ from shardfs.formats.zarr_codecs import (
     unshard,
 )
 from shardfs.formats.zarr_draft import DRAFT_FORMAT, walk_draft
+from shardfs.shards.kv import Fetch
 from shardfs.shards.zarr import ChunkKeys
 from shardfs.shards.zarr_kv import ZarrKV
 from shardfs.stores.protocol import Store
@@ -149,12 +150,12 @@ class ZarrPlan(Plan):
                 f"{directory or '.'}: zarr v3 array, sharded ({len(levels)} level(s), {math.prod(meta.shape)} elements)"
             )
         )
-        self._for_views(directory, meta, inner_codecs, kv.inner, array.chunk, kv.present_under, keys, where)
+        self._for_views(directory, meta, inner_codecs, kv.inner, array.chunk, kv.present_under, keys, where, kv.fetches)
 
     def _for_views(
         self, directory: str, meta: ArrayMeta, codecs: list, chunks: tuple[int, ...],
         chunk: Callable[[tuple[int, ...]], File | None], stored: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]],
-        keys: ChunkKeys, where: str,
+        keys: ChunkKeys, where: str, prefetch: Callable[[list[tuple[int, ...]]], list[Fetch]] = lambda positions: [],
     ) -> None:  # fmt: skip
         """Describe the array for --view n5/zarr2; one they cannot show is named in `shardfs info`."""
         try:
@@ -166,6 +167,7 @@ class ZarrPlan(Plan):
         self.arrays[directory] = Array(
             meta.shape, chunks, dtype, fill, meta.attributes, compressor, opaque, False, chunk, stored, True,
             decode, self.store.owner(directory), dimension_names=meta.dimension_names, separator=keys.separator,
+            prefetch=prefetch,
         )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from shardfs.files import Dir, File, Node, RangeFile
 from shardfs.formats.plan import extent_file
 from shardfs.shards.grid import grid_at, grid_index, grid_shape
-from shardfs.shards.kv import files_below
+from shardfs.shards.kv import Fetch, files_below
 from shardfs.shards.zarr import ChunkKeys
 from shardfs.shards.zarr_kv import ZarrKV
 from shardfs.stores.protocol import Store
@@ -84,7 +84,11 @@ class ZarrArray:
     def chunk(self, pos: tuple[int, ...]) -> File | None:
         """The inner chunk at global grid position pos, or None if it is absent."""
         extent = self.kv.locate(pos)
-        return None if extent is None else extent_file(extent)
+        return None if extent is None else extent_file(extent, self.kv)
+
+    def prefetch(self, keys: list[int]) -> list[Fetch]:
+        positions = [pos for pos in (grid_at(key, self.kv.grid) for key in keys) if pos is not None]
+        return [fetch.renamed(lambda pos: grid_index(pos, self.kv.grid)) for fetch in self.kv.fetches(positions)]  # type: ignore[arg-type]
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         """Exactly the keys of stored chunks, and the directories above them that hold any."""

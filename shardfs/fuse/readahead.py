@@ -6,15 +6,20 @@ daemon knows what the kernel cannot: the directory's sorted listing (it made it)
 lie. When a file is read that follows the one read before in the same directory (within GAP entries), twice in
 a row, the pattern holds and a window of the files after it is fetched ahead, at most AT_ONCE fetches in flight
 for the mount; the window doubles while the pattern holds (from 2 up to the mount's `read_ahead`, 64 files by
-default) and is dropped when it breaks. What is fetched lies in the byte-bounded cache under its shard's
+default) and is dropped when it breaks. It is filled again once half of it has been read, so that the keys
+fetched together (below) are many, not one a read. What is fetched lies in the byte-bounded cache under its shard's
 version, like any read: a changed source fails as a direct read would, and a fetch that fails is nobody's
-error (the real read, if it comes, goes to the store). Only over a network (a local disk answers a read in
-less than the bookkeeping would cost) and only for providers that can fetch a key ahead (`prefetch`).
+error (the real read, if it comes, goes to the store). Keys one index locates (a minishard's, a zarr shard's)
+are fetched together, their ranges that lie close in one request (shards/kv.py). Chunk keys nested in
+directories (zarr's `c/0/1/2`, the views') follow their own directory's listing. Only over a network (a local
+disk answers a read in less than the bookkeeping would cost), and only where the provider has keys to fetch
+(`prefetch`: a source's unsharded files have none).
 """
 
 from __future__ import annotations
 
 import logging
+import posixpath
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,6 +28,7 @@ from cachetools import LRUCache
 
 from shardfs.fuse.listing import Listing
 from shardfs.metrics import Metrics
+from shardfs.shards.kv import Fetch
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
@@ -30,7 +36,7 @@ log = logging.getLogger("shardfs")
 GAP = 4  # a read this many entries past the last one still follows it (readers a few files apart)
 FOLLOWED = 2  # reads in a row that follow one another before anything is fetched (random reads seldom do twice)
 FIRST_WINDOW = 2
-AT_ONCE = 16  # fetches ahead in flight for the mount
+AT_ONCE = 16  # fetches ahead in flight for the mount (each a group of keys one index locates)
 REMEMBERED = 4096  # directories and fetched keys remembered (a few hundred KiB at most)
 
 
@@ -47,7 +53,7 @@ class ReadAhead:
 
     def __init__(self, tree: Tree, metrics: Metrics, most: int) -> None:
         self.tree, self.metrics, self.most = tree, metrics, most
-        self._patterns: LRUCache[int, _Pattern] = LRUCache(REMEMBERED)
+        self._patterns: LRUCache[tuple[int, str], _Pattern] = LRUCache(REMEMBERED)  # by directory
         self._fetched: LRUCache[tuple[int, int], int] = LRUCache(REMEMBERED)  # (number, key) fetched: its bytes
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(AT_ONCE)
@@ -64,44 +70,49 @@ class ReadAhead:
         if fetched is not None:
             self.metrics.read_ahead.labels("used").inc()
             self.metrics.read_ahead_bytes.labels("used").inc(fetched)
-        directory = self.tree.numbered[number]
-        provider = self.tree.providers[directory]
-        listing = self.tree.cache.get(("listing", directory))
-        name = provider.rel_of(key)
-        if not isinstance(listing, Listing) or name is None or not hasattr(provider, "prefetch"):
+        provider = self.tree.providers[self.tree.numbered[number]]
+        rel = provider.rel_of(key)
+        if rel is None:
             return
-        position = listing.position(name.encode())
+        parent, name = posixpath.split(rel)  # a chunk key's own directory (zarr's c/0/1, N5's 0/1)
+        listing = self.tree.cache.get(("listing", posixpath.join(self.tree.numbered[number], parent).strip("/")))
+        position = listing.position(name.encode()) if isinstance(listing, Listing) else None
         if position is None:
             return
         with self._lock:
-            todo = self._advance(number, position, len(listing))
+            todo = self._advance((number, parent), position, len(listing))
+        keys: dict[int, int] = {}  # key → its offset in the listing
         for offset in todo:
             entry, is_dir = listing.entry(offset)
-            found = None if is_dir else provider.key_of(entry.decode())
-            if found is not None and not self._fetch(number, found, provider.prefetch):
-                with self._lock:  # every slot busy: the next read asks again from here
-                    pattern = self._patterns.get(number)
+            found = None if is_dir else provider.key_of(posixpath.join(parent, entry.decode()))
+            if found is not None:
+                keys.setdefault(found, offset)
+        for fetch in provider.prefetch(list(keys)) if keys else ():
+            if not self._fetch(number, fetch):  # every slot busy: the next read asks again from its first file
+                with self._lock:
+                    pattern = self._patterns.get((number, parent))
                     if pattern is not None:
-                        pattern.ahead = min(pattern.ahead, offset)
-                break
+                        pattern.ahead = min([pattern.ahead, *(keys[k] for k in fetch.keys if k in keys)])
 
-    def _advance(self, number: int, position: int, end: int) -> range:
-        """The listing offsets to fetch now, as the pattern of directory number moves to position."""
-        pattern = self._patterns.get(number)
+    def _advance(self, directory: tuple[int, str], position: int, end: int) -> range:
+        """The listing offsets to fetch now, as the pattern of directory moves to position."""
+        pattern = self._patterns.get(directory)
         if pattern is None or not 0 < position - pattern.last <= GAP:
             if pattern is None or position != pattern.last:
-                self._patterns[number] = _Pattern(position)
+                self._patterns[directory] = _Pattern(position)
             return range(0)
         pattern.last, pattern.run = position, pattern.run + 1
         if pattern.run < FOLLOWED:
             return range(0)
         pattern.window = min(max(FIRST_WINDOW, 2 * pattern.window), self.most)
+        if pattern.ahead - (position + 1) > pattern.window // 2:  # enough asked for ahead: ask in batches
+            return range(0)
         start = max(position + 1, pattern.ahead)
         pattern.ahead = min(position + 1 + pattern.window, end)
         return range(start, pattern.ahead)
 
-    def _fetch(self, number: int, key: int, prefetch: object) -> bool:
-        """Fetch one key in the pool, if a slot is free; False if none is."""
+    def _fetch(self, number: int, fetch: Fetch) -> bool:
+        """Run one fetch in the pool, if a slot is free; False if none is."""
         if self._closed or not self._slots.acquire(blocking=False):
             return False
         if self._pool is None:
@@ -109,15 +120,14 @@ class ReadAhead:
 
         def run() -> None:
             try:
-                fetched = prefetch(key)  # type: ignore[operator]
-                if fetched is not None:
-                    self.metrics.read_ahead.labels("fetched").inc()
-                    self.metrics.read_ahead_bytes.labels("fetched").inc(fetched)
-                    with self._lock:
-                        self._fetched[(number, key)] = fetched
-            except Exception as e:  # nobody's error: the real read goes to the store
-                self.metrics.read_ahead.labels("failed").inc()
-                log.debug("read-ahead of key %s failed: %s", key, e, extra={"event": "read_ahead"})
+                fetched = fetch.run()
+                self.metrics.read_ahead.labels("fetched").inc(len(fetched))
+                self.metrics.read_ahead_bytes.labels("fetched").inc(sum(fetched.values()))
+                with self._lock:
+                    self._fetched.update(((number, key), n) for key, n in fetched.items())
+            except Exception as e:  # nobody's error: the real reads go to the store
+                self.metrics.read_ahead.labels("failed").inc(len(fetch.keys))
+                log.debug("read-ahead of keys %s failed: %s", fetch.keys[:4], e, extra={"event": "read_ahead"})
             finally:
                 self._slots.release()
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import posixpath
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterator
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from shardfs.cache import ByteCache
@@ -20,6 +21,11 @@ from shardfs.stores.protocol import ByteRange, Store, StoredFile
 log = logging.getLogger("shardfs")
 
 SHOWN = 3  # problems spelled out per shard; the rest are counted, since one bad minishard may hold thousands
+# Read-ahead (fuse/readahead.py): keys' ranges of one shard read in one request where no more than GAP bytes lie
+# between two of them, up to MOST bytes a request (a few round trips' worth of bytes at 100 MB/s: a request
+# is then mostly transfer, not waiting). Those between are read and not kept: at most GAP a key.
+PREFETCH_GAP = 64 << 10
+PREFETCH_MOST = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,39 @@ class Extent:
     @property
     def shard(self) -> str:
         return self.file.path
+
+
+@dataclass(frozen=True)
+class HeldChunks:
+    """Stored bytes read before they were asked for, [start, start + len(data)) of their shard: a minishard's
+    chunks read with its index, or a key fetched ahead. Reads of the keys within are served from them."""
+
+    start: int
+    data: bytes
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data)
+
+    def cut(self, start: int, stop: int) -> bytes | None:
+        """The bytes [start, stop), or None where they are not all held."""
+        if self.start <= start <= stop <= self.start + len(self.data):
+            return self.data[start - self.start : stop - self.start]
+        return None
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Keys to fetch ahead together, and how: run() locates them (one index read, which they share) and reads
+    their ranges in as few requests as lie close, returning the bytes fetched for each key found (0: held
+    already). Independent of every other Fetch, so several run at once."""
+
+    keys: list
+    run: Callable[[], dict]
+
+    def renamed(self, name: Callable[[object], object]) -> Fetch:
+        """The same fetch, its keys as a provider names them (name: a key of the store's → the provider's)."""
+        return Fetch([name(key) for key in self.keys], lambda: {name(key): n for key, n in self.run().items()})
 
 
 @dataclass
@@ -75,6 +114,7 @@ class ShardedKV(ABC):
 
     def __init__(self, store: Store, directory: str, cache: ByteCache) -> None:
         self.store, self.directory, self.cache = store, directory, cache
+        self.round_trips = store.reads_at_once > 1  # reads wait on a network: bytes are worth reading ahead
 
     def path(self, name: str) -> str:
         return f"{self.directory}/{name}" if self.directory else name
@@ -90,6 +130,47 @@ class ShardedKV(ABC):
     @abstractmethod
     def verify(self, shard: ShardFile) -> ShardReport:
         """Every index of one shard read and checked, as `shardfs check` does. OSError if it cannot be read."""
+
+    # -- read-ahead --------------------------------------------------------------------------------------------------
+
+    def index_of(self, key: object) -> Hashable:
+        """Which index locates key (a shard's, a minishard's): keys that share one are fetched together."""
+        return None
+
+    def fetches(self, keys: Sequence[object]) -> list[Fetch]:
+        """Keys to fetch ahead, grouped by the index that locates them, in the order they were given."""
+        groups: dict[Hashable, list[object]] = defaultdict(list)
+        for key in keys:
+            groups[self.index_of(key)].append(key)
+        return [Fetch(group, lambda group=group: self.prefetch(group)) for group in groups.values()]
+
+    def prefetch(self, keys: Sequence[object]) -> dict[object, int]:
+        """Locate keys and read their stored bytes ahead of their reads: ranges of one shard's version within
+        PREFETCH_GAP of each other in one request (PREFETCH_MOST at most), each key's bytes kept in the cache
+        under that version. The bytes fetched for each key found (those read between go to the first of a
+        request); absent keys, and those decoded whole with their shard, are left out."""
+        found = [e for e in map(self.locate, keys) if e is not None and e.data is None]
+        fetched: dict[object, int] = {}
+        for run in _close_runs(sorted(found, key=lambda e: (e.file.path, e.file.version, e.start))):
+            todo = [e for e in run if self.held(e) is None]
+            fetched.update((e.key, 0) for e in run)
+            if not todo:
+                continue
+            start, stop = todo[0].start, max(e.stop for e in todo)
+            data = todo[0].file.read(start, stop)
+            for e in todo:
+                piece = HeldChunks(e.start, data[e.start - start : e.stop - start])
+                self.cache.get_or_make(self.cache_key("chunk", e.file, e.key), lambda piece=piece: piece)
+                fetched[e.key] = e.stop - e.start
+            fetched[todo[0].key] += len(data) - sum(e.stop - e.start for e in todo)
+        return fetched
+
+    def held(self, chunk: Extent) -> bytes | None:
+        """The chunk's stored bytes, if they were read ahead of its read and are still kept (over a network)."""
+        if not self.round_trips:
+            return None
+        found = self.cache.get(self.cache_key("chunk", chunk.file, chunk.key), wait=True)
+        return found.cut(chunk.start, chunk.stop) if isinstance(found, HeldChunks) else None
 
     # -- the cache -------------------------------------------------------------------------------------------------
 
@@ -120,6 +201,25 @@ class ShardedKV(ABC):
 
     def files_below(self, path: str) -> Iterator[str]:
         return files_below(self.store, path)
+
+
+def _close_runs(extents: list[Extent]) -> Iterator[list[Extent]]:
+    """Extents sorted by shard version and start, in runs that one request each reads: one version, each within
+    PREFETCH_GAP of the one before, PREFETCH_MOST bytes at most. One larger than that alone is left out."""
+    run: list[Extent] = []
+    for extent in extents:
+        if extent.stop - extent.start > PREFETCH_MOST:
+            continue
+        if run and (
+            (extent.file.path, extent.file.version) != (run[0].file.path, run[0].file.version)
+            or extent.start - max(e.stop for e in run) > PREFETCH_GAP
+            or extent.stop - run[0].start > PREFETCH_MOST
+        ):
+            yield run
+            run = []
+        run.append(extent)
+    if run:
+        yield run
 
 
 def files_below(store: Store, path: str) -> Iterator[str]:

@@ -17,7 +17,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, OverLimit
-from shardfs.shards.kv import Extent, ShardedKV, ShardFile, ShardReport, skipped
+from shardfs.shards.kv import Extent, HeldChunks, ShardedKV, ShardFile, ShardReport, skipped
 from shardfs.shards.listing import (
     LISTING_BLOCK,
     LISTING_BUDGET,
@@ -71,25 +71,6 @@ class OpenShard:
         return sum(a.nbytes for a in (self.index, self.ends) if a is not None)
 
 
-@dataclass(frozen=True)
-class HeldChunks:
-    """The bytes before a minishard's index, read with it, [start, start + len(data)), kept once its decoded
-    index showed every chunk of it lies there: its chunks' reads are served from them."""
-
-    start: int
-    data: bytes
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.data)
-
-    def cut(self, start: int, stop: int) -> bytes | None:
-        """The bytes [start, stop), or None where they are not all held."""
-        if self.start <= start <= stop <= self.start + len(self.data):
-            return self.data[start - self.start : stop - self.start]
-        return None
-
-
 class NeuroglancerKV(ShardedKV):
     """A `neuroglancer_uint64_sharded_v1` directory, with its minishard indexes in the shared cache, each under
     the version of the shard it was read from."""
@@ -100,7 +81,6 @@ class NeuroglancerKV(ShardedKV):
         # The largest decoded value: one file's cap, unless the format knows better (volumes do).
         self.value_limit = cache.max_value
         self._budget_said = False  # whether a listing's running out of budget was logged (once a directory)
-        self._whole = store.reads_at_once > 1  # round trips cost: a minishard's chunks may come with its index
         self._decoded = [0, 0]  # minishard indexes decoded in this directory, and their chunks (racy counts)
 
     def shard_path(self, shard: int, suffix: str = "shard") -> str:
@@ -224,7 +204,7 @@ class NeuroglancerKV(ShardedKV):
         to read the index alone: a local store, a shard index not read whole, indexes batched (cloud-volume's
         layout, where they lie together at the end), nothing before it, too many bytes, or minishards that
         hold too many chunks so far (none decoded yet: the first is read alone, and counted)."""
-        if not self._whole or opened.ends is None or not self._decoded[0]:
+        if not self.round_trips or opened.ends is None or not self._decoded[0]:
             return None
         if opened.batch is not None and opened.batch[0] <= start <= stop <= opened.batch[1]:
             return None
@@ -278,35 +258,16 @@ class NeuroglancerKV(ShardedKV):
             raise CorruptChunk(chunk.shard, chunk.key, str(e)) from e
 
     def held(self, chunk: Extent) -> bytes | None:
-        """The chunk's stored bytes, if they were fetched ahead (prefetch) or came with its minishard's index,
-        and are still kept."""
-        if not self._whole or not isinstance(chunk.key, int):
+        """The chunk's stored bytes, if they were fetched ahead or came with its minishard's index, and are still
+        kept (only ever over a network)."""
+        if not self.round_trips or not isinstance(chunk.key, int):
             return None
-        for where in (("chunk", chunk.key), ("chunks", self.spec.shard_and_minishard(chunk.key)[1])):
-            found = self.cache.get(self.cache_key(where[0], chunk.file, where[1]), wait=True)
-            if isinstance(found, HeldChunks):
-                return found.cut(chunk.start, chunk.stop)
-        return None
+        found = self.cache.get(self.cache_key("chunks", chunk.file, self.index_of(chunk.key)[1]), wait=True)
+        return found.cut(chunk.start, chunk.stop) if isinstance(found, HeldChunks) else super().held(chunk)
 
-    def prefetch(self, key: int) -> int | None:
-        """Fetch key's indexes and stored bytes ahead of its read (see fuse/readahead.py), kept as held under its
-        shard's version: the bytes fetched (0 if already held), None if it is absent, or too large to hold ahead
-        (it is read when asked)."""
-        chunk = self.locate(key)
-        if chunk is None or chunk.stop - chunk.start > WHOLE_MINISHARD_BYTES:
-            return None
-        if self.held(chunk) is not None:
-            return 0
-        fetched = 0
-
-        def fetch() -> HeldChunks:
-            nonlocal fetched
-            data = chunk.file.read(chunk.start, chunk.stop)
-            fetched = len(data)
-            return HeldChunks(chunk.start, data)
-
-        self.cache.get_or_make(self.cache_key("chunk", chunk.file, key), fetch)  # a read of it meanwhile waits
-        return fetched
+    def index_of(self, key: object) -> tuple[int, int]:
+        """A key's shard and minishard: the minishard index locates it."""
+        return self.spec.shard_and_minishard(int(key))  # type: ignore[call-overload]
 
     def shards(self) -> Iterator[ShardFile]:
         """Each shard present, once, called by its `.shard`, or its pair, in the order of their numbers: a

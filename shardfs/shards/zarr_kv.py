@@ -98,6 +98,10 @@ class ZarrKV(ShardedKV):
         """The shard position holding a chunk position, or a prefix of one."""
         return tuple(p // n for p, n in zip(pos, self.per_shard, strict=False))
 
+    def index_of(self, key: object) -> tuple[int, ...]:
+        """A chunk's shard: its index locates it."""
+        return self.shard_of(key)  # type: ignore[arg-type]
+
     def shard_path(self, shard: tuple[int, ...]) -> str:
         return self.path(self.keys.key(shard))
 

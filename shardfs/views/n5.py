@@ -25,6 +25,7 @@ from shardfs.cache import ByteCache
 from shardfs.files import BytesFile, Dir, File, LazyFile, Node
 from shardfs.formats.plan import Array, Finding, Plan
 from shardfs.shards.grid import grid_at, grid_index, grid_position, grid_shape
+from shardfs.shards.kv import Fetch
 from shardfs.views.axes import Axes, axes_of, pyramids
 from shardfs.views.chunks import (
     PrefixedFile,
@@ -118,6 +119,12 @@ class Dataset:
         if at is None:
             raise FileNotFoundError(f"key {key}")
         return self.block(at[::-1])
+
+    def prefetch(self, keys: list[int]) -> list[Fetch]:
+        """The source's chunks under the blocks of keys, fetched ahead."""
+        positions = [at[::-1] for at in (grid_at(key, self.grid) for key in keys) if at is not None and self.ndim]
+        back = lambda pos: grid_index(pos[::-1], self.grid)  # noqa: E731
+        return [fetch.renamed(back) for fetch in self.array.prefetch(positions)]
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         at = self._grid_path(rel)

@@ -25,6 +25,7 @@ from shardfs.cache import ByteCache
 from shardfs.files import Dir, File, LazyFile, Node
 from shardfs.formats.plan import Array, Finding, Plan
 from shardfs.shards.grid import grid_at, grid_index, grid_position, grid_shape
+from shardfs.shards.kv import Fetch
 from shardfs.views.axes import axes_of
 from shardfs.views.chunks import decoded, edge_shape, nbytes, next_level, number, numcodecs_config, stored_under
 
@@ -100,6 +101,13 @@ class Zarr2Array:
         if at is None or any(at[: self.lead]):
             raise FileNotFoundError(f"key {key}")
         return self.chunk(at[self.lead :])
+
+    def prefetch(self, keys: list[int]) -> list[Fetch]:
+        """The source's chunks under the chunks of keys, fetched ahead."""
+        found = (grid_at(key, self.grid) for key in keys)
+        positions = [at[self.lead :] for at in found if at is not None and not any(at[: self.lead])]
+        back = lambda pos: grid_index((0,) * self.lead + tuple(pos), self.grid)  # noqa: E731
+        return [fetch.renamed(back) for fetch in self.array.prefetch(positions)]
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         at = self._path(rel) if rel else ()
