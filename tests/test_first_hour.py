@@ -14,7 +14,7 @@ from moto.server import ThreadedMotoServer
 from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
 
 from tests import peers
-from tests.conftest import shardfs
+from tests.conftest import SHARDFS, shardfs
 from tests.helpers import one_line_error
 from tests.http_server import RangeServer
 
@@ -147,3 +147,14 @@ def test_info_over_http_does_not_call_unlisted_shards_missing(tmp_path) -> None:
         said = shardfs("info", f"zarr3://{server.url}").stdout
     assert "shard files: 4 in the grid; not counted (the server cannot list them)" in said, said
     assert "0 present" not in said
+
+
+def test_a_url_missing_a_slash_says_so(kv, tmp_path) -> None:
+    """`s3:/bucket/x` was read as a relative path: an --endpoint "ignored" line, then "does not exist"."""
+    for source, meant in (("s3:/bucket/x", "s3://bucket/x"), ("https:host/x", "https://host/x")):
+        for command in (["mount", source, tmp_path, "--endpoint", "http://127.0.0.1:9"], ["ls", source]):
+            done = shardfs(*command, check=False)
+            one_line_error(done, 2, f"{source}: looks like a URL without '://'", f"write {meant},", f"./{source}")
+    (tmp_path / "s3:").symlink_to(kv[0].parent)  # a local path so named is still reached, as the message says
+    done = subprocess.run([*SHARDFS, "ls", f"./s3:/{kv[0].name}"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and "7\n" in done.stdout, done.stderr

@@ -11,6 +11,7 @@ the log, messages) has `***@` in its place.
 from __future__ import annotations
 
 import base64
+import re
 from dataclasses import dataclass, field
 from urllib.parse import unquote, urlsplit
 
@@ -18,6 +19,8 @@ from shardfs.logs import redact_userinfo
 
 FORMAT_PREFIXES = ("precomputed://", "zarr3://", "zarr://", "n5://")
 REMOTE_SCHEMES = ("gs", "s3", "http", "https")
+# `s3:/bucket/x`, `https:host/x`: a remote scheme with a slash or two missing, else read as a relative path.
+NO_SLASHES = re.compile(rf"({'|'.join(REMOTE_SCHEMES)}):", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,9 @@ def parse_source(text: str) -> str | Remote:
             break
     scheme, sep, rest = text.partition("://")
     if not sep:
+        if slip := NO_SLASHES.match(text):
+            meant = redact_userinfo(f"{slip.group(1)}://{text[slip.end() :].lstrip('/')}")
+            raise ValueError(f"{text}: looks like a URL without '://': write {meant}, or ./{text} for a local path")
         return text
     scheme = scheme.lower()
     if scheme == "file":
