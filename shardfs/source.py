@@ -18,7 +18,7 @@ from shardfs.stores.disk_cache import DiskCache
 from shardfs.stores.local import LocalStore
 from shardfs.stores.location import Remote, parse_source
 from shardfs.stores.protocol import Store
-from shardfs.stores.remote import Access, RemoteStore
+from shardfs.stores.remote import Access, NoBucket, RemoteStore
 from shardfs.stores.unlisted import UNLISTED, NamedListing
 from shardfs.tree import Tree
 from shardfs.views import view_of
@@ -69,6 +69,8 @@ def open_source(
     cache = ByteCache(cache_bytes, max_file_size)
     try:
         kind = _format(store, name)
+    except NoBucket as e:
+        raise SourceError(f"{name}: {e.strerror}; check the bucket's name") from None
     except OSError as e:  # the first request of all: what failed is reaching the source, not one file of it
         hint = "check the URL and --endpoint"
         if e.errno == errno.EACCES:

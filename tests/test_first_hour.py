@@ -124,18 +124,28 @@ def test_check_says_each_warning_once(tmp_path) -> None:
     assert "bytez" not in done.stderr, done.stderr
 
 
-def test_a_missing_bucket_is_named_by_its_error_code(monkeypatch) -> None:
-    """The server's XML error says what is wrong; its first line is only the XML declaration."""
+def test_a_missing_bucket_is_said_in_those_words(monkeypatch, tmp_path) -> None:
+    """It was named inside some 300 characters of object_store's request, retry and XML internals."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()
-        done = shardfs("ls", "s3://nosuchbucket/vol", "--endpoint", f"http://{host}:{port}", check=False)
+        endpoint = f"http://{host}:{port}"
+        said = [
+            shardfs(*command, "s3://nosuchbucket/vol", *where, "--endpoint", endpoint, check=False)
+            for command, where in ((["ls"], []), (["mount"], [tmp_path]))
+        ]
     finally:
         server.stop()
-    one_line_error(done, 2, "s3://nosuchbucket/vol: cannot be reached", "NoSuchBucket (The specified bucket")
+    for done in said:
+        assert done.returncode == 2, done.stderr
+        assert (
+            done.stderr == f"shardfs: s3://nosuchbucket/vol: bucket 'nosuchbucket' does not exist (at {endpoint});"
+            " check the bucket's name\n"
+        )
+    assert not os.path.ismount(tmp_path)
 
 
 def test_info_over_http_does_not_call_unlisted_shards_missing(tmp_path) -> None:

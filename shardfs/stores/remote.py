@@ -61,6 +61,7 @@ SKIP = "\U0010ffff"  # sorts after every character: `d/` + SKIP sorts after ever
 REMEMBERED_BYTES = 4 << 20
 TABLE_ENTRY = 200  # cachetools' LRU per key: an entry in each of its three tables (measured: 168 bytes)
 T = TypeVar("T")
+CLOUDS = {"s3": "Amazon S3", "gs": "Google Cloud Storage"}  # where a bucket is when no --endpoint says otherwise
 Listed = Generator[tuple[str, bool], None, str | None]  # entries, then where a listing goes on
 
 
@@ -258,6 +259,8 @@ class RemoteStore:
             raise
         except Exception as e:  # 5xx and timeouts once retries are spent, refused connections, bad answers
             outcome = "failed"
+            if self.remote.scheme in CLOUDS and "<Code>NoSuchBucket</Code>" in str(e):
+                raise NoBucket(self.remote, self.access, self.where(path)) from None
             raise OSError(errno.EIO, f"{what} failed: {_first_line(e)}", self.where(path)) from None
         except KeyboardInterrupt:  # Ctrl-C while the main thread waited: the request goes on, unanswered
             outcome = "interrupted"
@@ -548,6 +551,15 @@ class Walk:
                 LISTING_BYTES, self.seconds, extra={"event": "listing_bound", "path": self.path},
             )  # fmt: skip
         return True
+
+
+class NoBucket(OSError):
+    """The source's bucket does not exist (S3's NoSuchBucket, which GCS says too): EIO, since a whole source is
+    missing, not one object, and said in those words rather than the request's internals."""
+
+    def __init__(self, remote: Remote, access: Access, path: str) -> None:
+        where = access.endpoint or CLOUDS[remote.scheme]
+        super().__init__(errno.EIO, f"bucket {remote.bucket!r} does not exist (at {where})", path)
 
 
 class NoSuffixRanges(Exception):
