@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import zarr
 
 from shardfs import __version__
 from shardfs.cache import entry_cost
@@ -94,6 +95,17 @@ def test_non_empty_mountpoint_is_refused_unless_allowed(kv, tmp_path, mount) -> 
         assert (point / "3").read_bytes() == kv[1][3]
         shardfs("unmount", point)
     assert (point / "notes.txt").read_text() == "hidden by a mount"
+
+
+def test_source_and_mountpoint_swapped_are_asked_about_not_mounted_over(tmp_path, mount) -> None:
+    """The user's dataset as the mountpoint (here while the first mount is live, as when retyping the command):
+    the advice was --allow-non-empty, which would hide the dataset under a mount."""
+    source = tmp_path / "img.zarr"
+    zarr.create_array(source, shape=(4,), chunks=(2,), dtype="uint8")
+    m = mount(source)
+    done = shardfs("mount", m.path, source, check=False)
+    one_line_error(done, 2, f"{source}: mountpoint is a dataset (it holds zarr.json)", "SOURCE and MOUNTPOINT swapped?")
+    assert "--allow-non-empty" not in done.stderr and not os.path.ismount(source)
 
 
 def test_unmount_and_mount_name_what_is_missing(kv, tmp_path) -> None:

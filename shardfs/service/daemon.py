@@ -138,7 +138,8 @@ def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: b
     """Clear a dead mount; refuse a mountpoint that cannot work. One inside a local source (or holding it)
     would deadlock: the daemon would read the source through its own mount. A `/dev/fd/N` is checked to be
     a /dev/fuse descriptor and nothing else: its parent made the mount, which answers nothing (not even
-    statfs) until the daemon serves it."""
+    statfs) until the daemon serves it. A non-empty one that holds a dataset is asked about rather than offered
+    --allow-non-empty: SOURCE and MOUNTPOINT were likely swapped, and mounting over it would hide the dataset."""
     if handed_number(mountpoint) is not None:
         try:
             handed_fd(mountpoint)
@@ -171,8 +172,14 @@ def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: b
         how = "is" if where == source else "is inside" if where.is_relative_to(source) else "holds"
         raise UsageError(f"{mountpoint}: mountpoint {how} the source {source}; mount it elsewhere")
     with os.scandir(mountpoint) as entries:
-        if not allow_non_empty and any(entries):
-            raise UsageError(f"{mountpoint}: mountpoint is not empty; pass --allow-non-empty to mount over it")
+        if allow_non_empty or not any(entries):
+            return
+    if held := next((name for name in ("zarr.json", "info") if (mountpoint / name).is_file()), None):
+        raise UsageError(
+            f"{mountpoint}: mountpoint is a dataset (it holds {held}), not an empty directory: were SOURCE and"
+            " MOUNTPOINT swapped? (`shardfs mount SOURCE MOUNTPOINT`)"
+        )
+    raise UsageError(f"{mountpoint}: mountpoint is not empty; pass --allow-non-empty to mount over it")
 
 
 def already_mounted(mountpoint: Path) -> str:
