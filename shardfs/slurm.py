@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from shardfs.csi import add_ceilings
@@ -39,6 +40,36 @@ POLICY = ("allow_other", "allow_root", "uid", "gid", "umask", "user_id", "group_
           "context", "fscontext", "defcontext", "rootcontext")  # fmt: skip
 
 
+# The CSI code's refusals (csi.volume, csi.node: shared with the Kubernetes plugin) name what a PersistentVolume
+# asks, and the daemon's hints `shardfs mount`'s flags (--endpoint); a job asked in its comment, as `cache_size=`.
+OPTION_OF = {attribute: option for option, attribute in SETTINGS.items()}  # cacheSize → cache_size
+
+
+def _flag(match: re.Match[str]) -> str:
+    """--requester-pays → requester_pays, as a job writes it; any other flag as it is."""
+    option = match[1].replace("-", "_")
+    return option if option in SETTINGS else match[0]
+
+
+IN_JOBS_WORDS: tuple[tuple[str, str | Callable[[re.Match[str]], str]], ...] = (
+    (r"^volume attribute (\w+)", lambda m: OPTION_OF.get(m[1], m[1])),
+    (r"^mountOptions:? ", ""),  # an option names itself
+    (r"^volume [^:]+: ", ""),  # the dataset: the TaskProlog names it
+    (r"--([a-z]+(?:-[a-z]+)*)\b", _flag),
+    (r"put credentials in the publish secret", "a job's comment is shown to every user"),
+    (r"the plugin's to set", "the node's to set"),
+)
+
+
+def _refuse(why: str) -> int:
+    """Why a dataset is not mounted, in the job's words, for the Prolog to keep in NAME.error: the TaskProlog
+    prints it as `shardfs: NAME not mounted: WHY`, so it carries no `shardfs:` of its own."""
+    for pattern, words in IN_JOBS_WORDS:
+        why = re.sub(pattern, words, why)
+    print(why, file=sys.stderr)
+    return 2
+
+
 def _pid_file(job_dir: Path, name: str) -> Path:
     return job_dir / f".{name}.pid"
 
@@ -47,16 +78,14 @@ def mount(args: argparse.Namespace) -> int:
     attributes, flags = {"source": args.source}, []
     for key, value in parse_options(args.options).items():
         if key in POLICY:
-            print(f"shardfs: -o {key}: a job cannot set who may reach its mount (the node's policy)", file=sys.stderr)
-            return 2
+            return _refuse(f"{key}: a job cannot set who may reach its mount (the node's policy)")
         if key in SETTINGS and SETTINGS[key] != "source":
             attributes[SETTINGS[key]] = "true" if value is True else value
         else:
             flags.append(key if value is True else f"{key}={value}")
     if not NAME.fullmatch(args.name) or args.name.endswith(OWN_SUFFIXES):
-        print(f"shardfs: dataset name {args.name!r}: letters, digits, '.', '_' or '-', starting with a letter or"
-              f" digit, not ending {', '.join(OWN_SUFFIXES)}", file=sys.stderr)  # fmt: skip
-        return 2
+        return _refuse(f"dataset name {args.name!r}: letters, digits, '.', '_' or '-', starting with a letter or"
+                       f" digit, not ending {', '.join(OWN_SUFFIXES)}")  # fmt: skip
     log = _log_file(args.job_dir / f"{args.name}.log", args.uid, args.gid)
     node = Node(args.job_dir / ".run", range(args.uid, args.uid + 1), args.gid, args.home, args.node_identity, log)
     point = args.job_dir / args.name
@@ -65,8 +94,7 @@ def mount(args: argparse.Namespace) -> int:
         volume = volume_of(attributes, flags, {}, others=False, ceilings=ceilings)
         node.publish(args.name, str(point), volume)
     except (BadVolume, NodeError) as e:
-        print(f"shardfs: {e}", file=sys.stderr)
-        return 2
+        return _refuse(str(e))
     finally:
         node.close()
         os.close(log)

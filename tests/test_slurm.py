@@ -313,7 +313,7 @@ def test_a_job_cannot_set_who_may_reach_its_mount_nor_take_more_than_the_ceiling
     assert slurm.ended(job) == "COMPLETED"
     output = slurm.output(job)
     for i, option in enumerate(asked):
-        assert f"shardfs: v{i} not mounted: shardfs: -o {option.split('=')[0]}: a job cannot set who" in output, output
+        assert f"shardfs: v{i} not mounted: {option.split('=')[0]}: a job cannot set who" in output, output
     for i, _ in enumerate(too_much, len(asked)):
         said = [line for line in output.splitlines() if f"shardfs: v{i} not mounted: " in line]
         assert len(said) == 1 and "is over this node's ceiling" in said[0], output
@@ -339,3 +339,59 @@ def test_a_jobs_daemon_logs_where_the_job_can_read_it_and_names_never_collide(sl
     assert "event=mounted" in logged and url.removeprefix("precomputed://") in logged, logged
     assert not _mounted_under(slurm.jobs) and not (slurm.jobs / str(job)).exists()
     assert slurm.node_state() == "idle"
+
+
+@dataclass
+class Node:
+    """deploy/slurm's scripts run as slurmd runs them (root's Prolog and Epilog, the user's TaskProlog, SLURM_* in
+    the environment), without Slurm: for what only the scripts decide, in seconds rather than a cluster's minutes."""
+
+    jobs: Path
+    conf: Path
+    user: tuple[int, int]
+
+    def run(self, script: str, job: int, comment: str = "") -> str:
+        env = {"PATH": "/usr/bin:/bin", "SHARDFS_SLURM_CONF": str(self.conf), "PYTHONPATH": str(ROOT),
+               "SLURM_JOB_ID": str(job), "SLURM_JOB_UID": str(self.user[0]), "SLURM_JOB_GID": str(self.user[1]),
+               "SLURM_JOB_COMMENT": comment}  # fmt: skip
+        drop = ["setpriv", f"--reuid={self.user[0]}", f"--regid={self.user[1]}", "--clear-groups"]
+        command = [*(drop if script == "shardfs-task-prolog" else []), str(SCRIPTS / script)]
+        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=PATIENCE)
+        assert done.returncode == 0, done.stderr  # a failing Prolog or Epilog would drain the node
+        return done.stdout
+
+    def job(self, job: int, comment: str) -> list[str]:
+        """What the job's tasks are told (the TaskProlog's lines), once its Prolog has run; then its Epilog."""
+        self.run("shardfs-prolog", job, comment)
+        try:
+            return self.run("shardfs-task-prolog", job).splitlines()
+        finally:
+            self.run("shardfs-epilog", job)
+            assert not _mounted_under(self.jobs) and not (self.jobs / str(job)).exists()
+
+
+@pytest.fixture
+def node(user: tuple[int, int], public_tmp: Path) -> Node:
+    """As /etc/shardfs/slurm.conf sets it up, in a directory the job's user can reach."""
+    conf = public_tmp / "slurm.conf"
+    conf.write_text(f"SHARDFS_PYTHON={sys.executable}\nSHARDFS_JOBS={public_tmp / 'jobs'}\nSHARDFS_MOUNT_TIMEOUT=3\n")
+    return Node(public_tmp / "jobs", conf, user)
+
+
+def test_a_job_is_told_why_in_its_own_words_once(node: Node, dataset) -> None:
+    """Each refusal was told as `shardfs: NAME not mounted: shardfs: ...`, in the CSI plugin's words (volume
+    attribute cacheSize, mountOptions, volume NAME:) and with `shardfs mount`'s flags (--endpoint)."""
+    url, _, _ = dataset
+    down = f"http://127.0.0.1:{free_port()}/vol"  # nothing listens there
+    told = node.job(1, f"shardfs:big={url},cache_size=100G shardfs:mine={url},allow_other shardfs:typo=s3:/b/x "
+                       f"shardfs:gone={url}/no/such/dataset shardfs:down={down},timeout=2")  # fmt: skip
+    said = {line.split()[2]: line for line in told if line.startswith("print ")}
+    assert said["big"].startswith("print shardfs: big not mounted: cache_size: 100.0 GiB is over this node's ceiling")
+    assert said["mine"].startswith("print shardfs: mine not mounted: allow_other: a job cannot set who may reach")
+    assert said["typo"].startswith("print shardfs: typo not mounted: source: s3:/b/x: looks like a URL without")
+    assert said["gone"].startswith(f"print shardfs: gone not mounted: {url.removeprefix('precomputed://')}/no/such")
+    assert said["down"].startswith(f"print shardfs: down not mounted: {down}: cannot be reached")
+    assert "check the URL and endpoint" in said["down"]
+    for line in said.values():
+        assert line.count("shardfs:") == 1 and "volume" not in line and "--" not in line, line
+    assert told[0] == f"export SHARDFS_DIR={node.jobs / '1'}" and len(told) == 6, told
