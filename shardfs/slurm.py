@@ -127,6 +127,8 @@ def unmount(args: argparse.Namespace) -> int:
         node.close()
     for pid_file in args.job_dir.glob(".*.pid"):
         _end(pid_file, args.uid)
+    for left in (args.job_dir / ".run").glob("keeper.*.sock"):  # of a Prolog's mount its timeout cut short
+        left.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         (args.job_dir / ".run").rmdir()
     return failed

@@ -395,3 +395,14 @@ def test_a_job_is_told_why_in_its_own_words_once(node: Node, dataset) -> None:
     for line in said.values():
         assert line.count("shardfs:") == 1 and "volume" not in line and "--" not in line, line
     assert told[0] == f"export SHARDFS_DIR={node.jobs / '1'}" and len(told) == 6, told
+
+
+def test_a_mount_cut_by_the_prolog_s_timeout_is_told_and_leaves_nothing(node: Node) -> None:
+    """SHARDFS_MOUNT_TIMEOUT cut the mount with nothing said (`slow not mounted: `), and the Epilog left the job's
+    directory behind, holding the cut process's socket."""
+    with socket.socket() as silent:  # accepts, and never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        told = node.job(2, f"shardfs:slow=http://127.0.0.1:{silent.getsockname()[1]}/vol")
+    assert told[1] == "print shardfs: slow not mounted: it took over 3 s (this node's SHARDFS_MOUNT_TIMEOUT): the" \
+        " source was too slow to answer ", told  # fmt: skip
