@@ -104,10 +104,21 @@ def slurm(user: tuple[int, int]) -> Iterator[Slurm]:
     conf = root / "etc" / "shardfs-slurm.conf"
     # The Prolog and Epilog run shardfs.slurm as root with the test's own Python, as a node would with its own.
     conf.write_text(f"SHARDFS_PYTHON={sys.executable}\nSHARDFS_JOBS={jobs}\nSHARDFS_MOUNT_TIMEOUT=120\n")
-    for script in ("shardfs-prolog", "shardfs-epilog", "shardfs-task-prolog"):  # as /etc/shardfs/slurm.conf would
-        wrapper = root / "etc" / script
-        wrapper.write_text(f"#!/bin/sh\nSHARDFS_SLURM_CONF={conf} exec {SCRIPTS / script}\n")
-        wrapper.chmod(0o755)
+    # Chained with a site's own scripts, as the README says: Prolog= and Epilog= a glob of a directory holding both,
+    # TaskProlog= a script of the site's that runs shardfs's last.
+    site = {
+        "prolog.d/site": 'touch "$SLURM_JOB_ID.site-prolog"',
+        "epilog.d/site": 'touch "$SLURM_JOB_ID.site-epilog"',
+        "prolog.d/shardfs-prolog": f"SHARDFS_SLURM_CONF={conf} exec {SCRIPTS / 'shardfs-prolog'}",
+        "epilog.d/shardfs-epilog": f"SHARDFS_SLURM_CONF={conf} exec {SCRIPTS / 'shardfs-epilog'}",
+        "task-prolog": "echo export SITE_TASK_PROLOG=ran\n"
+        f"SHARDFS_SLURM_CONF={conf} exec {SCRIPTS / 'shardfs-task-prolog'}",
+    }
+    for name, text in site.items():  # the site's own write into out/, as the job's user can read
+        script = root / "etc" / name
+        script.parent.mkdir(exist_ok=True)
+        script.write_text(f"#!/bin/sh\ncd {root / 'out'}\n{text}\n")
+        script.chmod(0o755)
     host = socket.gethostname().split(".")[0]  # slurmd finds its node by the short host name
     munge_socket = root / "munge" / "munge.sock"
     slurm_conf = root / "etc" / "slurm.conf"
@@ -135,9 +146,9 @@ def slurm(user: tuple[int, int]) -> Iterator[Slurm]:
         SelectTypeParameters=CR_CPU
         MpiDefault=none
         ReturnToService=2
-        Prolog={root}/etc/shardfs-prolog
-        Epilog={root}/etc/shardfs-epilog
-        TaskProlog={root}/etc/shardfs-task-prolog
+        Prolog={root}/etc/prolog.d/*
+        Epilog={root}/etc/epilog.d/*
+        TaskProlog={root}/etc/task-prolog
         PrologFlags=Alloc
         NodeName={host} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=UNKNOWN
         PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
@@ -209,6 +220,7 @@ def dataset(raw_volume) -> Iterator[tuple[str, Path, np.ndarray]]:
 
 READ_WITH_CLOUDVOLUME = f"""\
     id -u > "$SLURM_JOB_ID.uid"
+    echo "$SITE_TASK_PROLOG" > "$SLURM_JOB_ID.site-task-prolog"
     echo "$SHARDFS_DIR" > "$SLURM_JOB_ID.dir"
     {SYSTEM_PYTHON} - <<'EOF'
     import os, numpy as np
@@ -233,6 +245,9 @@ def test_a_job_reads_its_dataset_and_the_epilog_leaves_nothing(slurm: Slurm, dat
     assert (out / f"{job}.dir").read_text().strip() == str(slurm.jobs / str(job))
     assert not _mounted_under(slurm.jobs) and not (slurm.jobs / str(job)).exists()
     assert slurm.node_state() == "idle"
+    # The site's own Prolog, Epilog and TaskProlog ran too, chained as the README says.
+    assert (out / f"{job}.site-prolog").exists() and (out / f"{job}.site-epilog").exists()
+    assert (out / f"{job}.site-task-prolog").read_text() == "ran\n"
 
 
 def _daemon_of(point: Path) -> psutil.Process:
