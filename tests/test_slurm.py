@@ -250,6 +250,19 @@ def test_a_job_reads_its_dataset_and_the_epilog_leaves_nothing(slurm: Slurm, dat
     assert (out / f"{job}.site-task-prolog").read_text() == "ran\n"
 
 
+def test_salloc_s_shell_has_no_shardfs_dir_but_its_steps_do(slurm: Slurm, dataset) -> None:
+    """The datasets are mounted once salloc has its allocation (PrologFlags=Alloc), but its shell is no task: the
+    TaskProlog, which exports $SHARDFS_DIR, runs for srun's steps (README, "Slurm")."""
+    url, _, _ = dataset
+    in_step = 'echo "step $SLURM_JOB_ID $SHARDFS_DIR"; ls "$SHARDFS_DIR/vol"'
+    script = f"echo \"shell ${{SHARDFS_DIR:-none}}\"; srun -n1 sh -c '{in_step}'"
+    said = slurm.run("salloc", "-n1", "-c1", f"--comment=shardfs:vol={url}", "sh", "-c", script, as_user=True)
+    step = next(line.split() for line in said.splitlines() if line.startswith("step "))
+    assert "shell none" in said and step[2] == str(slurm.jobs / step[1]) and "info" in said.splitlines(), said
+    assert slurm.ended(int(step[1])) == "COMPLETED"
+    assert not _mounted_under(slurm.jobs) and slurm.node_state() == "idle"
+
+
 def _daemon_of(point: Path) -> psutil.Process:
     """The daemon serving point, as the Prolog recorded it for the Epilog."""
     return psutil.Process(int((point.parent / f".{point.name}.pid").read_text()))
