@@ -15,6 +15,9 @@ tensorstore puts each beside its chunks). For each layout, each of --cold-repeat
 - a fresh mount, one process reading --copy-files files of the scale one after another in listing order (as
   `cp -r`, rsync or a loop over os.listdir), the directory listed first; against tensorstore given the same
   chunks in one batch from a fresh context (target: shardfs >= 1.0x);
+- a fresh mount, a viewer's pattern: 2-D windows of 8x8 chunks of one plane panned by 2 chunks, each
+  window's files read by 16 threads; against tensorstore's precomputed driver reading each window as one box
+  from a fresh context (target: shardfs >= 3x); and the 16 readers' bytes fetched a byte served (<= 8);
 - a fresh mount, the scale directory listed (os.listdir, every name), in seconds (target: <= 10 s at
   20 ms), then every name stat'ed by one thread.
 
@@ -37,7 +40,7 @@ scripts/bench.py, idle-priority busy loops keep the cores awake throughout (unle
 figures are medians; the ratios are of medians from this one run, printed together at the end.
 
     .venv/bin/python scripts/bench_remote.py [--chunks 16384] [--sample 2000] [--repeats 3] [--latency 0.02]
-        [--cold-chunks 20000] [--cold-sample 2000] [--cold-repeats 3] [--copy-files 2000]
+        [--cold-chunks 20000] [--cold-sample 2000] [--cold-repeats 3] [--copy-files 2000] [--windows 24]
         [--only cold|precomputed|zarr]
         [--no-spinners]
 """
@@ -54,6 +57,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -350,6 +354,8 @@ def write_igneous(written: Path, root: Path, scale: str) -> None:
 
 
 SHARDFS_COLD, TENSORSTORE_COLD = "shardfs, 16 readers", "tensorstore, 16 in flight"
+SHARDFS_VIEW, TENSORSTORE_VIEW = "shardfs, 16 readers a window", "tensorstore, a box a window"
+WINDOW, PAN = 8, 2  # a viewer's window of 8 x 8 chunks, panned by 2 chunks at a time
 SHARDFS_COPY, TENSORSTORE_COPY = "shardfs, one process in listing order", "tensorstore, one batch"
 COLD_LAYOUTS = {  # the cold volume's two shard layouts, served side by side
     "cold": "shards written by tensorstore (each minishard index beside its chunks)",
@@ -363,20 +369,22 @@ def cold(work: Path, source: Path, url: str, scale: str, server: Server, args: a
     names = [n for n in chunk_names(source, work) if n.startswith(f"{scale}/")]
     options = ["-o", args.options] if args.options else []
     rng = random.Random(1)
-    runs: dict[str, list[tuple[float, float]]] = {SHARDFS_COLD: [], TENSORSTORE_COLD: []}
+    runs: dict[str, list[tuple[float, float, float]]] = {SHARDFS_COLD: [], TENSORSTORE_COLD: []}
     print(f"{len(names)} chunks; {args.cold_repeats} rounds of {args.cold_sample} never read, each from nothing")
     for i in range(args.cold_repeats):
         sample = rng.sample(names, min(args.cold_sample, len(names)))
         for who in list(runs) if i % 2 == 0 else list(runs)[::-1]:  # in turns, so order biases cancel
             runs[who].append(cold_round(who, work, url, sample, server, options))
     out: dict[str, Any] = {
-        who: {"files_per_s": round(statistics.median(r for r, _ in v)),
-              "requests_per_chunk": round(statistics.median(n for _, n in v), 2)}
+        who: {"files_per_s": round(statistics.median(r for r, _, _ in v)),
+              "requests_per_chunk": round(statistics.median(n for _, n, _ in v), 2)}
         for who, v in runs.items()
     }  # fmt: skip
-    rate = {who: statistics.median(r for r, _ in v) for who, v in runs.items()}
+    out[SHARDFS_COLD]["bytes_per_byte_served"] = round(statistics.median(b for _, _, b in runs[SHARDFS_COLD]), 2)
+    rate = {who: statistics.median(r for r, _, _ in v) for who, v in runs.items()}
     out["shardfs_vs_tensorstore"] = round(rate[SHARDFS_COLD] / rate[TENSORSTORE_COLD], 2)
     out["copy"] = copies(work, url, scale, sorted(n.split("/", 1)[1] for n in names), server, options, args)
+    out["viewer"] = viewer(work, url, scale, server, options, args)
     out["listing"] = listings(work, url, scale, len(names), server, options, args.cold_repeats)
     return out
 
@@ -418,20 +426,87 @@ def copies(
     return out
 
 
+def pans(side: int, count: int) -> list[tuple[int, int]]:
+    """Window origins (x, y), in chunks, as a viewer pans: PAN chunks along x to the edge, PAN down, back."""
+    across = list(range(0, side - WINDOW + 1, PAN))
+    out: list[tuple[int, int]] = []
+    for row, y in enumerate(range(0, side - WINDOW + 1, PAN)):
+        out += [(x, y) for x in (across if row % 2 == 0 else across[::-1])]
+    return out[:count]
+
+
+def chunk_name(x: int, y: int, z: int) -> str:
+    return f"{16 * x}-{16 * x + 16}_{16 * y}-{16 * y + 16}_{16 * z}-{16 * z + 16}"
+
+
+def viewer(work: Path, url: str, scale: str, server: Server, options: list[str], args: argparse.Namespace) -> dict:
+    """A viewer's pattern on a fresh mount: 2-D windows of 8 x 8 chunks of one z plane, panned by 2 chunks
+    (--windows of them), each window's 64 files read by 16 threads at once through the kernel (a window at
+    a time, as a viewer asks for what it shows), against tensorstore's precomputed driver reading each window
+    as one box from a fresh context; requests counted a chunk new to the window. A plane of its own a round."""
+    info = json.loads(urllib.request.urlopen(f"{url}/info").read())
+    side = info["scales"][0]["size"][0] // 16
+    runs: dict[str, list[tuple[float, float]]] = {SHARDFS_VIEW: [], TENSORSTORE_VIEW: []}
+    for i in range(args.cold_repeats):
+        windows = pans(side, args.windows)
+        boxes = [[(x + a, y + b, i) for a in range(WINDOW) for b in range(WINDOW)] for x, y in windows]
+        new = len({chunk for box in boxes for chunk in box})
+        for who in list(runs) if i % 2 == 0 else list(runs)[::-1]:
+            if who == SHARDFS_VIEW:
+                with (
+                    mounted(url, work / "mnt-view", *options) as m,
+                    ThreadPoolExecutor(IN_FLIGHT) as pool,
+                    server.counting() as c,
+                ):
+                    read = lambda chunk: (m.path / scale / chunk_name(*chunk)).read_bytes()  # noqa: E731
+                    t = time.perf_counter()
+                    for box in boxes:
+                        list(pool.map(read, box))
+                    rate = len(boxes) / (time.perf_counter() - t)
+            else:
+                store = tensorstore_open("precomputed", url)
+                with server.counting() as c:
+                    t = time.perf_counter()
+                    for x, y in windows:
+                        store[
+                            16 * x : 16 * (x + WINDOW), 16 * y : 16 * (y + WINDOW), 16 * i : 16 * i + 16
+                        ].read().result()
+                    rate = len(boxes) / (time.perf_counter() - t)
+            requests = (c["GET"] + c["HEAD"]) / new
+            runs[who].append((rate, requests))
+            print(f"{who}: {rate:6.1f} windows/s, {requests:.2f} requests a new chunk", flush=True)
+    out: dict[str, Any] = {
+        who: {"windows_per_s": round(statistics.median(r for r, _ in v), 1),
+              "requests_per_chunk": round(statistics.median(n for _, n in v), 2)}
+        for who, v in runs.items()
+    }  # fmt: skip
+    out["shardfs_vs_tensorstore"] = round(
+        out[SHARDFS_VIEW]["windows_per_s"] / out[TENSORSTORE_VIEW]["windows_per_s"], 2
+    )
+    return out
+
+
+def fetched_per_served(point: Path) -> float:
+    """The mount's bytes read from the source over bytes served to readers (`shardfs stats --prometheus`)."""
+    text = subprocess.run([*SHARDFS, "stats", str(point), "--prometheus"], capture_output=True, text=True).stdout
+    found = dict(line.split() for line in text.splitlines() if line.startswith("shardfs_") and " " in line)
+    return float(found["shardfs_store_read_bytes_total"]) / max(float(found["shardfs_served_bytes_total"]), 1)
+
+
 def cold_round(
     who: str, work: Path, url: str, sample: list[str], server: Server, options: list[str]
-) -> tuple[float, float]:
-    """(files/s, requests a chunk) reading sample from nothing: a fresh mount, or a fresh tensorstore."""
-    seen = ""
+) -> tuple[float, float, float]:
+    """(files/s, requests a chunk, bytes fetched a byte served (shardfs; 0 for tensorstore)) reading sample
+    from nothing: a fresh mount, or a fresh tensorstore."""
+    seen, per_byte = "", 0.0
     if who == SHARDFS_COLD:
-        with (
-            mounted(url, work / "mnt-cold", *options) as m,
-            server.counting() as c,
-            sampling(fusectl_waiting(m)) as waiting,
-        ):
-            rate = read_files(m.path, sample, IN_FLIGHT, work, "open()")
+        with mounted(url, work / "mnt-cold", *options) as m:
+            with server.counting() as c, sampling(fusectl_waiting(m)) as waiting:
+                rate = read_files(m.path, sample, IN_FLIGHT, work, "open()")
+            per_byte = fetched_per_served(m.path)
+        seen = f"; {per_byte:.2f} bytes fetched a byte served"
         if waiting["max"] >= 0:  # fusectl is mounted
-            seen = f"; fusectl waiting: mean {waiting['mean']:.1f}, max {waiting['max']:.0f}"
+            seen += f"; fusectl waiting: mean {waiting['mean']:.1f}, max {waiting['max']:.0f}"
     else:
         store = tensorstore_open("precomputed", url)  # a fresh context: nothing cached
         with server.counting() as c:
@@ -442,7 +517,7 @@ def cold_round(
         f"server: at most {c['most_at_once']} at once{seen}",
         flush=True,
     )
-    return rate, requests
+    return rate, requests, per_byte
 
 
 def listings(work: Path, url: str, scale: str, expected: int, server: Server, options: list[str], repeats: int) -> dict:
@@ -487,6 +562,7 @@ def main() -> None:
     ap.add_argument("--cold-sample", type=int, default=2000, help="chunks read per cold round")
     ap.add_argument("--cold-repeats", type=int, default=3, help="cold rounds (and listings), each from nothing")
     ap.add_argument("--copy-files", type=int, default=2000, help="files read in listing order per copy round")
+    ap.add_argument("--windows", type=int, default=24, help="viewer windows panned across per round")
     ap.add_argument("--only", choices=("cold", "precomputed", "zarr"), help="one phase only")
     ap.add_argument("--no-spinners", action="store_true", help="let idle vCPUs halt (to see what they cost)")
     ap.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
@@ -553,6 +629,17 @@ def conclude(summary: dict[str, Any], latency: float) -> None:
             f"{layout}, copy in listing order, fresh mount: shardfs one process {ours['files_per_s']} files/s "
             f"({ours['requests_per_file']} requests/file), tensorstore one batch {theirs['files_per_s']} "
             f"({theirs['requests_per_file']}): {copy['shardfs_vs_tensorstore']:.2f}x (target >= 1.0x)"
+        )
+        view, ours, theirs = c["viewer"], c["viewer"][SHARDFS_VIEW], c["viewer"][TENSORSTORE_VIEW]
+        print(
+            f"{layout}, viewer windows (8x8 chunks panned by 2), fresh mount: shardfs 16 readers a window "
+            f"{ours['windows_per_s']} windows/s ({ours['requests_per_chunk']} requests a new chunk), tensorstore "
+            f"a box a window {theirs['windows_per_s']} ({theirs['requests_per_chunk']}): "
+            f"{view['shardfs_vs_tensorstore']:.2f}x (target >= 3x)"
+        )
+        print(
+            f"{layout}, random cold chunks: shardfs fetched {c[SHARDFS_COLD]['bytes_per_byte_served']} bytes a byte "
+            "served (target <= 8)"
         )
         print(
             f"{layout}, listing the scale directory, fresh mount: {c['listing']['seconds']:.1f}s (target <= 10 s); "

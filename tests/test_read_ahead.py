@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -166,3 +167,45 @@ def test_zarr_chunk_keys_and_views_read_in_listing_order_are_fetched_ahead_a_sha
     assert alone >= len(names)  # read-ahead off: a request a file, at least
     assert ahead <= len(names) // 8, (ahead, alone)  # 16 files or more a request
     assert seen.get("used", 0) >= 0.8 * len(names), seen
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tensorstore volume one chunk deep, 16 x 16 chunks of 16 x 16 x 8 (sharded), and its unsharded twin."""
+    root = tmp_path_factory.mktemp("read-ahead-plane")
+    peers.write_tensorstore_volume(
+        root / "v", size=(256, 256, 8), chunk=(16, 16, 8), voxel_offset=(0, 0, 0), extra_unsharded_scale=False,
+        unsharded_twin=root / "twin",
+    )  # fmt: skip
+    return root / "v", root / "twin"
+
+
+def window(x: int, y: int) -> list[str]:
+    """The chunk files of an 8 x 8 window of the plane, its corner at chunk (x, y)."""
+    return [f"{16 * a}-{16 * a + 16}_{16 * b}-{16 * b + 16}_0-8" for a in range(x, x + 8) for b in range(y, y + 8)]
+
+
+def test_a_window_panned_across_a_volume_finds_the_next_chunks_fetched(plane, mount) -> None:
+    """A viewer's pattern: 8 x 8 chunks read by 16 threads at once, then the window panned by 2 chunks, and
+    again: the chunks past the window's edge along the way it moves are fetched before the window reaches them.
+    Random chunks of the same volume fetch next to nothing ahead (three in a line, which starts it, are rare)."""
+    source, twin = plane
+    with RangeServer(source, latency=LATENCY).running() as server:
+        m = mount(server.url)
+        scale = m.path / "4_4_40"
+        with ThreadPoolExecutor(16) as pool:
+            for x in range(0, 9, 2):
+                names = window(x, 0)
+                assert list(pool.map(lambda n: (scale / n).read_bytes(), names)) == [
+                    (twin / "4_4_40" / n).read_bytes() for n in names
+                ]
+        seen = figures(m.path)
+        fresh = mount(server.url)
+        names = sorted(os.listdir(twin / "4_4_40"))
+        for name in random.Random(2).sample(names, 20):
+            assert (fresh.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        alone = figures(fresh.path)
+    new = 4 * 16  # the chunks each pan brings into view
+    assert seen.get("used", 0) >= 0.75 * new, seen
+    assert seen["fetched"] <= 2 * (64 + new), seen  # the ring about the region read, not the volume
+    assert alone.get("fetched", 0) <= 2, alone

@@ -88,6 +88,14 @@ class ChunkDir:
     def prefetch(self, keys: list[int]) -> list[Fetch]:
         return self.kv.fetches(keys)
 
+    def position_of(self, key: int) -> tuple[int, ...] | None:
+        return self.naming.morton.decode(key) if isinstance(self.naming, VolumeChunks) else None
+
+    def key_at(self, position: tuple[int, ...]) -> int | None:
+        if not isinstance(self.naming, VolumeChunks) or not self.naming.morton.contains(position):
+            return None
+        return self.naming.morton.encode(position)
+
     def _stored(self, key: int) -> Extent:
         """Where key's bytes are; a key not stored is ENOENT."""
         chunk = self.kv.locate(key)

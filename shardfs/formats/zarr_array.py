@@ -86,6 +86,12 @@ class ZarrArray:
         extent = self.kv.locate(pos)
         return None if extent is None else extent_file(extent, self.kv)
 
+    def position_of(self, key: int) -> tuple[int, ...] | None:
+        return grid_at(key, self.kv.grid)
+
+    def key_at(self, position: tuple[int, ...]) -> int | None:
+        return grid_index(position, self.kv.grid)
+
     def prefetch(self, keys: list[int]) -> list[Fetch]:
         positions = [pos for pos in (grid_at(key, self.kv.grid) for key in keys) if pos is not None]
         return [fetch.renamed(lambda pos: grid_index(pos, self.kv.grid)) for fetch in self.kv.fetches(positions)]  # type: ignore[arg-type]

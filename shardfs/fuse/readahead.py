@@ -14,6 +14,11 @@ are fetched together, their ranges that lie close in one request (shards/kv.py).
 directories (zarr's `c/0/1/2`, the views') follow their own directory's listing. Only over a network (a local
 disk answers a read in less than the bookkeeping would cost), and only where the provider has keys to fetch
 (`prefetch`: a source's unsharded files have none).
+
+A volume read as a viewer reads it (a window of chunks, then the window panned) is also read ahead across
+space: a chunk read in line after two read before, along an axis, has the REACH chunks past that line
+fetched (`_around`), so that the window's next pan finds them fetched. Random chunks seldom line up: they fetch
+next to nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache
 
+from shardfs.files import Provider
 from shardfs.fuse.listing import Listing
 from shardfs.metrics import Metrics
 from shardfs.shards.kv import Fetch
@@ -34,6 +40,8 @@ from shardfs.tree import Tree
 log = logging.getLogger("shardfs")
 
 GAP = 4  # a read this many entries past the last one still follows it (readers a few files apart)
+REACH = 2  # chunks fetched past a region's edge, along each axis it was read across (a viewer pans a few)
+LINE = 32  # chunks read in a row walked to find that edge
 FOLLOWED = 2  # reads in a row that follow one another before anything is fetched (random reads seldom do twice)
 FIRST_WINDOW = 2
 AT_ONCE = 16  # fetches ahead in flight for the mount (each a group of keys one index locates)
@@ -55,6 +63,8 @@ class ReadAhead:
         self.tree, self.metrics, self.most = tree, metrics, most
         self._patterns: LRUCache[tuple[int, str], _Pattern] = LRUCache(REMEMBERED)  # by directory
         self._fetched: LRUCache[tuple[int, int], int] = LRUCache(REMEMBERED)  # (number, key) fetched: its bytes
+        self._read: LRUCache[tuple[int, tuple[int, ...]], bool] = LRUCache(REMEMBERED)  # (number, position) read
+        self._asked: LRUCache[tuple[int, int], bool] = LRUCache(REMEMBERED)  # (number, key) asked for by position
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(AT_ONCE)
         self._pool: ThreadPoolExecutor | None = None
@@ -72,15 +82,14 @@ class ReadAhead:
             self.metrics.read_ahead_bytes.labels("used").inc(fetched)
         provider = self.tree.providers[self.tree.numbered[number]]
         rel = provider.rel_of(key)
-        if rel is None:
-            return
-        parent, name = posixpath.split(rel)  # a chunk key's own directory (zarr's c/0/1, N5's 0/1)
+        parent, name = posixpath.split(rel or "")  # a chunk key's own directory (zarr's c/0/1, N5's 0/1)
         listing = self.tree.cache.get(("listing", posixpath.join(self.tree.numbered[number], parent).strip("/")))
-        position = listing.position(name.encode()) if isinstance(listing, Listing) else None
-        if position is None:
-            return
+        position = listing.position(name.encode()) if rel and isinstance(listing, Listing) else None
         with self._lock:
-            todo = self._advance((number, parent), position, len(listing))
+            todo = range(0) if position is None else self._advance((number, parent), position, len(listing))
+            pattern = self._patterns.get((number, parent))
+        # Read across space unless the listing's order is followed (which fetches what comes next already).
+        self._around(number, key, provider, fetch=pattern is None or not pattern.window)
         keys: dict[int, int] = {}  # key → its offset in the listing
         for offset in todo:
             entry, is_dir = listing.entry(offset)
@@ -93,6 +102,37 @@ class ReadAhead:
                     pattern = self._patterns.get((number, parent))
                     if pattern is not None:
                         pattern.ahead = min([pattern.ahead, *(keys[k] for k in fetch.keys if k in keys)])
+
+    def _around(self, number: int, key: int, provider: Provider, fetch: bool) -> None:
+        """A chunk read in line after two read before, along an axis: the region read grows that way (a
+        viewer's window, panned), so the REACH chunks past its edge along that axis (past the chunks read in a
+        row after this one) are fetched, unless read or asked for already. Random reads seldom line up three
+        chunks: they fetch next to nothing."""
+        position = provider.position_of(key)
+        if position is None:
+            return
+        ahead = []
+        with self._lock:
+            self._read[(number, position)] = True
+            for axis in range(len(position) if fetch else 0):
+                for step in (1, -1):
+                    if any((number, _moved(position, axis, -step * k)) not in self._read for k in (1, 2)):
+                        continue  # not a line read from that side (random reads seldom make one)
+                    edge = position  # the last chunk read along this line (readers take a window in any order)
+                    for _ in range(LINE):
+                        if (number, _moved(edge, axis, step)) not in self._read:
+                            break
+                        edge = _moved(edge, axis, step)
+                    for reach in range(1, REACH + 1):
+                        there = _moved(edge, axis, step * reach)
+                        found = provider.key_at(there)
+                        if found is None:
+                            break  # off the grid
+                        if (number, found) not in self._asked and (number, there) not in self._read:
+                            ahead.append(found)
+                            self._asked[(number, found)] = True
+        for fetch in provider.prefetch(ahead) if ahead else ():
+            self._fetch(number, fetch)
 
     def _advance(self, directory: tuple[int, str], position: int, end: int) -> range:
         """The listing offsets to fetch now, as the pattern of directory moves to position."""
@@ -143,3 +183,7 @@ class ReadAhead:
         self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _moved(position: tuple[int, ...], axis: int, by: int) -> tuple[int, ...]:
+    return (*position[:axis], position[axis] + by, *position[axis + 1 :])

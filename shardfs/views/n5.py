@@ -120,6 +120,12 @@ class Dataset:
             raise FileNotFoundError(f"key {key}")
         return self.block(at[::-1])
 
+    def position_of(self, key: int) -> tuple[int, ...] | None:
+        return grid_at(key, self.grid)
+
+    def key_at(self, position: tuple[int, ...]) -> int | None:
+        return grid_index(position, self.grid)
+
     def prefetch(self, keys: list[int]) -> list[Fetch]:
         """The source's chunks under the blocks of keys, fetched ahead."""
         positions = [at[::-1] for at in (grid_at(key, self.grid) for key in keys) if at is not None and self.ndim]

@@ -102,6 +102,12 @@ class Zarr2Array:
             raise FileNotFoundError(f"key {key}")
         return self.chunk(at[self.lead :])
 
+    def position_of(self, key: int) -> tuple[int, ...] | None:
+        return grid_at(key, self.grid)
+
+    def key_at(self, position: tuple[int, ...]) -> int | None:
+        return grid_index(position, self.grid)
+
     def prefetch(self, keys: list[int]) -> list[Fetch]:
         """The source's chunks under the chunks of keys, fetched ahead."""
         found = (grid_at(key, self.grid) for key in keys)
