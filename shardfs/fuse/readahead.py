@@ -5,10 +5,11 @@ The kernel asks for one file at a time per reader, and over a network each cold 
 daemon knows what the kernel cannot: the directory's sorted listing (it made it), and where each file's bytes
 lie. When a file is read that follows the one read before in the same directory (within GAP entries), twice in
 a row, the pattern holds and a window of the files after it is fetched ahead, at most AT_ONCE fetches in flight
-for the mount; the window doubles while the pattern holds (from 2 up to the mount's `read_ahead`, 64 files by
-default) and is dropped when it breaks. It is filled again once half of it has been read, so that the keys
-fetched together (below) are many, not one a read. What is fetched lies in the byte-bounded cache under its shard's
-version, like any read: a changed source fails as a direct read would, and a fetch that fails is nobody's
+for the mount and QUEUED asked for (a window's batch waits its turn rather than being asked again). The window
+doubles while the pattern holds (from 2 up to the mount's `read_ahead`, 64 files by default) and is dropped
+when it breaks; it is filled again once half of it has been read, so that the keys fetched together (below)
+are many, not one a read. What is fetched lies in the byte-bounded cache under its shard's version, like any
+read: a changed source fails as a direct read would, and a fetch that fails is nobody's
 error (the real read, if it comes, goes to the store). Keys one index locates (a minishard's, a zarr shard's)
 are fetched together, their ranges that lie close in one request (shards/kv.py). Chunk keys nested in
 directories (zarr's `c/0/1/2`, the views') follow their own directory's listing. Only over a network (a local
@@ -45,6 +46,7 @@ LINE = 32  # chunks read in a row walked to find that edge
 FOLLOWED = 2  # reads in a row that follow one another before anything is fetched (random reads seldom do twice)
 FIRST_WINDOW = 2
 AT_ONCE = 16  # fetches ahead in flight for the mount (each a group of keys one index locates)
+QUEUED = 64  # fetches ahead asked for and not yet done (in flight or waiting their turn) for the mount
 REMEMBERED = 4096  # directories and fetched keys remembered (a few hundred KiB at most)
 
 
@@ -66,7 +68,7 @@ class ReadAhead:
         self._read: LRUCache[tuple[int, tuple[int, ...]], bool] = LRUCache(REMEMBERED)  # (number, position) read
         self._asked: LRUCache[tuple[int, int], bool] = LRUCache(REMEMBERED)  # (number, key) asked for by position
         self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(AT_ONCE)
+        self._slots = threading.BoundedSemaphore(QUEUED)
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
 
