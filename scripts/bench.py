@@ -161,7 +161,8 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
         # Files are numbered as shardfs numbers chunks (their node ids are their numbers, and a read goes
         # from the number to the file), so that the bridge keeps no table of them here either.
         numbered = ("",)
-        store = type("NoStore", (), {"sizes": staticmethod(lambda: iter(()))})()  # df: nothing stored
+        # df: nothing stored; one read at a time, as from a disk (no read-ahead)
+        store = type("NoStore", (), {"sizes": staticmethod(lambda: iter(())), "reads_at_once": 1})()
 
         def key_of(self, path: str) -> tuple[int, int] | None:
             number = numbers.get(path)

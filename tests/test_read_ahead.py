@@ -6,18 +6,22 @@ turns it off."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
+import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import zarr
 
 from tests import peers
 from tests.conftest import scrape, shardfs
-from tests.helpers import BUCKET, counted, wait_for
+from tests.helpers import BUCKET, counted, daemon_of, wait_for
 from tests.http_server import RangeServer
 
 LATENCY = 0.02  # seconds a request: a network's, where read-ahead pays
@@ -209,3 +213,50 @@ def test_a_window_panned_across_a_volume_finds_the_next_chunks_fetched(plane, mo
     assert seen.get("used", 0) >= 0.75 * new, seen
     assert seen["fetched"] <= 2 * (64 + new), seen  # the ring about the region read, not the volume
     assert alone.get("fetched", 0) <= 2, alone
+
+
+def test_a_source_rewritten_mid_copy_gives_no_wrong_byte(tmp_path, mount) -> None:
+    """tensorstore writes the shard again, with other values, while a copy in listing order is half done and
+    fetches run ahead of it: every file reads as one version wrote it (fetched ahead of the rewrite: the old
+    value, whole) or fails (EIO: its index's version is gone), never bytes of neither."""
+    root = tmp_path / "kv"
+    spec = peers.sharding_spec(preshift_bits=0, minishard_bits=6, shard_bits=0, data_encoding="gzip")
+    old = peers.write_tensorstore_kv(root, {k: random.Random(k).randbytes(2000) for k in range(1, 601)}, sharding=spec)
+    new = {k: random.Random(-k).randbytes(2100) for k in old}
+    with RangeServer(root, latency=LATENCY).running() as server:
+        m = mount(server.url)
+        names = sorted(name for name in os.listdir(m.path) if name != "info")
+        read: dict[str, bytes | int] = {}
+        for i, name in enumerate(names):
+            if i == 200:
+                shutil.rmtree(root)
+                peers.write_tensorstore_kv(root, new, sharding=spec)  # another ETag, other ranges
+            try:
+                read[name] = (m.path / name).read_bytes()
+            except OSError as e:
+                read[name] = e.errno  # type: ignore[assignment]
+        seen = figures(m.path)
+    wrong = [n for n, got in read.items() if got not in (old[int(n)], new[int(n)], errno.EIO)]
+    assert not wrong, wrong[:5]
+    assert seen.get("used", 0) > 100, seen  # read-ahead was at work across the rewrite
+
+
+def test_an_unmount_while_fetches_run_ahead_leaves_no_thread_and_no_request(kv, tmp_path) -> None:
+    """Fetches ahead at 200 ms a request when the mount is taken away: the daemon ends (nothing it started
+    ahead keeps it) and, once it has, the server sees no request more."""
+    root, items = kv
+    point = tmp_path / "m"
+    point.mkdir()
+    with RangeServer(root, latency=0.2).running() as server:
+        shardfs("mount", server.url, point, "--log-file", tmp_path / "log")
+        pid = daemon_of(point).pid
+        names = sorted(name for name in os.listdir(point) if name != "info")
+        for name in names[:8]:  # the pattern holds: fetches ahead are under way
+            assert (point / name).read_bytes() == items[int(name)]
+        assert wait_for(lambda: server.in_flight > 0, 30)
+        shardfs("unmount", point)
+        assert wait_for(lambda: not psutil.pid_exists(pid), 60), "the daemon outlived its mount"
+        time.sleep(0.5)  # answers to requests sent before it ended
+        asked = sum(server.requests.values())
+        time.sleep(1)
+        assert sum(server.requests.values()) == asked
