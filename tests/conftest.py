@@ -134,6 +134,20 @@ def public_tmp() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def many_chunks(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(source, unsharded twin) of a tensorstore volume of 2,048 raw chunks (scale `4_4_40`), for readers that
+    go through every file while its daemon is replaced: a listing of them takes several READDIR requests, and
+    each cold chunk one GET or more."""
+    root = tmp_path_factory.mktemp("many-chunks")
+    source, twin = root / "src", root / "twin"
+    peers.write_tensorstore_volume(
+        source, data_encoding="raw", size=(128, 128, 64), chunk=(8, 8, 8), voxel_offset=(0, 0, 0),
+        extra_unsharded_scale=False, unsharded_twin=twin,
+    )  # fmt: skip
+    return source, twin
+
+
 @pytest.fixture(scope="session")
 def raw_volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, np.ndarray]:
     """(source, unsharded twin, voxels): a tensorstore precomputed volume with raw chunk data, so a chunk's

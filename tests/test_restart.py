@@ -26,7 +26,6 @@ import pytest
 from shardfs.fuse.mount import unmount
 from shardfs.service import keeper, mountinfo, stats_socket
 from shardfs.service.handover import FUSE_NAME, HANDED_OVER, RECORD_NAME
-from tests import peers
 from tests.conftest import SHARDFS, scrape, shardfs
 from tests.helpers import REPO, peer_pid
 from tests.http_server import RangeServer
@@ -35,19 +34,6 @@ LATENCY = 0.2  # seconds the server takes to answer each request
 READERS = 16
 PATIENCE = 120  # seconds: only a hang reaches it
 SCALE = "4_4_40"
-
-
-@pytest.fixture(scope="module")
-def volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(source, unsharded twin) of a tensorstore volume of 2,048 raw chunks: a listing of them takes several
-    READDIR requests, and each cold chunk one GET or more."""
-    root = tmp_path_factory.mktemp("restart-volume")
-    source, twin = root / "src", root / "twin"
-    peers.write_tensorstore_volume(
-        source, data_encoding="raw", size=(128, 128, 64), chunk=(8, 8, 8), voxel_offset=(0, 0, 0),
-        extra_unsharded_scale=False, unsharded_twin=twin,
-    )  # fmt: skip
-    return source, twin
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +182,8 @@ def read_all(paths: list[Path]) -> list[tuple[Path, bytes | OSError]]:
     [("systemd", "kill"), ("keeper", "kill"), ("systemd", "hand over"), ("keeper", "hand over"),
      ("systemd", "new code"), ("keeper", "new code")],
 )  # fmt: skip
-def test_a_replaced_daemon_loses_no_request(volume, new_code, tmp_path, carrier, how) -> None:
-    source, twin = volume
+def test_a_replaced_daemon_loses_no_request(many_chunks, new_code, tmp_path, carrier, how) -> None:
+    source, twin = many_chunks
     point = tmp_path / "m"
     point.mkdir()
     keeper_path = tmp_path / "keeper.sock"
@@ -323,11 +309,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_mount_whose_daemon_is_gone_for_good_is_unmounted_and_let_go(volume, tmp_path) -> None:
+def test_a_mount_whose_daemon_is_gone_for_good_is_unmounted_and_let_go(many_chunks, tmp_path) -> None:
     """A killed daemon that nobody starts again: the keeper holds the mount, whose requests wait; a mount
     without the keeper is refused saying so, `shardfs unmount` still ends it at once (it asks the mount table,
     not the mount), and the keeper lets it go."""
-    source, _ = volume
+    source, _ = many_chunks
     point, keeper_path = tmp_path / "m", tmp_path / "keeper.sock"
     point.mkdir()
     shardfs("mount", source, point, "-o", f"keeper={keeper_path}")
@@ -353,12 +339,14 @@ def test_a_mount_whose_daemon_is_gone_for_good_is_unmounted_and_let_go(volume, t
 
 
 @pytest.mark.parametrize("carrier", ["systemd", "keeper"])
-def test_a_connection_kept_for_another_source_is_let_go_not_taken_up(volume, raw_volume, tmp_path, carrier) -> None:
+def test_a_connection_kept_for_another_source_is_let_go_not_taken_up(
+    many_chunks, raw_volume, tmp_path, carrier
+) -> None:  # fmt: skip
     """The unit's SOURCE changed, then a crash: the next daemon is asked for another dataset than the kept
     connection serves. Taking it up would have the kernel's cached names read the other dataset's bytes; it is
     let go (the old mount detached, its descriptors dropped from the store) and the new source mounted afresh.
     A file of the old mount still open reads its own bytes or an error, never the new source's."""
-    source, twin = volume
+    source, twin = many_chunks
     other, other_twin, _ = raw_volume
     point = tmp_path / "m"
     point.mkdir()

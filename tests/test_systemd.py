@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from tests import peers
 from tests.systemd_machine import Machine, booted
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="systemd-nspawn boots a machine as root")
@@ -157,22 +156,10 @@ class MountWatch:
 
 
 @pytest.fixture(scope="module")
-def volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(source, unsharded twin) of a tensorstore volume of 2,048 raw chunks."""
-    root = tmp_path_factory.mktemp("systemd-volume")
-    source, twin = root / "src", root / "twin"
-    peers.write_tensorstore_volume(
-        source, data_encoding="raw", size=(128, 128, 64), chunk=(8, 8, 8), voxel_offset=(0, 0, 0),
-        extra_unsharded_scale=False, unsharded_twin=twin,
-    )  # fmt: skip
-    return source, twin
-
-
-@pytest.fixture(scope="module")
-def machine(tmp_path_factory: pytest.TempPathFactory, volume: tuple[Path, Path]) -> Iterator[Machine]:
+def machine(tmp_path_factory: pytest.TempPathFactory, many_chunks: tuple[Path, Path]) -> Iterator[Machine]:
     """The machine, the volume's unit enabled and started as the README says."""
     work = tmp_path_factory.mktemp("systemd")
-    with booted(f"shardfs-test-{os.getpid()}", work, {volume[0]: "/data/vol"}) as machine:
+    with booted(f"shardfs-test-{os.getpid()}", work, {many_chunks[0]: "/data/vol"}) as machine:
         conf = f"SOURCE=/data/vol\nMOUNTPOINT={POINT}\nOPTIONS=cache_size=64M\n"
         machine.run("install", "-D", "-m", "644", "/dev/stdin", "/etc/shardfs/vol.conf", stdin=conf)
         machine.run("mkdir", "-p", POINT)
@@ -215,8 +202,8 @@ def gaps(results: list[dict], began: list[float]) -> list[float]:
     return longest
 
 
-def test_kill_hand_over_and_restart_keep_the_mount_and_lose_no_read(machine, volume, tmp_path) -> None:
-    _, twin = volume
+def test_kill_hand_over_and_restart_keep_the_mount_and_lose_no_read(machine, many_chunks, tmp_path) -> None:
+    _, twin = many_chunks
     fresh_start_count(machine)
     taken_up = journal(machine).count("a kept connection taken up")
     events = {
@@ -244,11 +231,11 @@ def test_kill_hand_over_and_restart_keep_the_mount_and_lose_no_read(machine, vol
     assert max(waited.values()) < PATIENCE
 
 
-def test_a_connection_no_longer_mounted_is_let_go_and_the_mount_made_afresh(machine, volume, tmp_path) -> None:
+def test_a_connection_no_longer_mounted_is_let_go_and_the_mount_made_afresh(machine, many_chunks, tmp_path) -> None:
     """A mount detached by hand with a file open on it (`umount -l`): its connection lives on, kept in the store.
     The next daemon (here after `systemctl restart`) must not serve it, or the unit would be active with
     nothing mounted: it lets it go (the file held then fails, ENOTCONN) and mounts afresh."""
-    _, twin = volume
+    _, twin = many_chunks
     fresh_start_count(machine)
     with Readers(machine, twin / SCALE, tmp_path / "stop", count=0, hold=1) as holder:
         time.sleep(0.5)
@@ -268,10 +255,10 @@ def test_a_connection_no_longer_mounted_is_let_go_and_the_mount_made_afresh(mach
     assert held["errors"] and {e[1] for e in held["errors"]} == {errno.ENOTCONN}, held  # the connection ended
 
 
-def test_a_stop_leaves_nothing(machine, volume, tmp_path) -> None:
+def test_a_stop_leaves_nothing(machine, many_chunks, tmp_path) -> None:
     """With a file held open: no mount, no daemon, nothing in the store, and the connection ended: the held file
     fails with ENOTCONN, which the kernel answers once no descriptor of the connection is left anywhere."""
-    _, twin = volume
+    _, twin = many_chunks
     fresh_start_count(machine)
     try:
         with Readers(machine, twin / SCALE, tmp_path / "stop", count=0, hold=1) as holder:
