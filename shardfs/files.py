@@ -149,3 +149,15 @@ class RangeFile:
     def read(self, offset: int, length: int) -> bytes:
         start = self.start + offset
         return self.file.read(start, min(start + length, self.stop))
+
+
+@dataclass(slots=True)
+class FetchedAheadFile(RangeFile):
+    """A range whose bytes may be fetched ahead after the kernel looked the file up (read-ahead, over a
+    network): each read takes them where they came meanwhile (held), else reads the range as RangeFile does."""
+
+    held: Callable[[], bytes | None] = lambda: None
+
+    def read(self, offset: int, length: int) -> bytes:
+        held = self.held()
+        return held[offset : offset + length] if held is not None else RangeFile.read(self, offset, length)

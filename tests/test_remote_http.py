@@ -184,7 +184,9 @@ def test_zarr_array_over_http(tmp_path, mount) -> None:
                 np.frombuffer((m.path / name).read_bytes(), "<u2").reshape(5, 6),
                 data[i * 5 : i * 5 + 5, j * 6 : j * 6 + 6],
             )
-        assert server.gets(prefix="c/") == len(chunks) + 4  # one index per shard, then one GET per chunk
+        # One index per shard, then a GET per chunk at most (fewer where chunks read in a line were fetched
+        # ahead together).
+        assert server.gets(prefix="c/") <= len(chunks) + 4
         assert not [path for (method, path) in server.requests if method == "HEAD" and path.startswith("c/")]
         got = ts.open({"driver": "zarr3", "kvstore": f"file://{m.path}"}).result().read().result()
         assert np.array_equal(got, data)

@@ -13,7 +13,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
-from shardfs.files import BytesFile, File, Provider, RangeFile
+from shardfs.files import BytesFile, FetchedAheadFile, File, Provider, RangeFile
 from shardfs.shards.kv import Extent, Fetch, ShardedKV
 from shardfs.stores.protocol import Owner, Store
 
@@ -72,11 +72,13 @@ def senseless(where: str, e: Exception) -> SourceError:
 
 def extent_file(extent: Extent, kv: ShardedKV) -> File:
     """A key's stored bytes as a file: read from its shard's range as it is asked for, or cut from the shard's
-    decoded bytes, or from those read ahead of it (kv.held)."""
-    held = kv.held(extent) if extent.data is None else extent.data[extent.start : extent.stop]
-    if held is None:
+    decoded bytes; over a network, from those fetched ahead of it (kv.held), even if they come after the file
+    was looked up (a reader that stats before it reads)."""
+    if extent.data is not None:
+        return BytesFile(bytes(extent.data[extent.start : extent.stop]), extent.file.owner, extent.shard)
+    if not kv.round_trips:
         return RangeFile(extent.file, extent.start, extent.stop)
-    return BytesFile(bytes(held), extent.file.owner, extent.shard)
+    return FetchedAheadFile(extent.file, extent.start, extent.stop, lambda: kv.held(extent))
 
 
 def load_json(store: Store, path: str) -> Any:

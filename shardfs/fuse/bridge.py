@@ -186,6 +186,8 @@ class Bridge:
         attributes = self._attributes(path if found is None else found)
         if attributes is None:
             return None
+        if found is not None:
+            self.read_ahead.looked_up(*found)
         return self.nodes.looked_up(path, found), attributes
 
     def forget(self, node: int, lookups: int) -> None:

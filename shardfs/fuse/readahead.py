@@ -67,6 +67,7 @@ class ReadAhead:
         self._fetched: LRUCache[tuple[int, int], int] = LRUCache(REMEMBERED)  # (number, key) fetched: its bytes
         self._read: LRUCache[tuple[int, tuple[int, ...]], bool] = LRUCache(REMEMBERED)  # (number, position) read
         self._asked: LRUCache[tuple[int, int], bool] = LRUCache(REMEMBERED)  # (number, key) asked for by position
+        self._looked_up: LRUCache[tuple[int, int], bool] = LRUCache(REMEMBERED)  # (number, key): a read will come
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(QUEUED)
         self._pool: ThreadPoolExecutor | None = None
@@ -105,6 +106,13 @@ class ReadAhead:
                     if pattern is not None:
                         pattern.ahead = min([pattern.ahead, *(keys[k] for k in fetch.keys if k in keys)])
 
+    def looked_up(self, number: int, key: int) -> None:
+        """The kernel looked a numbered file up: whoever did reads it next, so fetching it ahead across space
+        would only race that read (its own request)."""
+        if self.most:
+            with self._lock:
+                self._looked_up[(number, key)] = True
+
     def _around(self, number: int, key: int, provider: Provider, fetch: bool) -> None:
         """A chunk read in line after two read before, along an axis: the region read grows that way (a
         viewer's window, panned), so the REACH chunks past its edge along that axis (past the chunks read in a
@@ -130,7 +138,9 @@ class ReadAhead:
                         found = provider.key_at(there)
                         if found is None:
                             break  # off the grid
-                        if (number, found) not in self._asked and (number, there) not in self._read:
+                        if (number, found) in self._asked or (number, found) in self._looked_up:
+                            continue
+                        if (number, there) not in self._read:
                             ahead.append(found)
                             self._asked[(number, found)] = True
         for fetch in provider.prefetch(ahead) if ahead else ():
