@@ -1,5 +1,6 @@
 """Ctrl-C in `shardfs mount -f` while a remote request hangs: the process stops at once, unmounted, and says
-what it leaves waiting. The server is tests/http_server.py's RangeServer on loopback, made to hang."""
+what it leaves waiting. The server is tests/http_server.py's RangeServer on loopback, made to hang. Ctrl-C of a
+mount in use names the processes it is detached under."""
 
 from __future__ import annotations
 
@@ -38,9 +39,9 @@ def server(raw_volume: tuple[Path, Path, np.ndarray]) -> Iterator[RangeServer]:
         yield s
 
 
-def mount_f(url: str, point: Path) -> subprocess.Popen[str]:
+def mount_f(source: str | Path, point: Path, *options: str) -> subprocess.Popen[str]:
     """`shardfs mount -f` as a terminal runs it, Ctrl-C delivered whatever this process ignores."""
-    command = [SHARDFS[0], "-c", WITH_CTRL_C, *SHARDFS[1:], "mount", "-f", url, str(point), "--timeout", HUNG]
+    command = [SHARDFS[0], "-c", WITH_CTRL_C, *SHARDFS[1:], "mount", "-f", str(source), str(point), *options]
     return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
 
 
@@ -61,7 +62,7 @@ def test_ctrl_c_while_the_source_is_opened_stops_at_once(server, tmp_path) -> No
     point = tmp_path / "m"
     point.mkdir()
     server.hang = True
-    proc = mount_f(server.url, point)
+    proc = mount_f(server.url, point, "--timeout", HUNG)
     try:
         wait_until(lambda: server.in_flight > 0)
         took = interrupt(proc)
@@ -80,7 +81,7 @@ def test_ctrl_c_with_a_reader_stuck_unmounts_at_once(server, raw_volume, tmp_pat
     _, twin, _ = raw_volume
     point = tmp_path / "m"
     point.mkdir()
-    proc = mount_f(server.url, point)
+    proc = mount_f(server.url, point, "--timeout", HUNG)
     reader = None
     try:
         wait_until(lambda: os.path.ismount(point))
@@ -98,3 +99,25 @@ def test_ctrl_c_with_a_reader_stuck_unmounts_at_once(server, raw_volume, tmp_pat
         proc.kill()
         if reader is not None:
             reader.kill()
+
+
+def test_ctrl_c_of_a_mount_in_use_names_who_uses_it(raw_volume, tmp_path) -> None:
+    """A shell's working directory inside: Ctrl-C detaches the mount all the same (it must end a daemon whose
+    readers hang), and says which processes now get ENOTCONN, as `shardfs unmount` names them when it refuses."""
+    point = tmp_path / "m"
+    point.mkdir()
+    proc = mount_f(raw_volume[0], point)
+    inside = None
+    try:
+        wait_until(lambda: os.path.ismount(point))
+        inside = subprocess.Popen(["sleep", "600"], cwd=point / "4_4_40")
+        wait_until(lambda: os.readlink(f"/proc/{inside.pid}/cwd") == str(point / "4_4_40"))
+        took = interrupt(proc)
+        err = proc.stderr.read()
+        assert took < PROMPT and proc.returncode == 0, err
+        assert not os.path.ismount(point)
+        assert f"Ctrl-C: {point} is in use by pid {inside.pid} (sleep: working directory): detached anyway" in err, err
+    finally:
+        proc.kill()
+        if inside is not None:
+            inside.kill()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import os
 import re
 import socket
@@ -119,6 +120,12 @@ def unmount(mountpoint: Path, lazy: bool = False) -> None:
     )
     if done.returncode != 0:
         raise FuseMountError(done.stderr.strip() or f"{mountpoint}: fusermount3 -u failed")
+
+
+def is_busy(e: OSError | FuseMountError) -> bool:
+    """Whether an unmount was refused because a process still uses the mount: umount2's EBUSY, or fusermount3's
+    "Device or resource busy", which it says only in words."""
+    return getattr(e, "errno", None) == errno.EBUSY or "busy" in str(e)
 
 
 def _mount_as_root(mountpoint: Path, options: MountOptions) -> int:

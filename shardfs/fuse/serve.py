@@ -3,7 +3,8 @@
 Options become mount(2) data, kernel timeouts or session settings, with the meanings libfuse 3.14 gave them.
 Its options that change nothing here are accepted (and named in the log at INFO, with why); one that cannot
 work, or that nobody knows, refuses the mount in one line, as libfuse did. SIGTERM and SIGINT unmount
-(lazily, as libfuse does). Given somewhere to keep the connection (a `Carrier`), the descriptor and its
+(lazily, as libfuse does; Ctrl-C first names the processes a mount in use is detached under). Given somewhere
+to keep the connection (a `Carrier`), the descriptor and its
 record are handed there once mounted, a connection kept there is taken up instead of mounting, and SIGUSR2
 hands the mount over to the next daemon: this one ends, and the mount stays. So does the SIGTERM of a
 restart, where the carrier can tell one (systemd's store); a stop's SIGTERM takes the connection back too.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import logging
 import math
 import os
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.fuse.bridge import Bridge, Shown
-from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, handed_number, mount, unmount
+from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, handed_number, is_busy, mount, unmount
 from shardfs.fuse.record import Carrier, Kept, Record
 from shardfs.fuse.session import Session, Timeouts
 from shardfs.metrics import Metrics
@@ -170,21 +172,23 @@ class Control:
     def __init__(self) -> None:
         self.handed_over = False
         self._session: Session | None = None
-        self._take_away: Callable[[], None] = lambda: None
+        self._take_away: Callable[..., None] = lambda say_users=False: None
         self._carrier: Carrier | None = None
         self._asked: Callable[[], None] | None = None
 
-    def _bind(self, session: Session, take_away: Callable[[], None], carrier: Carrier | None) -> None:
+    def _bind(self, session: Session, take_away: Callable[..., None], carrier: Carrier | None) -> None:
         self._session, self._take_away, self._carrier = session, take_away, carrier
         if self._asked is not None:
             self._asked()
 
-    def stop(self) -> None:
-        """Unmount (lazily: a mount made by a parent is its to end) and stop serving."""
+    def stop(self, say_users: bool = False) -> None:
+        """Unmount (lazily: a mount made by a parent is its to end) and stop serving. say_users (Ctrl-C): a mount
+        still in use is detached all the same, since Ctrl-C must end a daemon whose readers hang on a dead source,
+        but not silently: the processes that now get ENOTCONN are named first, as `shardfs unmount` names them."""
         if self._session is None:
-            self._asked = self.stop
+            self._asked = functools.partial(self.stop, say_users)
             return
-        self._take_away()
+        self._take_away(say_users)
         self._session.stop()
 
     def terminate(self) -> None:
@@ -240,7 +244,7 @@ class Control:
 def serve(
     tree: Tree, mtime_ns: int, mountpoint: Path, settings: Settings, on_ready: Callable[[str], None],
     carrier: Carrier | None = None, kept: Kept | None = None, metrics: Metrics | None = None,
-    control: Control | None = None, signals: bool = True,
+    control: Control | None = None, signals: bool = True, in_use: Callable[[Path], str] | None = None,
 ) -> bool:  # fmt: skip
     """Mount and serve until unmounted, SIGTERM or SIGINT; FuseMountError if the mount cannot be made.
     on_ready is told what the kernel granted, once the mount answers. The options were checked before
@@ -248,7 +252,8 @@ def serve(
     is raised, so that no dead mount is left behind. carrier: where the connection is kept for the next daemon;
     kept: the connection taken from it, served instead of mounting. metrics: the mount's. control: how the mount
     is stopped from elsewhere; signals: whether SIGTERM and SIGINT stop it and SIGUSR2 hands it over (then this
-    runs in the main thread). True if the mount was handed over, False if it ended."""
+    runs in the main thread). in_use: who uses the mount, in words (service/holders.py), for Ctrl-C to say.
+    True if the mount was handed over, False if it ended."""
     settings.say_ignored()
     record = None
     if kept is not None:
@@ -270,10 +275,23 @@ def serve(
         assert session is not None
         on_ready(session.granted_text())
 
-    def take_away() -> None:
-        if ours:
-            with contextlib.suppress(OSError, FuseMountError):
-                unmount(mountpoint, lazy=True)
+    def take_away(say_users: bool = False) -> None:
+        """Unmount lazily; say_users: whole first, so that a mount in use is known (EBUSY) and its users named."""
+        if not ours:
+            return
+        if say_users and in_use is not None:
+            try:
+                unmount(mountpoint)
+                return
+            except (OSError, FuseMountError) as e:
+                if is_busy(e):
+                    log.warning(
+                        "Ctrl-C: %s is %s: detached anyway, and they now get ENOTCONN there (`shardfs unmount`"
+                        " refuses while a mount is in use)", mountpoint, in_use(mountpoint),
+                        extra={"event": "stopping"},
+                    )  # fmt: skip
+        with contextlib.suppress(OSError, FuseMountError):
+            unmount(mountpoint, lazy=True)
 
     metrics = metrics or Metrics()  # the session's counts and the bridge's, one mount's
     bridge = Bridge(tree, mtime_ns, settings.shown, record, metrics, settings.read_ahead)
@@ -283,7 +301,11 @@ def serve(
             debug=settings.debug, record=record, kept=kept is not None, metrics=metrics,
         )  # fmt: skip
         control._bind(session, take_away, carrier)
-        handlers = {signal.SIGTERM: control.terminate, signal.SIGINT: control.stop, signal.SIGUSR2: control.hand_over}
+        handlers = {
+            signal.SIGTERM: control.terminate,
+            signal.SIGINT: functools.partial(control.stop, say_users=True),
+            signal.SIGUSR2: control.hand_over,
+        }
         previous = {}
         if signals:
             previous = {sig: signal.signal(sig, lambda *_, do=do: do()) for sig, do in handlers.items()}

@@ -211,7 +211,7 @@ def unmount(mountpoint: Path, any_type: bool = False, lazy: bool = False) -> Non
     try:
         fuse_mount.unmount(mountpoint, lazy)
     except (OSError, FuseMountError) as e:
-        if getattr(e, "errno", None) == errno.EBUSY or "busy" in str(e):
+        if fuse_mount.is_busy(e):
             raise MountError(
                 f"{mountpoint}: {holders.said(mountpoint)}; close them, or pass --lazy to detach it now"
             ) from None
@@ -295,8 +295,9 @@ def serve(
     figures_of.watch_cache(tree.cache)
     try:
         handed_over = fuse_serve.serve(
-            tree, mount.mtime_ns, mountpoint, mount.settings, ready, carrier, kept, figures_of, mount.control, signals
-        )
+            tree, mount.mtime_ns, mountpoint, mount.settings, ready, carrier, kept, figures_of, mount.control, signals,
+            holders.said,
+        )  # fmt: skip
     except FuseMountError as e:
         raise MountError(str(e)) from None
     finally:
