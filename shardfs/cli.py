@@ -355,8 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:
         return 0
-    except KeyboardInterrupt:
-        say(context.waiting.said() or "stopping")
+    except KeyboardInterrupt as e:  # its text: what a detached daemon stopped by it left waiting (daemon.mount)
+        say(str(e) or context.waiting.said() or "stopping")
         return 130  # as a shell reports a command ended by SIGINT
     except Exception as e:  # a source shaped in a way no check foresaw: one line, not a traceback
         logging.getLogger("shardfs").debug("unexpected error", exc_info=True)

@@ -1,6 +1,7 @@
 """Ctrl-C in `shardfs mount -f` while a remote request hangs: the process stops at once, unmounted, and says
 what it leaves waiting. The server is tests/http_server.py's RangeServer on loopback, made to hang. Ctrl-C of a
-mount in use names the processes it is detached under."""
+mount in use names the processes it is detached under. A detached `shardfs mount` passes Ctrl-C on to its daemon,
+and says the same."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from tests.conftest import SHARDFS
@@ -39,10 +41,15 @@ def server(raw_volume: tuple[Path, Path, np.ndarray]) -> Iterator[RangeServer]:
         yield s
 
 
+def run(*args: str | Path) -> subprocess.Popen[str]:
+    """`shardfs ARGS` as a terminal runs it, Ctrl-C delivered whatever this process ignores."""
+    return subprocess.Popen(
+        [SHARDFS[0], "-c", WITH_CTRL_C, *SHARDFS[1:], *map(str, args)], stderr=subprocess.PIPE, text=True
+    )
+
+
 def mount_f(source: str | Path, point: Path, *options: str) -> subprocess.Popen[str]:
-    """`shardfs mount -f` as a terminal runs it, Ctrl-C delivered whatever this process ignores."""
-    command = [SHARDFS[0], "-c", WITH_CTRL_C, *SHARDFS[1:], "mount", "-f", str(source), str(point), *options]
-    return subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    return run("mount", "-f", source, point, *options)
 
 
 def interrupt(proc: subprocess.Popen[str]) -> float:
@@ -70,6 +77,29 @@ def test_ctrl_c_while_the_source_is_opened_stops_at_once(server, tmp_path) -> No
         assert took < PROMPT, f"{took:.1f} s; {err}"
         assert proc.returncode == 130 and "Traceback" not in err, err
         assert f"stopping: 1 request still waiting on the source (head {server.url}/" in err, err
+        assert not os.path.ismount(point)
+    finally:
+        proc.kill()
+
+
+def test_ctrl_c_of_a_detached_mount_while_the_source_is_opened_says_what_waited(server, tmp_path) -> None:
+    """Without -f, the daemon (in a session of its own, which the terminal's Ctrl-C does not reach) opens the
+    source while `shardfs mount` waits for it: Ctrl-C is passed on, the daemon ends, and the terminal is told
+    what was waiting, as -f tells it."""
+    point, log = tmp_path / "m", tmp_path / "shardfs.log"
+    point.mkdir()
+    server.hang = True
+    proc = run("mount", server.url, point, "--timeout", HUNG, "--log-file", log)
+    try:
+        wait_until(lambda: server.in_flight > 0)
+        daemon = psutil.Process(proc.pid).children()
+        took = interrupt(proc)
+        err = proc.stderr.read()
+        assert took < PROMPT, f"{took:.1f} s; {err}"
+        assert proc.returncode == 130 and "Traceback" not in err, err
+        assert f"shardfs: stopping: 1 request still waiting on the source (head {server.url}/" in err, err
+        assert not psutil.wait_procs(daemon, timeout=PROMPT)[1], "the daemon was left running"
+        assert "event=stopping" in log.read_text()
         assert not os.path.ismount(point)
     finally:
         proc.kill()

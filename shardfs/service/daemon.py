@@ -13,12 +13,15 @@ import itertools
 import logging
 import os
 import re
+import select
+import signal
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from cysystemd.daemon import Notification
 
@@ -41,6 +44,8 @@ log = logging.getLogger("shardfs")
 ONE_DAY = 86400
 REMOTE_THREADS = 64  # session threads (`max_threads`) for remote sources: readers wait on the network, not the CPU
 REFUSED = "refused: "  # what the daemon's answer starts with when it could not open the source
+STOPPED = "stopped: "  # what it starts with when Ctrl-C stopped it: then what it left waiting, if anything
+STOPPED_WITHIN = 5.0  # seconds the caller waits for those words after passing Ctrl-C on to the daemon
 
 
 class MountError(Exception):
@@ -338,6 +343,7 @@ def mount(
     source as messages show it, and the view served. context: the one the source was (or is to be) opened
     with. A connection kept for this mountpoint (by systemd or a keeper: service/handover.py) is taken up, not
     mounted again."""
+    context = context or Context()
     if foreground:  # before anything is said: taking up a kept connection, clearing a stale mount
         log_to(log_file)
         replay_early()
@@ -351,7 +357,7 @@ def mount(
 
     def mounted(tree: Tree) -> Mount:
         """The mount, its options read here, in the daemon: a refusal is in its log, and told to the caller."""
-        return Mount(tree, mountpoint, settings(options, mountpoint), context or Context(), name, view, mtime_ns)
+        return Mount(tree, mountpoint, settings(options, mountpoint), context, name, view, mtime_ns)
 
     if foreground:
         lifecycle.block_signals()  # before a remote source is opened: obstore's threads start with it
@@ -361,11 +367,14 @@ def mount(
     log_file = log_file or default_log_file(shown_mountpoint(mountpoint) or Path(f"{mountpoint}-{os.getpid()}"))
     log_fd = open_log(log_file)  # here, so that a log file that cannot be ours alone is refused in words
     ready_r, ready_w = os.pipe()
-    if os.fork():
+    if daemon := os.fork():
         os.close(ready_w)
         os.close(log_fd)
         with os.fdopen(ready_r, "rb") as ready:
-            answer = ready.read().decode(errors="replace")
+            try:
+                answer = ready.read().decode(errors="replace")
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt(_stopped(daemon, ready)) from None
         if answer.startswith(REFUSED):
             raise SourceError(answer.removeprefix(REFUSED))
         if answer != "ready":
@@ -401,7 +410,14 @@ def mount(
             with contextlib.suppress(OSError):
                 os.write(ready_w, f"{REFUSED}{e}".encode())
             os._exit(2)
-        handed_over = serve(mounted(tree), ready, metrics_at, carrier, kept)
+        status = handover.HANDED_OVER if serve(mounted(tree), ready, metrics_at, carrier, kept) else 0
+    except KeyboardInterrupt:  # the caller's Ctrl-C, passed on before the mount was ready (see _stopped)
+        said = context.waiting.said() or ""
+        if said:
+            log.warning("%s", said, extra={"event": "stopping"})
+        with contextlib.suppress(OSError):
+            os.write(ready_w, f"{STOPPED}{said}".encode())
+        status = 130  # as the caller exits, and `mount -f`
     except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
         known = isinstance(e, MountError)  # says why in its message; anything else is a bug: a traceback
         log.error("mount failed: %s", e, exc_info=not known, extra={"event": "mount_failed"})
@@ -412,7 +428,18 @@ def mount(
     if not chosen and os.fstat(2).st_size == 0:  # nothing was said: the default log is not kept, one a mount
         with contextlib.suppress(OSError):
             log_file.unlink()
-    os._exit(handover.HANDED_OVER if handed_over else 0)
+    os._exit(status)
+
+
+def _stopped(daemon: int, ready: BinaryIO) -> str:
+    """Ctrl-C while the daemon was getting ready: it runs in a session of its own, so the terminal's SIGINT
+    reached only this process. Passed on, it stops the daemon (a mount never made, or ended), which says what it
+    left waiting, as `mount -f` does: those words, for this process to say on the terminal that pressed Ctrl-C,
+    or "" if none came within STOPPED_WITHIN."""
+    os.kill(daemon, signal.SIGINT)
+    if not select.select([ready], [], [], STOPPED_WITHIN)[0]:
+        return ""
+    return ready.read().decode(errors="replace").partition(STOPPED)[2]
 
 
 def _no_stats(mountpoint: Path) -> Callable[[], None]:
