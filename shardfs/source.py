@@ -4,6 +4,7 @@ for, as one virtual tree."""
 from __future__ import annotations
 
 import errno
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,11 @@ from shardfs.stores.remote import Access, NoBucket, RemoteStore
 from shardfs.stores.unlisted import UNLISTED, NamedListing
 from shardfs.tree import Tree
 from shardfs.views import view_of
+
+MARKERS = {"zarr.json": "zarr", "info": "precomputed"}  # a dataset's root metadata file, and its format
+# A directory that is not a dataset is said to hold those of its subdirectories that are, at most HELD of them,
+# found among the first PROBED (by name) of its first LISTED entries: in a bucket a probe costs up to 4 requests.
+HELD, PROBED, LISTED = 5, 10, 1000
 
 
 @dataclass
@@ -101,11 +107,33 @@ def open_source(
 
 def _format(store: Store, name: str) -> str:
     """'zarr' or 'precomputed', from the root metadata file that is there."""
-    if store.type_of("zarr.json") == "file":
-        return "zarr"
-    if store.type_of("info") == "file":
-        return "precomputed"
-    raise SourceMissing(f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there")
+    if (kind := _kind(store, "")) is not None:
+        return kind
+    raise SourceMissing(
+        f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there{_held(store, name)}"
+    )
+
+
+def _kind(store: Store, directory: str) -> str | None:
+    """The format of the dataset whose root is directory ('' or ending in '/'), or None if it is not one."""
+    return next((kind for marker, kind in MARKERS.items() if store.type_of(f"{directory}{marker}") == "file"), None)
+
+
+def _held(store: Store, name: str) -> str:
+    """`; it holds datasets: a.zarr, vol (...)`: the subdirectories one level down that are datasets, for a
+    directory given as SOURCE that holds some but is none; bounded (see PROBED), and nothing where the store
+    cannot list (HTTP) or a request fails."""
+    try:
+        subdirectories = sorted(entry for entry, is_dir in itertools.islice(store.list(""), LISTED) if is_dir)
+        found = (sub for sub in subdirectories[:PROBED] if _kind(store, f"{sub}/") is not None)
+        held = list(itertools.islice(found, HELD + 1))
+    except OSError:
+        return ""
+    if not held:
+        return ""
+    more = " and more" if len(held) > HELD else ""
+    example = f"{name.rstrip('/')}/{held[0]}"
+    return f"; it holds datasets: {', '.join(held[:HELD])}{more} (give one as SOURCE, such as {example})"
 
 
 def _parsed(text: str) -> str | Remote:
