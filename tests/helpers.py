@@ -63,6 +63,14 @@ def peer_pid(path: Path, kind: int = socket.SOCK_SEQPACKET) -> int:
         return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
 
 
+def alive(pid: int) -> bool:
+    """Whether pid still runs (not a zombie waiting for its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
 def wait_for(condition: Callable[[], bool], seconds: float = 60) -> bool:
     """Whether condition holds within seconds, polling: for tests that assert it with a message of their own."""
     deadline = time.monotonic() + seconds

@@ -21,7 +21,7 @@ from shardfs.errors import ServiceError
 from shardfs.fuse.mount import unmount
 from shardfs.service import keeper, mountinfo, stats_socket
 from tests.conftest import shardfs
-from tests.helpers import peer_pid, wait_for
+from tests.helpers import alive, peer_pid, wait_for
 
 
 @pytest.fixture
@@ -260,3 +260,33 @@ def test_a_root_mount_never_hands_its_connection_to_another_users_keeper(raw_vol
     finally:
         squatter.kill()
         squatter.wait()
+
+
+def test_a_keeper_holding_nothing_ends_once_it_cannot_be_reached(raw_volume, tmp_path) -> None:
+    """Its mount unmounted, a keeper waits at its socket for the next one. Its socket removed (as logout removes
+    /run/user/UID) and the next `mount -o keeper` starting another keeper there, it can never be asked anything
+    again: it exits, after a grace, and the new keeper holds the new mount."""
+    point, path = tmp_path / "m", tmp_path / "keeper.sock"
+    point.mkdir()
+    command = ["mount", raw_volume[0], point, "--log-file", tmp_path / "log", "-o", f"keeper={path}"]
+    shardfs(*command)
+    old = peer_pid(path)
+    new = None
+    try:
+        shardfs("unmount", point)
+        assert wait_for(lambda: keeper.names(path) == [])
+        time.sleep(2 * keeper.ORPHAN_CHECK + 1)  # two of its checks, each finding it reached
+        assert peer_pid(path) == old
+        path.unlink()
+        removed = time.monotonic()
+        shardfs(*command)
+        new = peer_pid(path)
+        assert new != old
+        assert wait_for(lambda: not alive(old), 60), "the keeper that nobody can reach is still there"
+        assert time.monotonic() - removed >= keeper.ORPHAN_CHECK
+        assert alive(new) and keeper.names(path) == [str(point)]
+    finally:
+        shardfs("unmount", point, check=False)
+        for pid in (old, new):
+            if pid is not None and alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -27,7 +27,7 @@ from shardfs.fuse.mount import unmount
 from shardfs.service import keeper, mountinfo, stats_socket
 from shardfs.service.handover import FUSE_NAME, HANDED_OVER, RECORD_NAME
 from tests.conftest import SHARDFS, scrape, shardfs
-from tests.helpers import REPO, peer_pid
+from tests.helpers import REPO, alive, peer_pid
 from tests.http_server import RangeServer
 
 LATENCY = 0.2  # seconds the server takes to answer each request
@@ -249,7 +249,7 @@ def test_a_replaced_daemon_loses_no_request(many_chunks, new_code, tmp_path, car
                 daemons.append(after.go())
                 systemd.until("READY=1")
             else:
-                while _alive(first_pid):
+                while alive(first_pid):
                     time.sleep(0.01)
                 gap_listed = listed.output()
                 assert after.go().wait(timeout=PATIENCE) == 0, after.process.stderr.read()
@@ -291,22 +291,14 @@ def test_a_replaced_daemon_loses_no_request(many_chunks, new_code, tmp_path, car
                     daemon.kill()
             for pid in detached:
                 deadline = time.monotonic() + 30
-                while _alive(pid) and time.monotonic() < deadline:
+                while alive(pid) and time.monotonic() < deadline:
                     time.sleep(0.05)
-                if _alive(pid):
+                if alive(pid):
                     os.kill(pid, signal.SIGKILL)
             systemd.close()
             if keeper_pid is not None:
                 os.kill(keeper_pid, signal.SIGKILL)
             pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _alive(pid: int) -> bool:
-    """Whether pid still runs (not a zombie waiting for its parent)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_mount_whose_daemon_is_gone_for_good_is_unmounted_and_let_go(many_chunks, tmp_path) -> None:
@@ -321,7 +313,7 @@ def test_a_mount_whose_daemon_is_gone_for_good_is_unmounted_and_let_go(many_chun
     try:
         daemon = stats_socket.ask(point)[0]
         os.kill(daemon, signal.SIGKILL)
-        while _alive(daemon):
+        while alive(daemon):
             time.sleep(0.01)
         assert keeper.names(keeper_path) == [str(point)]
         again = shardfs("mount", source, point, check=False)  # without the keeper: refused, not hung on statfs
@@ -375,7 +367,7 @@ def test_a_connection_kept_for_another_source_is_let_go_not_taken_up(
         name = sorted(os.listdir(twin / SCALE))[1]
         held = open(point / SCALE / name, "rb")  # noqa: SIM115 (read after the change)
         os.kill(daemons[0], signal.SIGKILL)
-        while _alive(daemons[0]):
+        while alive(daemons[0]):
             time.sleep(0.01)
         if carrier == "systemd":
             after.go()

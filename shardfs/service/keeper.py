@@ -31,6 +31,11 @@ The protocol (version 2):
 
   Anything else is answered `ERR <why>`. Descriptors whose connection has ended (unmounted, aborted: the
   kernel reports POLLERR on them) are dropped by the keeper itself, as systemd's store does.
+
+A keeper lives while it holds a mount, a link is open to it, or a client connecting at its socket reaches it.
+One that holds nothing, with no link, and whose socket file is gone (removed, as logind removes /run/user/UID
+at logout) or is another's, can never be asked anything again: it exits at its second check in a row
+(ORPHAN_CHECK apart) that finds it so.
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ UCRED = struct.Struct("3i")  # pid, uid, gid, as SO_PEERCRED gives them
 STARTED_WITHIN = 10.0  # seconds a keeper started by a daemon has to answer
 HANDOVER_GRACE = 3.0  # seconds a TAKE waits for the daemon holding the mount to let go (exiting after SIGUSR2)
 BACKLOG = 64
+ORPHAN_CHECK = 5.0  # seconds between an idle keeper's checks that it can still be reached (see the top)
 T = TypeVar("T")
 
 
@@ -245,15 +251,23 @@ class Keeper:
         self._server.listen(BACKLOG)
 
     def serve(self) -> None:
-        """Serve until the process ends."""
+        """Serve until the keeper holds nothing and cannot be reached (see the top): then return."""
         poller = select.poll()
         poller.register(self._server, select.POLLIN)
         clients: dict[int, socket.socket] = {}
+        orphaned = False  # at the last check
         while True:
             watched = {fds[0]: name for name, fds in self.held.items()}
             for fd in watched:
                 poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked
-            for fd, events in poller.poll():
+            ready = poller.poll(ORPHAN_CHECK * 1000)
+            if not ready:  # nothing for ORPHAN_CHECK: time to look whether it is orphaned
+                was, orphaned = orphaned, not self.held and not clients and not self._reached()
+                if was and orphaned:
+                    log.info("%s: its socket is gone or another's, and it holds nothing: exiting", self.path,
+                             extra={"event": "keeper_exit"})  # fmt: skip
+                    return
+            for fd, events in ready:
                 if fd == self._server.fileno():
                     conn, _ = self._server.accept()
                     if self._trusted(conn):
@@ -271,6 +285,18 @@ class Keeper:
             for fd in watched:
                 with contextlib.suppress(KeyError, ValueError):
                     poller.unregister(fd)
+
+    def _reached(self) -> bool:
+        """Whether a client connecting at the socket's path reaches this keeper. A backlog full there is taken
+        for a yes: staying is the safe side."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as probe:
+            try:
+                probe.connect(str(self.path))
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            return _peer(probe)[0] == os.getpid()
 
     def _let_go(self, conn: socket.socket) -> None:
         """A link has ended (its daemon exited, or was killed): what it held is free for the next daemon."""
