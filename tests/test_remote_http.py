@@ -21,7 +21,7 @@ from cloudvolume import CloudVolume
 
 from shardfs.formats.zarr import named_children
 from tests import peers
-from tests.conftest import shardfs
+from tests.conftest import errno_of, shardfs
 from tests.helpers import chunk_names, daemon_of, forget_pages, peak_and_now_kib, read_errno
 from tests.http_server import RangeServer
 
@@ -190,6 +190,28 @@ def test_zarr_array_over_http(tmp_path, mount) -> None:
         assert not [path for (method, path) in server.requests if method == "HEAD" and path.startswith("c/")]
         got = ts.open({"driver": "zarr3", "kvstore": f"file://{m.path}"}).result().read().result()
         assert np.array_equal(got, data)
+        # HTTP cannot list, but the 2 x 2 shard grid is probed: `ls` and `cp -r` see every chunk key.
+        listed = sorted(os.path.relpath(os.path.join(top, f), m.path) for top, _, fs in os.walk(m.path) for f in fs)
+        assert listed == sorted([*chunks, "zarr.json"])
+
+
+def test_a_zarr_array_over_http_lists_what_its_probed_shards_hold(tmp_path, mount) -> None:
+    """A shard missing from the grid lists nothing, and reads ENOENT; a grid of more than PROBED_SHARDS shards is
+    not probed (it lists empty, one WARNING), while its chunks are still found by name."""
+    data = np.arange(40 * 36, dtype=np.uint16).reshape(40, 36)
+    peers.create_tensorstore_zarr3(tmp_path / "a.zarr", [40, 36], "uint16", [20, 18], [5, 6]).write(data).result()
+    (tmp_path / "a.zarr" / "c" / "1" / "1").unlink()  # the shard of rows 20-39, columns 18-35
+    wide = peers.create_tensorstore_zarr3(tmp_path / "wide.zarr", [4, 4100], "uint8", [1, 1], [1, 1])
+    wide[0, 7].write(7).result()
+    with RangeServer(tmp_path, suffix_ranges=True).running() as server:
+        m = mount(f"zarr3://{server.url}/a.zarr")
+        assert sorted(os.listdir(m.path / "c" / "1")) == ["0", "1", "2", "3", "4", "5"]
+        assert sorted(os.listdir(m.path / "c" / "4")) == ["0", "1", "2"]  # rows 4-7: one of their shards is gone
+        assert errno_of(m.path / "c" / "4" / "3") == errno.ENOENT
+        w = mount(f"zarr3://{server.url}/wide.zarr")
+        assert os.listdir(w.path) == ["zarr.json"]
+        assert (w.path / "c" / "0" / "7").read_bytes() == b"\x07"
+        assert "shards to probe, more than 4096: not listed" in w.log_text()
 
 
 def test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata(tmp_path, mount) -> None:

@@ -11,8 +11,10 @@ import logging
 import posixpath
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk
@@ -26,6 +28,10 @@ SHOWN = 3  # problems spelled out per shard; the rest are counted, since one bad
 # is then mostly transfer, not waiting). Those between are read and not kept: at most GAP a key.
 PREFETCH_GAP = 64 << 10
 PREFETCH_MOST = 1 << 20
+PROBED_SHARDS = 4096  # the most shard names asked for, one by one, to list a directory that cannot be listed
+PROBES_AT_ONCE = 16
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,15 @@ class ShardedKV(ABC):
     @abstractmethod
     def verify(self, shard: ShardFile) -> ShardReport:
         """Every index of one shard read and checked, as `shardfs check` does. OSError if it cannot be read."""
+
+    # -- a store that cannot list (HTTP) ----------------------------------------------------------------------------
+
+    @staticmethod
+    def probed(items: Iterable[T], probe: Callable[[T], R | None]) -> Iterator[R]:
+        """What probe finds of items, in their order, PROBES_AT_ONCE asked for at a time: the shards a directory
+        holds, where the store cannot list it."""
+        with ThreadPoolExecutor(PROBES_AT_ONCE) as pool:
+            yield from (found for found in pool.map(probe, items) if found is not None)
 
     # -- read-ahead --------------------------------------------------------------------------------------------------
 

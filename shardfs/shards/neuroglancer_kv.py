@@ -8,7 +8,6 @@ import errno
 import logging
 import struct
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 
@@ -17,7 +16,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, OverLimit
-from shardfs.shards.kv import Extent, HeldChunks, ShardedKV, ShardFile, ShardReport, skipped
+from shardfs.shards.kv import PROBED_SHARDS, Extent, HeldChunks, ShardedKV, ShardFile, ShardReport, skipped
 from shardfs.shards.listing import (
     LISTING_BLOCK,
     LISTING_BUDGET,
@@ -41,8 +40,6 @@ from shardfs.stores.protocol import JoinedFile, Range, Store, StoredFile
 
 log = logging.getLogger("shardfs")
 
-PROBED_SHARDS = 4096  # the most shard names asked for, one by one, to list a directory that cannot be listed
-PROBES_AT_ONCE = 16
 SHARD_INDEX_READ = 64 << 10  # a shard index up to this size (minishard_bits <= 12) comes whole with its shard's opening
 # A key's minishard index is read with the bytes before it, back to the index before, in one request (in
 # tensorstore's layout, the minishard's chunks: a cold chunk then costs one round trip, not two in sequence),
@@ -292,8 +289,7 @@ class NeuroglancerKV(ShardedKV):
     def _probed(self) -> Iterator[ShardFile]:
         """Where the store cannot list (HTTP), the shards the spec names, each asked for (HEAD, a few at a
         time)."""
-        with ThreadPoolExecutor(PROBES_AT_ONCE) as pool:
-            yield from (found for found in pool.map(self._probe, self._to_probe()) if found is not None)
+        yield from self.probed(self._to_probe(), self._probe)
 
     def _to_probe(self) -> range:
         """Every shard the spec names, up to PROBED_SHARDS of them: past that a listing shows nothing, and

@@ -9,6 +9,7 @@ and the inner chunks are sliced out of it.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -18,9 +19,11 @@ import numpy as np
 from shardfs.cache import ByteCache, large_value_turn
 from shardfs.errors import CorruptChunk
 from shardfs.shards.grid import grid_shape
-from shardfs.shards.kv import Extent, ShardedKV, ShardFile, ShardReport, skipped
+from shardfs.shards.kv import PROBED_SHARDS, Extent, ShardedKV, ShardFile, ShardReport, skipped
 from shardfs.shards.zarr import ChunkKeys, Level, decode_blob
 from shardfs.stores.protocol import Range, Store, StoredFile, Suffix
+
+log = logging.getLogger("shardfs")
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class ZarrKV(ShardedKV):
         ]
         self.levels, self.keys, self.shape = levels, keys, shape
         self._nothing = Present.of(np.empty((0, len(shape)), np.int64))
+        self._said_unprobed = False
         self.inner = levels[-1].inner
         self.grid = grid_shape(shape, self.inner)
         self.per_shard = tuple(s // c for s, c in zip(levels[0].shape, self.inner, strict=True))
@@ -191,7 +195,10 @@ class ZarrKV(ShardedKV):
     def holds(self, prefix: tuple[int, ...]) -> bool:
         """Whether a directory (a position prefix) holds a chunk, or may: a shard that cannot be read may, so
         the directory is found and its chunks' reads carry the error, which must not look like absence."""
-        return any(self._may_hold(path, prefix) for path in self._candidate_shards(self.shard_of(prefix)))
+        shard_prefix = self.shard_of(prefix)
+        if self._unprobed(shard_prefix):
+            return True  # nothing can say: the reads below it do
+        return any(self._may_hold(path, prefix) for path in self._candidate_shards(shard_prefix))
 
     def present_under(self, prefix: tuple[int, ...] = ()) -> Iterator[tuple[int, ...]]:
         """Global positions of the stored chunks whose position starts with prefix, shard by shard."""
@@ -232,6 +239,9 @@ class ZarrKV(ShardedKV):
         if not self.keys.ndim:
             yield self.shard_path(())  # _present finds out whether it is there
             return
+        if not self.store.can_list:
+            yield from self._probed(shard_prefix)
+            return
         if self.keys.separator == "/":
             if shard_prefix:
                 yield from self._whole_keys(self.files_below(self.path(self.keys.key(shard_prefix))))
@@ -246,6 +256,23 @@ class ZarrKV(ShardedKV):
             parsed = self.keys.parse(name)
             if parsed is not None and parsed[1] and parsed[0][: len(shard_prefix)] == shard_prefix and not is_dir:
                 yield self.path(name)
+
+    def _probed(self, shard_prefix: tuple[int, ...]) -> Iterator[str]:
+        """Where the store cannot list (HTTP): each shard of the grid below shard_prefix asked for (the GET of its
+        index, which opens it), up to PROBED_SHARDS of them; past that none, said once, as precomputed's."""
+        rest = self.shard_grid[len(shard_prefix) :]
+        if self._unprobed(shard_prefix):
+            if not self._said_unprobed:
+                self._said_unprobed = True
+                log.warning("%s: %d shards to probe, more than %d: not listed", self.store.where(self.directory),
+                            math.prod(rest), PROBED_SHARDS)  # fmt: skip
+            return
+        paths = (self.shard_path((*shard_prefix, *tail)) for tail in itertools.product(*map(range, rest)))
+        yield from self.probed(paths, lambda path: None if self._present(path) is self._nothing else path)
+
+    def _unprobed(self, shard_prefix: tuple[int, ...]) -> bool:
+        """Whether the shards below shard_prefix can be neither listed nor probed (too many)."""
+        return not self.store.can_list and math.prod(self.shard_grid[len(shard_prefix) :]) > PROBED_SHARDS
 
     def _whole_keys(self, paths: Iterable[str]) -> Iterator[str]:
         """Only files named by a whole chunk key are shards (a stray file at c/1 in a 2-d array is not)."""
