@@ -156,7 +156,7 @@ class FetchedAheadFile(RangeFile):
     """A range whose bytes may be fetched ahead after the kernel looked the file up (read-ahead, over a
     network): each read takes them where they came meanwhile (held), else reads the range as RangeFile does."""
 
-    held: Callable[[], bytes | None] = lambda: None
+    held: Callable[[], bytes | None]
 
     def read(self, offset: int, length: int) -> bytes:
         held = self.held()

@@ -201,17 +201,13 @@ class Control:
             return
         if carrier is not None and carrier.restarting():
             if session.resend:
-                log.warning(
-                    "SIGTERM of a restart: handing the mount over to the next daemon", extra={"event": "handover"}
-                )
-                self.handed_over = True
-                session.stop()
+                self._leave("SIGTERM of a restart")
                 return
             log.error(
                 "SIGTERM of a restart: this kernel cannot resend requests (FUSE_HAS_RESEND, Linux 6.9), so the mount"
                 " ends and the next daemon mounts afresh", extra={"event": "handover"},
             )  # fmt: skip
-        self._take_away()
+        self.stop()
         if carrier is not None:
             try:
                 carrier.forget()
@@ -219,7 +215,6 @@ class Control:
                 log.error(
                     "could not take the connection back from where it was kept: %s", e, extra={"event": "handover"}
                 )
-        session.stop()
 
     def hand_over(self) -> None:
         """Leave the mount to the next daemon: what this one read and has not answered, the kernel resends to
@@ -236,9 +231,14 @@ class Control:
                 extra={"event": "handover"},
             )  # fmt: skip
         else:
-            log.warning("SIGUSR2: handing the mount over to the next daemon", extra={"event": "handover"})
-            self.handed_over = True
-            session.stop()
+            self._leave("SIGUSR2")
+
+    def _leave(self, why: str) -> None:
+        """Stop serving and leave the mount, connection and all, to the next daemon."""
+        assert self._session is not None
+        log.warning("%s: handing the mount over to the next daemon", why, extra={"event": "handover"})
+        self.handed_over = True
+        self._session.stop()
 
 
 def serve(

@@ -66,9 +66,10 @@ def served(source: str, view: str, mountpoint: Path) -> str:
 def _stamp(kept: Kept, serves: str) -> None:
     """Stamp what the connection serves, with its mount's device (`0:N`, as mountinfo lists it): on the kernels
     that do not name a descriptor's connection (before 6.18), how the next daemon knows where it is mounted."""
-    found = mountinfo.topmost(Path(json.loads(serves)["mountpoint"]))
-    device = _device(kept.fd) or (found.device if found is not None else None)
-    kept.record.stamp(json.dumps({**json.loads(serves), "device": device}, sort_keys=True))
+    stamp = json.loads(serves)
+    found = mountinfo.topmost(Path(stamp["mountpoint"]))
+    stamp["device"] = _device(kept.fd) or (found.device if found is not None else None)
+    kept.record.stamp(json.dumps(stamp, sort_keys=True))
 
 
 def _device(fd: int) -> str | None:

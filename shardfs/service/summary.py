@@ -54,7 +54,7 @@ def summary(text: str, now: float) -> str:
         f"operations  {ops:,.0f} ({ops / up:,.1f}/s)\n"
         f"served      {size(total['shardfs_served_bytes_total'])}\n"
         f"store       {_store(total)}\n"
-        f"read-ahead  {_read_ahead(total, ahead)}\n"
+        f"read-ahead  {_read_ahead(ahead)}\n"
         f"cache       {rate} hit rate ({hits:,.0f} of {hits + misses:,.0f} lookups); "
         f"{held}{beyond}\n"
         f"errors      {sum(errors.values()):,.0f}{f' ({by_errno})' if by_errno else ''}; "
@@ -73,11 +73,11 @@ def _store(total: dict[str, float]) -> str:
     return f"{reads:,.0f} reads{per_file}, {size(fetched)} read for {size(served)} served{per_byte}"
 
 
-def _read_ahead(total: dict[str, float], ahead: dict[str, float]) -> str:
+def _read_ahead(ahead: dict[str, float]) -> str:
     """Files fetched ahead and read then, and the bytes fetched that no one read (yet)."""
     if not ahead["fetched"] and not ahead["failed"]:
         return "nothing fetched ahead"
-    unused = total["shardfs_read_ahead_bytes_total"] - 2 * ahead["bytes used"]  # total is fetched + used
+    unused = ahead["bytes fetched"] - ahead["bytes used"]
     return (
         f"{ahead['fetched']:,.0f} files fetched ahead, {ahead['used']:,.0f} read then; {size(unused)} fetched"
         f" and not read; {ahead['failed']:,.0f} failed"

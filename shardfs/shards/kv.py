@@ -139,6 +139,15 @@ class ShardedKV(ABC):
 
     # -- a store that cannot list (HTTP) ----------------------------------------------------------------------------
 
+    def probeable(self, count: int) -> bool:
+        """Whether count shards may be asked for one by one to list a directory (PROBED_SHARDS at most); past that
+        the listing shows none, and says so."""
+        if count <= PROBED_SHARDS:
+            return True
+        log.warning("%s: %d shards to probe, more than %d: not listed", self.store.where(self.directory), count,
+                    PROBED_SHARDS)  # fmt: skip
+        return False
+
     @staticmethod
     def probed(items: Iterable[T], probe: Callable[[T], R | None]) -> Iterator[R]:
         """What probe finds of items, in their order, PROBES_AT_ONCE asked for at a time: the shards a directory

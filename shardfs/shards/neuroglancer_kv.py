@@ -16,7 +16,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, OverLimit
-from shardfs.shards.kv import PROBED_SHARDS, Extent, HeldChunks, ShardedKV, ShardFile, ShardReport, skipped
+from shardfs.shards.kv import Extent, HeldChunks, ShardedKV, ShardFile, ShardReport, skipped
 from shardfs.shards.listing import (
     LISTING_BLOCK,
     LISTING_BUDGET,
@@ -295,11 +295,7 @@ class NeuroglancerKV(ShardedKV):
         """Every shard the spec names, up to PROBED_SHARDS of them: past that a listing shows nothing, and
         says so."""
         count = 1 << self.spec.shard_bits
-        if count > PROBED_SHARDS:
-            log.warning("%s: %d shards to probe, more than %d: not listed", self.store.where(self.directory),
-                        count, PROBED_SHARDS)  # fmt: skip
-            return range(0)
-        return range(count)
+        return range(count) if self.probeable(count) else range(0)
 
     def _probe(self, shard: int) -> ShardFile | None:
         """A shard by its `.shard`, else by its `.index` (a lone `.data` is found only when a key is read)."""

@@ -9,7 +9,6 @@ and the inner chunks are sliced out of it.
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,8 +21,6 @@ from shardfs.shards.grid import grid_shape
 from shardfs.shards.kv import PROBED_SHARDS, Extent, ShardedKV, ShardFile, ShardReport, skipped
 from shardfs.shards.zarr import ChunkKeys, Level, decode_blob
 from shardfs.stores.protocol import Range, Store, StoredFile, Suffix
-
-log = logging.getLogger("shardfs")
 
 
 @dataclass(frozen=True)
@@ -84,7 +81,6 @@ class ZarrKV(ShardedKV):
         ]
         self.levels, self.keys, self.shape = levels, keys, shape
         self._nothing = Present.of(np.empty((0, len(shape)), np.int64))
-        self._said_unprobed = False
         self.inner = levels[-1].inner
         self.grid = grid_shape(shape, self.inner)
         self.per_shard = tuple(s // c for s, c in zip(levels[0].shape, self.inner, strict=True))
@@ -259,13 +255,9 @@ class ZarrKV(ShardedKV):
 
     def _probed(self, shard_prefix: tuple[int, ...]) -> Iterator[str]:
         """Where the store cannot list (HTTP): each shard of the grid below shard_prefix asked for (the GET of its
-        index, which opens it), up to PROBED_SHARDS of them; past that none, said once, as precomputed's."""
+        index, which opens it), up to PROBED_SHARDS of them; past that none, said, as precomputed's."""
         rest = self.shard_grid[len(shard_prefix) :]
-        if self._unprobed(shard_prefix):
-            if not self._said_unprobed:
-                self._said_unprobed = True
-                log.warning("%s: %d shards to probe, more than %d: not listed", self.store.where(self.directory),
-                            math.prod(rest), PROBED_SHARDS)  # fmt: skip
+        if not self.probeable(math.prod(rest)):
             return
         paths = (self.shard_path((*shard_prefix, *tail)) for tail in itertools.product(*map(range, rest)))
         yield from self.probed(paths, lambda path: None if self._present(path) is self._nothing else path)
