@@ -256,7 +256,7 @@ def test_an_unmount_while_fetches_run_ahead_leaves_no_thread_and_no_request(kv, 
         assert wait_for(lambda: server.in_flight > 0, 30)
         shardfs("unmount", point)
         assert wait_for(lambda: not psutil.pid_exists(pid), 60), "the daemon outlived its mount"
-        time.sleep(0.5)  # answers to requests sent before it ended
+        assert wait_for(lambda: server.in_flight == 0, 30)  # answers to requests sent before it ended
         asked = sum(server.requests.values())
         time.sleep(1)
         assert sum(server.requests.values()) == asked

@@ -33,10 +33,12 @@ READERS = 8
 PATIENCE = 120.0  # seconds: only a hang waits this long
 SLOW = 0.05  # seconds: a read that took longer is reported with its times (the gaps across replacements)
 
-# A reader: reads every file of its list round and round until the file argv[3] exists, each time from the
-# daemon (the file's pages dropped once read), checks it against the twin, and prints a JSON summary: reads,
-# errors and wrong files (name and when), and the reads slower than SLOW (start and end, CLOCK_MONOTONIC).
-# With argv[4] = "hold": one file opened once and read through the same descriptor throughout.
+# A reader: reads every file of its list round and round, each time from the daemon (the file's pages dropped
+# once read), checks it against the twin, and prints a JSON summary: reads, errors and wrong files (name and
+# when), and the reads slower than SLOW (start and end, CLOCK_MONOTONIC). It ends once the file argv[3] exists
+# and it has read every file at least once; a read after that file appeared is always made (so what the
+# mount answers then is seen, whatever the machine's load). With argv[4] = "hold": one file opened once and
+# read through the same descriptor throughout.
 READER = """
 import json, os, random, sys, time
 mount, twin, stop, mode, slow = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
@@ -45,8 +47,9 @@ expected = {n: open(os.path.join(twin, n), "rb").read() for n in names}
 random.Random(os.getpid()).shuffle(names)
 out = {"reads": 0, "errors": [], "wrong": [], "slow": []}
 held = os.open(os.path.join(mount, names[0]), os.O_RDONLY) if mode == "hold" else None
-i = 0
-while not os.path.exists(stop):
+i, last = 0, False
+while not last:
+    last = os.path.exists(stop) and (held is not None or i >= len(names))
     name = names[0] if held is not None else names[i % len(names)]
     start = time.monotonic()
     try:
@@ -223,7 +226,7 @@ def test_kill_hand_over_and_restart_keep_the_mount_and_lose_no_read(machine, man
     errors = [e for r in results for e in r["errors"]]
     wrong = [w for r in results for w in r["wrong"]]
     assert not errors and not wrong, (errors, wrong, journal(machine))
-    assert all(r["reads"] > 0 for r in results) and sum(r["reads"] for r in results[:READERS]) > 3 * 2048
+    assert all(r["reads"] >= 2048 for r in results[:READERS])  # each read every file, at least once
     assert watch.seen == [device], watch.seen  # never unmounted, never another connection
     assert journal(machine).count("a kept connection taken up") == taken_up + len(events)
     waited = dict(zip(events, gaps(results, began), strict=True))
@@ -242,7 +245,6 @@ def test_a_connection_no_longer_mounted_is_let_go_and_the_mount_made_afresh(mach
         machine.run("umount", "--lazy", POINT)
         assert machine.mounted(POINT) is None
         replaced(machine, "systemctl", "restart", UNIT)
-        time.sleep(0.5)
         (held,) = holder.results()
     assert machine.mounted(POINT) is not None
     assert show(machine, "ActiveState", "NFileDescriptorStore") == {
@@ -268,7 +270,6 @@ def test_a_stop_leaves_nothing(machine, many_chunks, tmp_path) -> None:
             left = show(machine, "MainPID", "ActiveState", "NFileDescriptorStore")
             assert left == {"MainPID": "0", "ActiveState": "inactive", "NFileDescriptorStore": "0"}, left
             assert not machine.run("python3", "-c", DAEMONS).stdout.split()  # no daemon left anywhere
-            time.sleep(0.3)
             (held,) = holder.results()
         assert held["errors"] and {e[1] for e in held["errors"]} == {errno.ENOTCONN}, held
         assert f"unmounted {POINT}" in journal(machine)
