@@ -51,7 +51,8 @@ def test_no_deprecation_warning_on_import() -> None:
 
 
 def test_a_mistyped_command_or_option_is_told_the_nearest(kv) -> None:
-    one_line_error(shardfs("mout", kv[0], "/mnt", check=False), 2, "did you mean 'mount'?")
+    for typo in ("mout", "mnt"):  # "mnt" with two operands once read as the fstab form, "unrecognized arguments"
+        one_line_error(shardfs(typo, kv[0], "/mnt", check=False), 2, "did you mean 'mount'?")
     one_line_error(shardfs("ls", kv[0], "--cach-size", "1G", check=False), 2, "did you mean '--cache-size'?")
     one_line_error(shardfs("ls", kv[0], "--frobnicate", check=False), 2, "unrecognized arguments: --frobnicate")
 
