@@ -112,7 +112,7 @@ def main() -> None:
         useradd = ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", args.user]
         subprocess.run(useradd, check=True)
 
-    from tests import peers
+    from tests.support import peers
 
     with tempfile.TemporaryDirectory(prefix="shardfs-bench-listing-", dir="/tmp") as tmp:
         root = Path(tmp)

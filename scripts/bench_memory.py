@@ -32,8 +32,8 @@ import tensorstore as ts
 SHARDFS = [sys.executable, "-m", "shardfs"]
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.helpers import cache_held  # noqa: E402
-from tests.peers import write_tensorstore_scale  # noqa: E402  (the tests' writer: the same volumes)
+from tests.support.daemons import cache_held  # noqa: E402
+from tests.support.peers import write_tensorstore_scale  # noqa: E402  (the tests' writer: the same volumes)
 
 MARGIN_MIB = 40  # what the README promises beyond --cache-size
 

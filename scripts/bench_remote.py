@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """shardfs on a remote source (issues 12 and 21): a loopback HTTP server with injected latency per request.
 
-Three datasets written by real writers, served by tests/http_server.py's RangeServer in a process of its
+Three datasets written by real writers, served by tests/support/http_server.py's RangeServer in a process of its
 own, which counts every request, so that requests are counted where they arrive.
 
 Cold (issue 21), on a precomputed volume sharded as production volumes are: hashed keys
@@ -80,7 +80,7 @@ FUSECTL = Path("/sys/fs/fuse/connections")
 def serve(root: Path, latency: float) -> None:
     """RangeServer over root. Prints its URL, then answers each line on stdin with the requests counted so
     far (by method), the most answered at once, and its own CPU seconds, as one JSON line."""
-    from tests.http_server import RangeServer
+    from tests.support.http_server import RangeServer
 
     server = RangeServer(root, latency, suffix_ranges=True)  # tensorstore reads zarr shard indexes so
     busy = {"now": 0, "most": 0}
@@ -337,7 +337,7 @@ def write_igneous(written: Path, root: Path, scale: str) -> None:
     import tensorstore as ts
     from cloudvolume.datasource.precomputed.sharding import ShardingSpecification, synthesize_shard_files
 
-    from tests.peers import compressed_morton_code
+    from tests.support.peers import compressed_morton_code
 
     info = json.loads((written / "info").read_text())
     spec = info["scales"][0]

@@ -16,7 +16,7 @@ import tensorstore as ts
 from cloudvolume import CloudVolume
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests import peers  # the same peer writers the tests use
+from tests.support import peers  # the same peer writers the tests use
 
 SHARDFS = [sys.executable, "-m", "shardfs"]
 

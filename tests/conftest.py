@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 import subprocess
@@ -14,51 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from shardfs.service.daemon import MountError, unmount
-from tests import peers
-from tests.helpers import BIG, SHARDING, write_small_volume
-from tests.peers import write_zarr_python
-
-SHARDFS = [sys.executable, "-m", "shardfs"]
-
-
-def shardfs(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SHARDFS, *map(str, args)], capture_output=True, text=True, timeout=60, check=check)
-
-
-def assert_eio(path: Path) -> None:
-    """Reading path fails with EIO: the answer for corrupt data, which must not be ENOENT or garbage."""
-    with pytest.raises(OSError) as e:
-        path.read_bytes()
-    assert e.value.errno == errno.EIO
-
-
-def errno_of(path: Path) -> int:
-    """The errno of stat'ing path through the mount, or 0 if it is there."""
-    try:
-        os.stat(path)
-    except OSError as e:
-        return e.errno
-    return 0
-
-
-def scrape(text: str) -> dict[tuple[str, frozenset], float]:
-    """Prometheus text (`shardfs stats --prometheus`, `--metrics`) as {(name, labels): value}."""
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-class Mount:
-    def __init__(self, path: Path, log: Path) -> None:
-        self.path, self.log = path, log
-
-    def log_text(self) -> str:
-        return self.log.read_text() if self.log.exists() else ""
+from tests.support import peers
+from tests.support.cli import Mount, shardfs
+from tests.support.datasets import SHARDING, write_small_volume
+from tests.support.peers import write_zarr_python
+from tests.support.users import BIG, USER
 
 
 @pytest.fixture
@@ -92,9 +53,6 @@ def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mo
                 time.sleep(0.1)
 
 
-USER = "shardfs-test"  # an unprivileged local user: the other users a root `allow_other` mount serves
-
-
 @pytest.fixture(scope="session")
 def user() -> tuple[int, int]:
     """(uid, gid) of an unprivileged user, created if missing."""
@@ -110,18 +68,23 @@ def user() -> tuple[int, int]:
     return uid, gid
 
 
-def as_user(user: tuple[int, int], *command: str | Path) -> subprocess.CompletedProcess[str]:
-    """A command run as the unprivileged user, with no supplementary groups: coreutils only, since the
-    user cannot reach the test's Python."""
-    drop = ["setpriv", f"--reuid={user[0]}", f"--regid={user[1]}", "--clear-groups", "--"]
-    return subprocess.run([*drop, *map(str, command)], capture_output=True, text=True, errors="replace", timeout=60)
-
-
 @pytest.fixture(scope="session")
 def other_user(user: tuple[int, int]) -> list[str]:
-    """The prefix that runs a module's main() as the unprivileged user (see tests/as_user.py): for what
+    """The prefix that runs a module's main() as the unprivileged user (see tests/support/as_user.py): for what
     coreutils cannot do, such as binding a socket."""
-    return [sys.executable, "-m", "tests.as_user", *map(str, user)]
+    return [sys.executable, "-m", "tests.support.as_user", *map(str, user)]
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty HOME and no cloud variables: only what a test writes there can be found."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "GOOGLE_", "CLOUDSDK_", "GCE_")):
+            monkeypatch.delenv(name)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
 
 
 @pytest.fixture

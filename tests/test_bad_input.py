@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import assert_eio, shardfs
-from tests.helpers import SHARDING, chunks_by_shard
+from tests.support.cli import shardfs
+from tests.support.datasets import SHARDING, chunks_by_shard
+from tests.support.reading import assert_eio
 
 
 def twin_chunk(pristine: Path, name: str) -> bytes:

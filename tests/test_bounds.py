@@ -25,11 +25,12 @@ import zarr
 from google_crc32c import value as crc32c
 
 from shardfs.formats.plan import METADATA_LIMIT
-from tests import peers
-from tests.conftest import SHARDFS, assert_eio, shardfs
-from tests.helpers import daemon_of, peak_and_now_kib, wait_until
-from tests.http_server import RangeServer
-from tests.peers import kv_dataset
+from tests.support import peers
+from tests.support.cli import SHARDFS, shardfs
+from tests.support.daemons import daemon_of, peak_and_now_kib, wait_until
+from tests.support.http_server import RangeServer
+from tests.support.peers import kv_dataset
+from tests.support.reading import assert_eio
 
 # Even keys in 0.shard, odd keys in 1.shard.
 TWO_SHARDS = peers.sharding_spec(preshift_bits=0, hash="identity", minishard_bits=0, shard_bits=1)

@@ -16,7 +16,7 @@ from shardfs.files import BytesFile, Dir
 from shardfs.shards.neuroglancer import MinishardIndex
 from shardfs.source import open_source
 from shardfs.stores.protocol import Owner
-from tests import peers
+from tests.support import peers
 
 
 def test_bounded_in_bytes_and_least_recently_used_goes_first() -> None:

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 import zarr
 
-from tests import peers
-from tests.conftest import SHARDFS, shardfs
-from tests.helpers import chunks_by_shard, innermost, rewrite_index
-from tests.peers import kv_dataset
+from tests.support import peers
+from tests.support.cli import SHARDFS, shardfs
+from tests.support.datasets import chunks_by_shard, innermost, rewrite_index
+from tests.support.peers import kv_dataset
 
 
 def run_check(root: Path) -> tuple[int, list[str], str]:

@@ -18,8 +18,8 @@ import pytest
 import tensorstore as ts
 
 from shardfs.formats.precomputed_names import TABLE_CELLS
-from tests import peers
-from tests.conftest import errno_of
+from tests.support import peers
+from tests.support.reading import errno_of
 
 SCALE = "4_4_40"
 

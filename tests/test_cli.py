@@ -16,9 +16,8 @@ from shardfs import __version__
 from shardfs.cache import entry_cost
 from shardfs.files import BytesFile
 from shardfs.stores.protocol import Owner
-from tests import peers
-from tests.conftest import scrape, shardfs
-from tests.helpers import one_line_error
+from tests.support import peers
+from tests.support.cli import one_line_error, scrape, shardfs
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tests import peers
+from tests.support import peers
 
 
 def files_under(root: Path) -> dict[str, bytes]:

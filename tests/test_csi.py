@@ -40,9 +40,10 @@ from shardfs.csi.server import NodeService
 from shardfs.csi.volume import volume_of
 from shardfs.fuse.mount import MountOptions, connection_of, mount, unmount
 from shardfs.service import keeper, mountinfo
-from tests.conftest import as_user, scrape
-from tests.helpers import wait_for
-from tests.http_server import RangeServer
+from tests.support.cli import scrape
+from tests.support.daemons import wait_for
+from tests.support.http_server import RangeServer
+from tests.support.users import as_user
 
 PATIENCE = 120.0  # seconds: only a hang waits this long
 NODE_ID = "node-under-test"

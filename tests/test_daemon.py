@@ -13,9 +13,9 @@ import pytest
 
 from shardfs.service import stats_socket
 from shardfs.service.daemon import is_stale
-from tests import peers
-from tests.conftest import SHARDFS, scrape, shardfs
-from tests.helpers import daemon_of, wait_until
+from tests.support import peers
+from tests.support.cli import SHARDFS, scrape, shardfs
+from tests.support.daemons import daemon_of, wait_until
 
 
 @pytest.fixture(scope="module")

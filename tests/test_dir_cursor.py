@@ -16,7 +16,7 @@ from shardfs.fuse import wire
 from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.listing import Listing, ListingWorkers
 from shardfs.source import open_source
-from tests import peers
+from tests.support import peers
 
 
 def entries() -> list[tuple[str, bool]]:

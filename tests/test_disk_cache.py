@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 
 from shardfs.stores.disk_cache import HEADER, DiskCache
-from tests import peers
-from tests.conftest import Mount, as_user, shardfs
-from tests.helpers import daemon_of
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.cli import Mount, shardfs
+from tests.support.daemons import daemon_of
+from tests.support.http_server import RangeServer
+from tests.support.users import as_user
 
 READ_SECONDS = 30  # one `cat` of every chunk: a read that hangs fails the test instead of the suite
 MEMORY_HEADROOM = 1 << 30  # the most the daemon's address space may grow while a test reads

@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
-from moto.server import ThreadedMotoServer
 from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
 
-from tests import peers
-from tests.conftest import SHARDFS, shardfs
-from tests.helpers import one_line_error
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.cli import SHARDFS, one_line_error, shardfs
+from tests.support.cloud import moto_server
+from tests.support.http_server import RangeServer
 
 
 @pytest.fixture(scope="module")
@@ -130,17 +129,11 @@ def test_a_missing_bucket_is_said_in_those_words(monkeypatch, tmp_path) -> None:
     """It was named inside some 300 characters of object_store's request, retry and XML internals."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
+    with moto_server() as endpoint:
         said = [
             shardfs(*command, "s3://nosuchbucket/vol", *where, "--endpoint", endpoint, check=False)
             for command, where in ((["ls"], []), (["mount"], [tmp_path]))
         ]
-    finally:
-        server.stop()
     for done in said:
         assert done.returncode == 2, done.stderr
         assert (

@@ -15,8 +15,9 @@ import pytest
 from shardfs.fuse import wire
 from shardfs.fuse.serve import settings_of
 from shardfs.service.daemon import fuse_options
-from tests.conftest import SHARDFS
-from tests.helpers import EVERYTHING, ask, init, kernel_socket, one_line_error, wait_until
+from tests.support.cli import SHARDFS, one_line_error
+from tests.support.daemons import wait_until
+from tests.support.kernel import EVERYTHING, ask, init, kernel_socket
 
 ROOT = wire.ROOT_ID
 

@@ -31,20 +31,12 @@ from shardfs.fuse.mount import FuseMountError, MountOptions, mount, unmount
 from shardfs.fuse.session import Session
 from shardfs.fuse.wire import InitFlag, InitFlag2
 from shardfs.source import open_source
-from tests import peers
-from tests.conftest import shardfs
-from tests.helpers import (
-    DROP_CACHES,
-    EVERYTHING,
-    ask,
-    daemon_of,
-    init,
-    kernel_socket,
-    machine_lock,
-    wait_for,
-    wait_until,
-)
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.cli import shardfs
+from tests.support.daemons import daemon_of, machine_lock, wait_for, wait_until
+from tests.support.http_server import RangeServer
+from tests.support.kernel import EVERYTHING, ask, init, kernel_socket
+from tests.support.reading import DROP_CACHES
 
 LATENCY = 0.5  # seconds a slow server holds each request: long enough that load cannot keep them from overlapping
 
@@ -577,7 +569,7 @@ def test_a_descriptor_mounted_by_a_parent_is_served_as_dev_fd_n(volume, tmp_path
     fd = mount(m, MountOptions(fsname=str(source)))
     try:
         child = subprocess.Popen(
-            [sys.executable, "-m", "tests.fuse_serve", source, f"/dev/fd/{fd}"], pass_fds=[fd], cwd=Path.cwd()
+            [sys.executable, "-m", "tests.support.fuse_serve", source, f"/dev/fd/{fd}"], pass_fds=[fd], cwd=Path.cwd()
         )
     finally:
         os.close(fd)

@@ -37,8 +37,19 @@ from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
 
 from shardfs.errors import SourceError
 from shardfs.source import open_source
-from tests.fuzzing import CACHE_BYTES, EIO, ENOENT, FUZZ, IS_DIR, Failed, attempt, open_or_refuse, read_file, walk
-from tests.peers import (
+from tests.support.fuzzing import (
+    CACHE_BYTES,
+    EIO,
+    ENOENT,
+    FUZZ,
+    IS_DIR,
+    Failed,
+    attempt,
+    open_or_refuse,
+    read_file,
+    walk,
+)
+from tests.support.peers import (
     compressed_morton_code,
     kv_dataset,
     sharding_spec,

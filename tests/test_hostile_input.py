@@ -14,9 +14,10 @@ import subprocess
 import psutil
 import pytest
 
-from tests.conftest import SHARDFS, assert_eio, scrape, shardfs
-from tests.helpers import wait_for
-from tests.peers import kv_dataset
+from tests.support.cli import SHARDFS, scrape, shardfs
+from tests.support.daemons import wait_for
+from tests.support.peers import kv_dataset
+from tests.support.reading import assert_eio
 
 
 def test_the_crafted_writer_round_trips(tmp_path, mount) -> None:

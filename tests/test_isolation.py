@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 import zarr
 
-from tests import peers
-from tests.conftest import as_user
-from tests.helpers import daemon_of, denied, hold_directory
+from tests.support import peers
+from tests.support.daemons import daemon_of
+from tests.support.reading import denied
+from tests.support.users import as_user, hold_directory
 
 RENAME_EXCHANGE = 2
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -20,8 +20,8 @@ import pytest
 from shardfs.errors import ServiceError
 from shardfs.fuse.mount import unmount
 from shardfs.service import keeper, mountinfo, stats_socket
-from tests.conftest import shardfs
-from tests.helpers import alive, peer_pid, wait_for
+from tests.support.cli import shardfs
+from tests.support.daemons import alive, peer_pid, wait_for
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_another_user_is_not_served(public_tmp, other_user) -> None:
         fd = os.memfd_create("secret")
         keeper.keep(path, "m", [fd])
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        probe = [*other_user, "tests.keeper_probe", str(path), "m"]
+        probe = [*other_user, "tests.support.keeper_probe", str(path), "m"]
         run = subprocess.run(probe, capture_output=True, text=True, timeout=120)
         assert run.stdout.startswith("refused:") and "Permission denied" in run.stdout, run
         os.chmod(path, 0o666)
@@ -254,7 +254,7 @@ def test_a_root_mount_never_hands_its_connection_to_another_users_keeper(raw_vol
         run = shardfs("mount", source, point, "-o", f"keeper={shared / 'k.sock'}", check=False)
         assert run.returncode != 0 and "open to other users" in run.stderr, run
         assert not os.path.ismount(point)
-        listed = subprocess.run([*other_user, "tests.keeper_list", str(shared / "k.sock")], capture_output=True,
+        listed = subprocess.run([*other_user, "tests.support.keeper_list", str(shared / "k.sock")], capture_output=True,
                                 text=True, timeout=120)  # fmt: skip
         assert listed.stdout.strip() == "names: []", listed
     finally:

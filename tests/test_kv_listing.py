@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests import peers
-from tests.conftest import shardfs
-from tests.helpers import home
-from tests.http_server import RangeServer
-from tests.peers import write_cloudvolume_kv
+from tests.support import peers
+from tests.support.cli import shardfs
+from tests.support.datasets import home
+from tests.support.http_server import RangeServer
+from tests.support.peers import write_cloudvolume_kv
 
 
 def ls(source: str | Path, path: str = "") -> list[str]:

@@ -18,8 +18,8 @@ import pytest
 
 from shardfs import logs
 from shardfs.logs import DEBUG_BURST, Logfmt, RateLimit, _value, log_to, ours_or_warning, redact
-from tests.conftest import SHARDFS
-from tests.helpers import wait_until
+from tests.support.cli import SHARDFS
+from tests.support.daemons import wait_until
 
 
 def record(level: int, event: str) -> logging.LogRecord:

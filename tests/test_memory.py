@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests import peers
-from tests.helpers import cache_held, daemon_of
+from tests.support import peers
+from tests.support.daemons import cache_held, daemon_of
 
 OVERHEAD_MIB = 40  # the README's promise beyond --cache-size (the interpreter, its libraries, the threads)
 

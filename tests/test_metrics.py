@@ -8,7 +8,7 @@ import threading
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from shardfs import metrics
-from tests.conftest import scrape
+from tests.support.cli import scrape
 
 
 def test_counts_from_many_threads_add_up_exactly() -> None:

@@ -15,9 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests import peers
-from tests.conftest import SHARDFS, scrape, shardfs
-from tests.helpers import DROP_CACHES, daemon_of, free_port, machine_lock
+from tests.support import peers
+from tests.support.cli import SHARDFS, scrape, shardfs
+from tests.support.cloud import free_port
+from tests.support.daemons import daemon_of, machine_lock
+from tests.support.reading import DROP_CACHES
 
 MIB = 1 << 20
 DEFAULT_TIMEOUT = 1.0  # attr_timeout and entry_timeout when none is given, as libfuse had them (negative: 0)

@@ -18,9 +18,10 @@ import pytest
 
 from shardfs.service import mountinfo
 from shardfs.service.daemon import is_stale
-from tests import peers
-from tests.conftest import as_user, shardfs
-from tests.helpers import REPO, one_line_error, run_in_private_fuse
+from tests.support import peers
+from tests.support.cli import one_line_error, shardfs
+from tests.support.daemons import REPO
+from tests.support.users import as_user, run_in_private_fuse
 
 
 def mounted_at(point: Path) -> list[str]:
@@ -193,7 +194,7 @@ def test_a_default_mount_shows_the_sources_owners_and_read_bits_and_zero_values_
 USER_ALLOW_ROOT = """
 import json, subprocess, sys
 source, point, log, uid, gid, flags = sys.argv[1:]
-cli = [sys.executable, "-m", "tests.as_user", uid, gid, "shardfs.cli"]
+cli = [sys.executable, "-m", "tests.support.as_user", uid, gid, "shardfs.cli"]
 run = lambda *command: subprocess.run(command, capture_output=True, text=True, timeout=60)
 as_ = lambda who, *command: run("setpriv", f"--reuid={who}", f"--regid={who}", "--clear-groups", "--", *command)
 out = {"mount": run(*cli, "mount", source, point, "--log-file", log, "-o", f"allow_root,{flags}").stderr}

@@ -23,8 +23,9 @@ from shardfs.fuse.mount import mount as parent_mount
 from shardfs.service.daemon import default_log_file, is_stale
 from shardfs.service.rundir import runtime_dir
 from shardfs.service.stats_socket import ask, socket_path
-from tests.conftest import SHARDFS, as_user, shardfs
-from tests.helpers import BIG, REPO, daemon_of, one_line_error, run_in_private_fuse, wait_until
+from tests.support.cli import SHARDFS, one_line_error, shardfs
+from tests.support.daemons import REPO, daemon_of, wait_until
+from tests.support.users import BIG, as_user, run_in_private_fuse
 
 
 def mount_line(point: Path) -> list[str]:
@@ -215,7 +216,7 @@ USER_MOUNTS = """
 import json, os, signal, subprocess, sys, time
 import psutil
 source, point, log, uid, gid = sys.argv[1:]
-cli = [sys.executable, "-m", "tests.as_user", uid, gid, "shardfs.cli"]
+cli = [sys.executable, "-m", "tests.support.as_user", uid, gid, "shardfs.cli"]
 user = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
 run = lambda *command: subprocess.run(command, capture_output=True, text=True, timeout=60)
 mounted = lambda: [ln.split(" - ")[1] for ln in open("/proc/self/mountinfo") if f" {point} " in ln]

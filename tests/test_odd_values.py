@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 import zarr
 
-from tests import peers
-from tests.helpers import ts_read, wait_until
+from tests.support import peers
+from tests.support.daemons import wait_until
+from tests.support.reading import ts_read
 
 FILLS = {"nan": float("nan"), "inf": float("inf"), "minus_inf": float("-inf"), "minus_zero": -0.0}
 SPELLED = {"nan": "NaN", "inf": "Infinity", "minus_inf": "-Infinity", "minus_zero": -0.0}  # zarr v2's JSON

@@ -17,9 +17,9 @@ import pytest
 from cloudvolume import CloudVolume
 from cloudvolume.datasource.precomputed.annotation import PrecomputedAnnotationSource
 
-from tests import peers
-from tests.conftest import SHARDFS, shardfs
-from tests.helpers import files_under, read_ts
+from tests.support import peers
+from tests.support.cli import SHARDFS, shardfs
+from tests.support.reading import files_under, read_ts
 
 VOLUMES = [
     # (dtype, encoding, data_encoding, channels, sparse); cloud-volume cross-checks where it decodes correctly.

@@ -19,10 +19,11 @@ import psutil
 import pytest
 import zarr
 
-from tests import peers
-from tests.conftest import scrape, shardfs
-from tests.helpers import BUCKET, counted, daemon_of, wait_for
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.cli import scrape, shardfs
+from tests.support.cloud import BUCKET, counted
+from tests.support.daemons import daemon_of, wait_for
+from tests.support.http_server import RangeServer
 
 LATENCY = 0.02  # seconds a request: a network's, where read-ahead pays
 

@@ -24,9 +24,10 @@ from shardfs.service.daemon import REMOTE_THREADS
 from shardfs.shards.listing import LISTING_BLOCK, LISTING_BUDGET
 from shardfs.stores.location import parse_source
 from shardfs.stores.remote import READS_AT_ONCE, Access, RemoteStore
-from tests import peers
-from tests.helpers import daemon_of, hold_directory, wait_for, wait_until
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.daemons import daemon_of, wait_for, wait_until
+from tests.support.http_server import RangeServer
+from tests.support.users import hold_directory
 
 PROMPT = 60  # seconds within which a bounded listing returns: a ceiling only an unbounded one (256 GiB) reaches
 

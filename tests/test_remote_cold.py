@@ -21,10 +21,12 @@ import zarr
 from zarr.codecs import ShardingCodec
 
 from shardfs.shards.listing import LISTING_BUDGET
-from tests import peers
-from tests.helpers import chunk_names, counted, home, read_errno
-from tests.http_server import RangeServer
-from tests.peers import write_cloudvolume_kv
+from tests.support import peers
+from tests.support.cloud import counted
+from tests.support.datasets import home
+from tests.support.http_server import RangeServer
+from tests.support.peers import write_cloudvolume_kv
+from tests.support.reading import chunk_names, read_errno
 
 BUCKET = "bkt"
 SCALE = "4_4_40"

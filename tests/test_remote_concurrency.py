@@ -9,9 +9,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests import peers
-from tests.helpers import forget_pages
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.http_server import RangeServer
+from tests.support.reading import forget_pages
 
 LIBFUSE_DEFAULT_THREADS = 10
 READERS = 16

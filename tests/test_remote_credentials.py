@@ -19,14 +19,13 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from moto.server import ThreadedMotoServer
 
 from shardfs.stores import credentials
 from shardfs.stores.credentials import on_ec2, on_gce
-from tests import peers
-from tests.conftest import shardfs
-from tests.helpers import free_port
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.cli import shardfs
+from tests.support.cloud import moto_server
+from tests.support.http_server import RangeServer
 
 BUCKET = "bkt"
 KEY_ID, SECRET = "AKIASHARDFSLAB", "lab-secret-never-logged"
@@ -39,18 +38,6 @@ def bucket(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("creds")
     peers.write_tensorstore_volume(root / BUCKET / "vol", data_encoding="raw", unsharded_twin=root / "twin")
     return root, root / "twin"
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An empty HOME and no cloud variables: only what a test writes there can be found."""
-    for name in list(os.environ):
-        if name.startswith(("AWS_", "GOOGLE_", "CLOUDSDK_", "GCE_")):
-            monkeypatch.delenv(name)
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    return home
 
 
 @pytest.fixture
@@ -146,10 +133,7 @@ def test_temporary_aws_credentials_are_let_go_before_they_expire(home, monkeypat
     """A role assumed for STS's shortest term (15 minutes, moto's STS on loopback): obstore is told to keep
     what it was given for less than that, so it asks boto3 again (which refreshes 10 minutes before the end)
     before a request could be signed with a credential past its end."""
-    port = free_port()
-    sts = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    sts.start()
-    try:
+    with moto_server() as sts:
         (home / ".aws").mkdir()
         (home / ".aws" / "config").write_text(
             "[profile reader]\nrole_arn = arn:aws:iam::123456789012:role/r\nsource_profile = base\n"
@@ -157,13 +141,11 @@ def test_temporary_aws_credentials_are_let_go_before_they_expire(home, monkeypat
         )
         (home / ".aws" / "credentials").write_text("[base]\naws_access_key_id = AKIDBASE\naws_secret_access_key = s\n")
         monkeypatch.setenv("AWS_PROFILE", "reader")
-        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", sts)
         asked = datetime.now(UTC)
         provider = credentials.aws(f"s3://{BUCKET}/vol")
         assert provider is not None and provider.credentials.method == "assume-role"
         given = provider()
-    finally:
-        sts.stop()
     frozen = provider.credentials.get_frozen_credentials()
     assert given["token"] == frozen.token and given["access_key_id"].startswith("ASIA"), given["access_key_id"]
     # botocore hands a credential out until 10 minutes before its end (here 15 minutes after it was asked for),

@@ -1,4 +1,4 @@
-"""Remote sources at their edges (issue 33, class 4), against tests/http_server.py's RangeServer on loopback:
+"""Remote sources at their edges (issue 33, class 4), against tests/support/http_server.py's RangeServer on loopback:
 401 as well as 403; a password made of URL-special characters, in every place a secret could show; the GETs a
 key costs where its minishard is empty; the order of a listing over many shards, stable and the local one."""
 
@@ -17,11 +17,13 @@ import numpy as np
 import pytest
 
 from shardfs.shards.listing import LISTING_BLOCK, LISTING_BUDGET
-from tests import peers
-from tests.conftest import shardfs
-from tests.helpers import counted, home, read_errno
-from tests.http_server import RangeServer
-from tests.peers import write_cloudvolume_kv
+from tests.support import peers
+from tests.support.cli import shardfs
+from tests.support.cloud import counted
+from tests.support.datasets import home
+from tests.support.http_server import RangeServer
+from tests.support.peers import write_cloudvolume_kv
+from tests.support.reading import read_errno
 
 
 @pytest.fixture(scope="module")

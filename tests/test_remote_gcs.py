@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from cloudvolume import CloudVolume
 
-from tests import peers
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.http_server import RangeServer
 
 BUCKET = "bkt"
 

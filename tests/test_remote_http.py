@@ -20,10 +20,11 @@ import zarr
 from cloudvolume import CloudVolume
 
 from shardfs.formats.zarr import named_children
-from tests import peers
-from tests.conftest import errno_of, shardfs
-from tests.helpers import chunk_names, daemon_of, forget_pages, peak_and_now_kib, read_errno
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.cli import shardfs
+from tests.support.daemons import daemon_of, peak_and_now_kib
+from tests.support.http_server import RangeServer
+from tests.support.reading import chunk_names, errno_of, forget_pages, read_errno
 
 TIMEOUT = "2"  # seconds, for the failure tests: a hung request must be EIO well before a test's patience ends
 # A failure test's patience: half the default --timeout (30 s), so that a --timeout not applied is caught, and

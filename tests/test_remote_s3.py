@@ -17,12 +17,12 @@ import pytest
 import tensorstore as ts
 import zarr
 from cloudvolume import CloudVolume
-from moto.server import ThreadedMotoServer
 
-from tests import peers
-from tests.conftest import shardfs
-from tests.helpers import BUCKET, free_port, upload, wait_until
-from tests.peers import write_zarr_python
+from tests.support import peers
+from tests.support.cli import shardfs
+from tests.support.cloud import BUCKET, moto_server, upload
+from tests.support.daemons import wait_until
+from tests.support.peers import write_zarr_python
 
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto takes any
 
@@ -34,11 +34,7 @@ def credentials() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict]]:
     """(endpoint, what was written): a zarr hierarchy at brain.zarr/ and a precomputed volume at vol/."""
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
+    with moto_server() as endpoint:
         root = tmp_path_factory.mktemp("s3")
         # boto3, moto's own client, writes the bucket: shardfs only ever reads.
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **credentials())
@@ -48,8 +44,6 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict]]:
         expected = peers.write_tensorstore_volume(root / "vol", unsharded_twin=root / "twin")
         upload(client, root / "vol", "vol")
         yield endpoint, {"zarr": contents, "volume": expected, "twin": root / "twin", "zarr_root": root / "brain.zarr"}
-    finally:
-        server.stop()
 
 
 @pytest.fixture

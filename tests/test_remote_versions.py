@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import peers
-from tests.helpers import chunk_names, forget_pages, read_errno, replace
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.datasets import replace
+from tests.support.http_server import RangeServer
+from tests.support.reading import chunk_names, forget_pages, read_errno
 
 SCALE = "4_4_40"
 

@@ -26,9 +26,9 @@ import pytest
 from shardfs.fuse.mount import unmount
 from shardfs.service import keeper, mountinfo, stats_socket
 from shardfs.service.handover import FUSE_NAME, HANDED_OVER, RECORD_NAME
-from tests.conftest import SHARDFS, scrape, shardfs
-from tests.helpers import REPO, alive, peer_pid
-from tests.http_server import RangeServer
+from tests.support.cli import SHARDFS, scrape, shardfs
+from tests.support.daemons import REPO, alive, peer_pid
+from tests.support.http_server import RangeServer
 
 LATENCY = 0.2  # seconds the server takes to answer each request
 READERS = 16

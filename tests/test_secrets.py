@@ -19,18 +19,16 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 from moto.sts.models import sts_backends
 
-from tests import peers, test_remote_credentials
-from tests.conftest import SHARDFS, shardfs
-from tests.helpers import BUCKET, free_port, upload
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.cli import SHARDFS, shardfs
+from tests.support.cloud import BUCKET, moto_server, upload
+from tests.support.http_server import RangeServer
 
 SCALE = "4_4_40"
 BASE_KEY_ID, BASE_SECRET = "AKIASHARDFSBASE", "base-secret-of-the-source-profile"
 PASSWORD = "s3cr3t"
-home = test_remote_credentials.home  # the fixture: an empty HOME and no cloud variables
 # What STS's answer and botocore's account of it are made of: none may reach a log.
 SECRET_WORDS = ("SecretAccessKey", "SessionToken", "AssumeRoleResponse", "aws_secret_access_key", "x-amz-security")
 
@@ -46,19 +44,13 @@ def volume(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def moto(volume) -> Iterator[str]:
     """moto's server on loopback, as S3 (the volume at s3://BUCKET/vol) and as STS; its endpoint."""
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
+    with moto_server() as endpoint:
         client = boto3.client(
             "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
         )
         client.create_bucket(Bucket=BUCKET)
         upload(client, volume[0], "vol")
         yield endpoint
-    finally:
-        server.stop()
 
 
 def granted() -> list[str]:

@@ -26,10 +26,12 @@ from shardfs.service import daemon as daemon_module
 from shardfs.service import lifecycle, stats_socket
 from shardfs.service.handover import FUSE_NAME, HANDED_OVER, RECORD_NAME
 from shardfs.service.rundir import runtime_dir
-from tests import peers
-from tests.conftest import SHARDFS, assert_eio, scrape, shardfs
-from tests.helpers import REPO, daemon_of, free_port, machine_lock, wait_for, wait_until
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.cli import SHARDFS, scrape, shardfs
+from tests.support.cloud import free_port
+from tests.support.daemons import REPO, daemon_of, machine_lock, wait_for, wait_until
+from tests.support.http_server import RangeServer
+from tests.support.reading import assert_eio
 
 UNIT = REPO / "systemd" / "shardfs@.service"
 INSTALLED = "/usr/local/bin/shardfs"  # where the unit expects the console script
@@ -252,7 +254,7 @@ def test_another_user_can_neither_block_a_mount_nor_fake_its_stats(kv, other_use
     old_name = "@shardfs-stats-" + hashlib.sha256(os.fsencode(point)).hexdigest()[:32]  # the abstract socket
     new_name = stats_socket.socket_path(runtime_dir(0), point)
     squatter = subprocess.Popen(
-        [*other_user, "tests.squatter", old_name, str(new_name)], stdout=subprocess.PIPE, text=True, cwd=REPO
+        [*other_user, "tests.support.squatter", old_name, str(new_name)], stdout=subprocess.PIPE, text=True, cwd=REPO
     )
     try:
         assert squatter.stdout is not None and int(squatter.stdout.readline()) >= 1  # the old name, at least
@@ -291,7 +293,7 @@ try:
     open_dir = stats()
     path = stats_socket.socket_path(directory, point)
     path.unlink()  # the daemon's socket gone, a stranger's in its place
-    squatter = subprocess.Popen([*other_user, "tests.squatter", str(path)], stdout=subprocess.PIPE, text=True)
+    squatter = subprocess.Popen([*other_user, "tests.support.squatter", str(path)], stdout=subprocess.PIPE, text=True)
     taken = int(squatter.stdout.readline())
     directory.chmod(0o755)
     faked = stats()
@@ -331,7 +333,7 @@ def test_a_flood_of_stats_requests_costs_the_daemon_little(kv, other_user, publi
         daemon = daemon_of(point)
         path = stats_socket.socket_path(runtime_dir(0), point)
         busy = sum(daemon.cpu_times()[:2])
-        flood = subprocess.run([*other_user, "tests.flooder", str(path), "2"], capture_output=True, text=True,
+        flood = subprocess.run([*other_user, "tests.support.flooder", str(path), "2"], capture_output=True, text=True,
                                timeout=60, cwd=REPO, check=True)  # fmt: skip
         busy = sum(daemon.cpu_times()[:2]) - busy
         assert 0 < int(flood.stdout) <= 2 / lifecycle.ANSWER_INTERVAL + 20, flood.stdout

@@ -27,9 +27,9 @@ import psutil
 import pytest
 
 from shardfs.service import mountinfo
-from tests.conftest import as_user
-from tests.helpers import free_port
-from tests.http_server import RangeServer
+from tests.support.cloud import free_port
+from tests.support.http_server import RangeServer
+from tests.support.users import as_user
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "deploy" / "slurm"

@@ -18,10 +18,12 @@ import pytest
 from cloudvolume import CloudVolume
 from cloudvolume.datasource.precomputed.annotation import PrecomputedAnnotationSource
 
-from tests import peers
-from tests.conftest import as_user, assert_eio, shardfs
-from tests.helpers import denied, files_under, forget_pages, read_errno, read_ts, replace
-from tests.http_server import RangeServer
+from tests.support import peers
+from tests.support.cli import shardfs
+from tests.support.datasets import replace
+from tests.support.http_server import RangeServer
+from tests.support.reading import assert_eio, denied, files_under, forget_pages, read_errno, read_ts
+from tests.support.users import as_user
 
 SCALE = "4_4_40"
 VOLUME_MINISHARD_BITS = peers.sharding_spec()["minishard_bits"]

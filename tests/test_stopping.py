@@ -1,5 +1,5 @@
 """Ctrl-C in `shardfs mount -f` while a remote request hangs: the process stops at once, unmounted, and says
-what it leaves waiting. The server is tests/http_server.py's RangeServer on loopback, made to hang. Ctrl-C of a
+what it leaves waiting. The server is tests/support/http_server.py's RangeServer on loopback, made to hang. Ctrl-C of a
 mount in use names the processes it is detached under. A detached `shardfs mount` passes Ctrl-C on to its daemon,
 and says the same."""
 
@@ -16,9 +16,9 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.conftest import SHARDFS
-from tests.helpers import wait_until
-from tests.http_server import RangeServer
+from tests.support.cli import SHARDFS
+from tests.support.daemons import wait_until
+from tests.support.http_server import RangeServer
 
 # The hung request is given --timeout 600: a process that waited on it would take ten minutes. Stopping "at
 # once" is stopping before this ceiling, which no load reaches; the last words show it did not wait.

@@ -1,5 +1,5 @@
 """The committed unit under a real systemd: systemd 252 (Debian 12) as PID 1 of a container on this machine
-(tests/systemd_machine.py), shardfs and the unit installed as the README says, a tensorstore volume mounted by
+(tests/support/systemd_machine.py), shardfs and the unit installed as the README says, a tensorstore volume mounted by
 `systemctl enable --now`. Eight readers checksum every file of a scale, round and round, through the kernel,
 while the daemon is killed (SIGKILL), handed over (SIGUSR2) and restarted (`systemctl restart`) with a file
 held open: no read fails or reads a wrong byte, the mount is never gone (one device throughout) and the held
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.systemd_machine import Machine, booted
+from tests.support.systemd_machine import Machine, booted
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="systemd-nspawn boots a machine as root")
 

@@ -14,7 +14,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shardfs.views.axes import si_unit
-from tests.fuzzing import FUZZ, open_or_refuse, walk
+from tests.support.fuzzing import FUZZ, open_or_refuse, walk
 
 ANY_JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=4),

@@ -18,9 +18,9 @@ import tensorstore as ts
 import zarr
 from zarr.codecs import BytesCodec, GzipCodec, ZstdCodec
 
-from tests import peers
-from tests.conftest import errno_of
-from tests.helpers import precomputed, run, ts_read
+from tests.support import peers
+from tests.support.reading import errno_of, precomputed, ts_read
+from tests.support.zarr2 import run
 
 SHAPE, CHUNKS = (37, 19, 11), (8, 5, 3)
 LARGE, LARGE_CHUNKS = (50, 130, 150), (40, 64, 64)  # an inside block of 160 KiB, read by the kernel in two

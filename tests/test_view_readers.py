@@ -19,8 +19,9 @@ import pytest
 import tensorstore as ts
 import zarr
 
-from tests import peers
-from tests.helpers import precomputed, run
+from tests.support import peers
+from tests.support.reading import precomputed
+from tests.support.zarr2 import run
 
 SHAPE_3D, SHAPE_4D = (37, 45, 51), (3, 19, 40, 33)  # no axis a multiple of the chunk
 STORAGE = {"chunks": (8, 16, 16), "shards": (16, 32, 32)}

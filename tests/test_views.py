@@ -21,10 +21,11 @@ import tensorstore as ts
 import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
-from tests import peers
-from tests.conftest import assert_eio, shardfs
-from tests.helpers import precomputed, run, ts_read
-from tests.peers import write_zarr_python
+from tests.support import peers
+from tests.support.cli import shardfs
+from tests.support.peers import write_zarr_python
+from tests.support.reading import assert_eio, precomputed, ts_read
+from tests.support.zarr2 import run
 
 OME_05 = {
     "ome": {

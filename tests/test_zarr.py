@@ -22,9 +22,10 @@ from shardfs.codecs import UNDO
 from shardfs.errors import Unsupported
 from shardfs.formats.zarr_codecs import unshard
 from shardfs.shards.zarr import EMPTY, ChunkKeys, IndexLayout
-from tests import peers
-from tests.conftest import assert_eio, shardfs
-from tests.helpers import innermost, rewrite_index
+from tests.support import peers
+from tests.support.cli import shardfs
+from tests.support.datasets import innermost, rewrite_index
+from tests.support.reading import assert_eio
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Index maths

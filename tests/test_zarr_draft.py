@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from tests.conftest import shardfs
-from tests.helpers import run
+from tests.support.cli import shardfs
+from tests.support.zarr2 import run
 
 WRITE = """
 import sys, numpy as np, zarr

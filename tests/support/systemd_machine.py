@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.helpers import REPO, machine_lock
+from tests.support.daemons import REPO, machine_lock
 
 SUITE = "bookworm"  # Debian 12: systemd 252, the oldest systemd whose behaviour the unit relies on
 PACKAGES = ("systemd", "dbus", "python3", "python3-venv", "fuse3")

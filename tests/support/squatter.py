@@ -1,5 +1,5 @@
 """What a hostile local user runs against `shardfs stats`: it takes every name it can where a daemon's stats
-socket could be, and answers whoever connects with made-up figures. Run through tests.as_user."""
+socket could be, and answers whoever connects with made-up figures. Run through tests.support.as_user."""
 
 from __future__ import annotations
 

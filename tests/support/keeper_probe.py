@@ -1,5 +1,5 @@
-"""`python -m tests.as_user UID GID tests.keeper_probe SOCKET NAME`: try to take a mount's descriptors from a
-keeper as another user; prints `taken: N` or `refused: why`."""
+"""`python -m tests.support.as_user UID GID tests.support.keeper_probe SOCKET NAME`: try to take a mount's
+descriptors from a keeper as another user; prints `taken: N` or `refused: why`."""
 
 from __future__ import annotations
 

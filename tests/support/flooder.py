@@ -1,5 +1,5 @@
 """What a hostile local user runs against a daemon's stats socket: connect, read the answer, close, as fast
-as it can for a while; prints how many answers it got. Run through tests.as_user."""
+as it can for a while; prints how many answers it got. Run through tests.support.as_user."""
 
 from __future__ import annotations
 

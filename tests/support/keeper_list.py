@@ -1,5 +1,6 @@
-"""`python -m tests.as_user UID GID tests.keeper_list SOCKET`: the names a keeper holds, asked as its own user
-(its directory may be open to others: the check a daemon makes is not this probe's); prints `names: [...]`."""
+"""`python -m tests.support.as_user UID GID tests.support.keeper_list SOCKET`: the names a keeper holds,
+asked as its own user (its directory may be open to others: the check a daemon makes is not this probe's);
+prints `names: [...]`."""
 
 from __future__ import annotations
 

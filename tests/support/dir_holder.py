@@ -2,7 +2,7 @@
 batch of entries from each (one getdents64, as small as an attacker likes: glibc's readdir asks for as much
 as st_blksize, 1 MiB, and would take a whole directory of thousands at once), and hold every handle until
 stdin closes. Prints `held N failed M` once all are open (M: opens or reads that failed). Run through
-tests.as_user."""
+tests.support.as_user."""
 
 from __future__ import annotations
 

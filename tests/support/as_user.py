@@ -1,4 +1,4 @@
-"""`python -m tests.as_user UID GID MODULE ARG...`: MODULE's `main(ARGS)`, run as that user.
+"""`python -m tests.support.as_user UID GID MODULE ARG...`: MODULE's `main(ARGS)`, run as that user.
 
 MODULE is imported first, as root, and the privileges dropped after: this interpreter and its standard
 library may lie under a directory the user cannot reach (a pyenv in /root). What the tests are about (which

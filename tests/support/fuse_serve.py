@@ -1,5 +1,5 @@
-"""`python -m tests.fuse_serve SOURCE MOUNTPOINT` (or through tests.as_user, as that user): SOURCE mounted
-at MOUNTPOINT (mount(2) as root, fusermount3 otherwise, or a handed `/dev/fd/N`) and served by shardfs's
+"""`python -m tests.support.fuse_serve SOURCE MOUNTPOINT` (or through tests.support.as_user, as that user):
+SOURCE mounted at MOUNTPOINT (mount(2) as root, fusermount3 otherwise, or a handed `/dev/fd/N`) and served by shardfs's
 own session until unmounted."""
 
 from __future__ import annotations

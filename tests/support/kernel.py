@@ -1,0 +1,50 @@
+"""A fake kernel over a socket pair: a session whose device is one end of a packet socket pair, and the
+requests a kernel this machine does not run would send it."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from shardfs.fuse import wire
+from shardfs.fuse.bridge import Bridge
+from shardfs.fuse.session import Session, Timeouts
+from shardfs.source import open_source
+
+
+@contextlib.contextmanager
+def kernel_socket(volume_root: Path, timeouts: Timeouts | None = None) -> Iterator[tuple[socket.socket, Session]]:
+    """A session whose "device" is one end of a packet socket pair: the test plays a kernel this machine
+    does not run (older, newer), request by request, and reads what the kernel would be told."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    session = Session(theirs.fileno(), Bridge(open_source(volume_root, 1 << 20).tree, 0), 1, timeouts)
+    runner = threading.Thread(target=session.run)
+    runner.start()
+    try:
+        yield ours, session
+    finally:
+        ours.close()
+        runner.join(60)
+        theirs.close()
+    assert not runner.is_alive()
+
+
+def ask(kernel: socket.socket, opcode: int, body: bytes, unique: int = 1, nodeid: int = 0) -> tuple[int, bytes]:
+    """Send one request; (errno, payload) of the reply."""
+    kernel.send(wire.IN_HEADER.pack(wire.IN_HEADER.size + len(body), opcode, unique, nodeid, 0, 0, 0, 0, 0) + body)
+    reply = kernel.recv(1 << 16)
+    size, error, answered = wire.OUT_HEADER.unpack_from(reply)
+    assert (size, answered) == (len(reply), unique)
+    return -error, reply[wire.OUT_HEADER.size :]
+
+
+def init(kernel: socket.socket, major: int, minor: int, flags: int, flags2: int = 0) -> tuple[int, bytes]:
+    """INIT as a kernel of major.minor sends it: flags2 is read only where flags has INIT_EXT."""
+    body = wire.INIT_IN.pack(major, minor, 1 << 17, flags) + wire.INIT_IN_FLAGS2.pack(flags2)
+    return ask(kernel, wire.Op.INIT, body + bytes(64 - len(body)))
+
+
+EVERYTHING = 0xFFFFFFFF  # INIT flags: every capability a kernel could offer
