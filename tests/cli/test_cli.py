@@ -19,6 +19,8 @@ from shardfs.stores.protocol import Owner
 from tests.support import peers
 from tests.support.cli import one_line_error, scrape, shardfs
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root]
+
 
 @pytest.fixture(scope="module")
 def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes]]:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from zarr.codecs import BytesCodec, GzipCodec, ShardingCodec
 
 from tests.support import peers
 from tests.support.cli import SHARDFS, shardfs
@@ -283,3 +284,34 @@ def test_special_file_where_a_shard_should_be(tmp_path) -> None:
         "./: sharded key-value directory: 0 shard files, 0 chunks, 0 corrupt",
         "OK: 1 sharded directory, 0 shard files, 0 chunks, 0 corrupt",
     ]
+
+
+def test_check_deep_decodes_every_chunk(tmp_path) -> None:
+    """An index can be sound while a chunk's data is not: plain `check` passes, `--deep` names the chunk."""
+    root = tmp_path / "img.zarr"
+    array = zarr.create_array(
+        root, shape=(40, 40), chunks=(20, 20), dtype="uint16", fill_value=0,
+        serializer=ShardingCodec(chunk_shape=(10, 10), codecs=[BytesCodec(), GzipCodec()]), compressors=None,
+    )  # fmt: skip
+    array[...] = np.arange(1600, dtype=np.uint16).reshape(40, 40)
+    shard = root / "c" / "1" / "0"
+    data = bytearray(shard.read_bytes())
+    offset, nbytes = np.frombuffer(data, "<u8", 2, len(data) - 4 - 4 * 16)  # the first inner chunk's entry
+    data[int(offset) + int(nbytes) // 2] ^= 0xFF  # inside its deflate stream: gzip's own crc32 catches it
+    shard.write_bytes(bytes(data))
+    shallow = shardfs("check", root, check=False)
+    assert shallow.returncode == 0, shallow.stdout
+    deep = shardfs("check", "--deep", root, check=False)
+    assert deep.returncode == 1, deep.stdout
+    assert "  ./chunk [2, 0]: does not decode:" in deep.stdout, deep.stdout
+    assert deep.stdout.splitlines()[-1].endswith("0 corrupt, 1 chunk(s) that do not decode")
+
+
+def test_check_says_each_warning_once(tmp_path) -> None:
+    root = tmp_path / "typo.zarr"
+    zarr.create_array(root, shape=(4,), chunks=(2,), dtype="uint8")
+    meta = (root / "zarr.json").read_text().replace('"bytes"', '"bytez"')
+    (root / "zarr.json").write_text(meta)
+    done = shardfs("check", root, check=False)
+    assert done.stdout.count("unknown codec(s) ['bytez']") == 1, done.stdout  # in the report, which says it
+    assert "bytez" not in done.stderr, done.stderr

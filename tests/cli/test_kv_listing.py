@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.support import peers
 from tests.support.cli import shardfs
 from tests.support.datasets import home
 from tests.support.http_server import RangeServer
 from tests.support.peers import write_cloudvolume_kv
+
+pytestmark = [pytest.mark.loopback]
 
 
 def ls(source: str | Path, path: str = "") -> list[str]:
