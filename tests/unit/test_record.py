@@ -91,6 +91,7 @@ def test_what_is_not_a_kept_connection_is_refused() -> None:
         Kept.of([memfd])
 
 
+@pytest.mark.kernel
 def test_a_kept_descriptor_whose_mount_has_ended_is_not_taken_up() -> None:
     """A /dev/fuse descriptor of no live connection (here: never mounted; or unmounted while no daemon ran)
     is refused, its descriptors closed: the daemon then mounts afresh."""

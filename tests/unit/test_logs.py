@@ -146,6 +146,7 @@ def requests(log: str) -> list[tuple[str, ...]]:
     return [m.groups() for m in map(REQUEST.search, log.splitlines()) if m]
 
 
+@pytest.mark.kernel
 def test_debug_logs_a_line_per_request_and_nothing_else(raw_volume: tuple[Path, Path, np.ndarray], mount) -> None:
     """A read, a listing and a missing name at DEBUG: each request is one logfmt line with its op, path, bytes
     or errno, store reads and microseconds; every other line is the mount's own (no library's records)."""
@@ -166,6 +167,7 @@ def test_debug_logs_a_line_per_request_and_nothing_else(raw_volume: tuple[Path, 
     assert events == {"mounted", "request"}, events
 
 
+@pytest.mark.kernel
 def test_a_flood_of_requests_logs_no_more_than_the_limit(raw_volume: tuple[Path, Path, np.ndarray], mount) -> None:
     """More lookups of missing names than the DEBUG burst, within the window: that many lines, no more."""
     m = mount(raw_volume[0], "--log-level", "DEBUG")
@@ -174,6 +176,7 @@ def test_a_flood_of_requests_logs_no_more_than_the_limit(raw_volume: tuple[Path,
     assert len(requests(m.log_text())) == DEBUG_BURST
 
 
+@pytest.mark.kernel
 def test_mount_f_shows_the_mount_line_on_the_terminal(raw_volume: tuple[Path, Path, np.ndarray], tmp_path) -> None:
     """One INFO line: source, mountpoint, view and what the kernel granted, on `-f`'s stderr by default."""
     point = tmp_path / "m"
