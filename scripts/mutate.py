@@ -32,16 +32,16 @@ class Mutation:
     tests: tuple[str, ...]  # pytest node ids that must kill it
 
 
-CONTRACT = "tests/test_mount_contract.py::"
+CONTRACT = "tests/mount/test_mount_contract.py::"
 ATTRIBUTES = CONTRACT + "test_every_file_has_its_twins_size_and_every_node_the_sources_mtime"
 TIMEOUTS = CONTRACT + "test_names_attributes_and_absences_are_kept_by_the_kernel"
-TWINS = "tests/test_zarr.py::test_inner_chunks_are_the_unsharded_twins_files"
-NAMES = "tests/test_chunk_names.py::test_names_are_the_twins_and_no_other_spelling_is_a_file["
-BLOCKS = "tests/test_view_blocks.py::"
+TWINS = "tests/mount/test_zarr.py::test_inner_chunks_are_the_unsharded_twins_files"
+NAMES = "tests/mount/test_chunk_names.py::test_names_are_the_twins_and_no_other_spelling_is_a_file["
+BLOCKS = "tests/mount/test_view_blocks.py::"
 RESTART = "tests/test_restart.py::test_a_replaced_daemon_loses_no_request[systemd-kill]"
 VERSIONS = "tests/test_remote_versions.py::test_an_object_replaced_under_the_mount_is_eio"
-OPTIONS = "tests/test_mount_options.py::"
-PROTOCOL = "tests/test_fuse_protocol.py::"
+OPTIONS = "tests/mount/test_mount_options.py::"
+PROTOCOL = "tests/mount/test_fuse_protocol.py::"
 ZEROS = OPTIONS + "test_a_default_mount_shows_the_sources_owners_and_read_bits_and_zero_values_are_values"
 FLAGS = OPTIONS + "test_mount_flags_reach_the_kernel"
 FORGETS = PROTOCOL + "test_forget_counts_down_every_lookup_the_kernel_made"
@@ -53,7 +53,7 @@ MUTATIONS = [
     Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
              ("tests/test_bounds.py::test_a_shard_replaced_by_rename_serves_one_version_then_the_new_after_sighup",)),
     Mutation("st_blksize 128 KiB", "shardfs/fuse/filesystem.py", "BLOCK_SIZE = 1 << 20", "BLOCK_SIZE = 1 << 17",
-             (ATTRIBUTES, "tests/test_precomputed_e2e.py::test_plain_tools_copy_the_unsharded_tree")),
+             (ATTRIBUTES, "tests/mount/test_precomputed_e2e.py::test_plain_tools_copy_the_unsharded_tree")),
     Mutation("virtual nodes' mtime 0", "shardfs/fuse/bridge.py", "self._times = (*divmod(mtime_ns, 1_000_000_000),)",
              "self._times = (0, 0)",
              (ATTRIBUTES,)),
@@ -96,10 +96,10 @@ MUTATIONS = [
              (f"{TWINS}[index_without_crc32c_at_start]", f"{TWINS}[index_big_endian_at_end]")),
     Mutation("zarr chunks past the edge listed", "shardfs/shards/zarr_kv.py",
              "return pos[(pos < np.asarray(self.grid, dtype=np.int64)).all(axis=1)]", "return pos",
-             ("tests/test_zarr.py::test_inner_chunks_past_the_array_edge_are_absent",)),
+             ("tests/mount/test_zarr.py::test_inner_chunks_past_the_array_edge_are_absent",)),
     Mutation("precomputed listing keeps another shard's keys", "shardfs/shards/neuroglancer_kv.py",
              "if self.spec.shard_and_minishard(key) == (opened.shard, minishard):", "if True:",
-             ("tests/test_precomputed_e2e.py::test_a_shard_holding_another_shards_keys_lists_only_its_own",
+             ("tests/mount/test_precomputed_e2e.py::test_a_shard_holding_another_shards_keys_lists_only_its_own",
               "tests/cli/test_kv_listing.py::test_a_shard_holding_another_shards_keys_lists_only_its_own")),
     Mutation("mesh fragments may overrun into the shard index", "shardfs/formats/precomputed_dirs.py",
              "if length is None or length > chunk.start - self.kv.spec.shard_index_size:", "if length is None:",
@@ -116,7 +116,7 @@ MUTATIONS = [
              (f"{TWINS}[whole_shard_gzip]", f"{TWINS}[whole_shard_crc32c]")),
     Mutation("views show the 2022 draft", "shardfs/views/__init__.py", 'not in ("zarr", "precomputed"):',
              'not in ("zarr", "precomputed", "zarr draft"):',
-             ("tests/test_zarr_draft.py::test_views_refuse_the_draft_in_one_line[n5]",)),
+             ("tests/mount/test_zarr_draft.py::test_views_refuse_the_draft_in_one_line[n5]",)),
     Mutation("stale mount cleared silently", "shardfs/service/daemon.py",
              'log.warning("clearing the stale mount at %s"', 'log.info("clearing the stale mount at %s"',
              ("tests/test_daemon.py::test_stale_mount_is_cleared",)),
@@ -211,13 +211,13 @@ MUTATIONS = [
     Mutation("a range asked of a path one byte on", "shardfs/stores/protocol.py",
              "return min(self.offset, size), min(self.offset + self.length, size)",
              "return min(self.offset + 1, size), min(self.offset + self.length + 1, size)",
-             ("tests/test_precomputed_e2e.py::test_plain_tools_copy_the_unsharded_tree",)),
+             ("tests/mount/test_precomputed_e2e.py::test_plain_tools_copy_the_unsharded_tree",)),
     Mutation("a suffix asked of a path one byte early", "shardfs/stores/protocol.py",
              "return max(size - self.length, 0), size", "return max(size - self.length - 1, 0), size - 1",
              (f"{TWINS}[index_big_endian_at_end]",)),
     Mutation("split shard's .data read at the .shard's offsets", "shardfs/stores/protocol.py",
              "self.tail.read(max(start, cut) - cut,", "self.tail.read(max(start, cut),",
-             ("tests/test_split_shards.py::test_volume_read_back_by_the_peers",)),
+             ("tests/mount/test_split_shards.py::test_volume_read_back_by_the_peers",)),
     Mutation("EC2 named by sys_vendor only", "shardfs/stores/credentials.py",
              '{_read(dmi / "sys_vendor"), _read(dmi / "bios_vendor")}', '{_read(dmi / "sys_vendor")}',
              ("tests/test_remote_credentials.py::test_each_dmi_field_alone_names_the_cloud",)),
@@ -254,7 +254,7 @@ MUTATIONS = [
              ("tests/test_bounds.py::test_the_file_over_budget_is_let_go_before_the_next_is_made",)),
     Mutation("every looked-up chunk node kept in the cache", "shardfs/tree.py",
              'return getattr(node, "nbytes", 0) > 0', "return True",
-             ("tests/test_memory.py::test_listing_and_reading_125000_chunks_stays_within_the_cache_size_and_40_mib",)),
+             ("tests/mount/test_memory.py::test_listing_and_reading_125000_chunks_stays_within_the_cache_size_and_40_mib",)),
     Mutation("the cache's entries counted without their keys", "shardfs/cache.py",
              "return key_cost(key) + sys.getsizeof(value) + getattr", "return sys.getsizeof(value) + getattr",
              ("tests/unit/test_cache.py::test_the_budget_bounds_what_many_small_entries_really_cost",)),
@@ -268,11 +268,11 @@ MUTATIONS = [
     Mutation("grid one cell short", "shardfs/shards/grid.py",
              "return tuple(-(-s // c) for s, c in zip(shape, chunks, strict=True))",
              "return tuple(s // c for s, c in zip(shape, chunks, strict=True))",
-             ("tests/test_chunk_names.py::test_the_last_cell_along_each_axis_is_there_and_the_next_is_not",
+             ("tests/mount/test_chunk_names.py::test_the_last_cell_along_each_axis_is_there_and_the_next_is_not",
               BLOCKS + "test_the_grid_ends_where_the_array_does")),
     Mutation("a mesh manifest under any extension", "shardfs/formats/precomputed_dirs.py",
              'if key is None or (dot and ext != "index"):', "if key is None:",
-             ("tests/test_chunk_names.py::test_mesh_names_are_the_writers_and_no_other_extension",)),
+             ("tests/mount/test_chunk_names.py::test_mesh_names_are_the_writers_and_no_other_extension",)),
     Mutation("N5 block header in C order", "shardfs/views/n5.py", "*inside[::-1])", "*inside)",
              (BLOCKS + "test_n5_blocks_read_by_tensorstore_and_zarr2_n5store",
               BLOCKS + "test_n5_headers_name_each_blocks_clipped_shape_fastest_first")),
@@ -301,10 +301,10 @@ MUTATIONS = [
     # Issue 21 (the own FUSE session and its cold path): each new place a wrong byte or a lost bound could hide.
     Mutation("a chunk's node id names the next chunk", "shardfs/fuse/nodes.py",
              "PACKED | found[0] << self._shift | found[1]", "PACKED | found[0] << self._shift | found[1] + 1",
-             ("tests/test_fuse_session.py::test_ls_l_of_131072_chunks_grows_the_daemon_by_directories_not_files",)),
+             ("tests/mount/test_fuse_session.py::test_ls_l_of_131072_chunks_grows_the_daemon_by_directories_not_files",)),
     Mutation("allow_root serves every user", "shardfs/fuse/session.py",
              "if self.owner is not None and uid not in (0, self.owner)", "if False",
-             ("tests/test_mounting.py::test_allow_root_serves_root_and_refuses_every_other_user",)),
+             ("tests/mount/test_mounting.py::test_allow_root_serves_root_and_refuses_every_other_user",)),
     Mutation("a cut from the minishard batch one byte late", "shardfs/shards/neuroglancer_kv.py",
              "raw = batch[start - first : stop - first]", "raw = batch[start - first + 1 : stop - first + 1]",
              ("tests/test_remote_cold.py::test_minishard_indexes_side_by_side_cost_one_get",)),
@@ -339,7 +339,7 @@ MUTATIONS = [
     Mutation("a held chunk found through its name", "shardfs/fuse/bridge.py",
              "node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)\n        if",
              "node = self.tree.lookup(self.path_of(place))\n        if",
-             ("tests/test_fuse_session.py::test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed",)),
+             ("tests/mount/test_fuse_session.py::test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed",)),
     Mutation("a hand-over unmounts", "shardfs/fuse/serve.py", "            self.handed_over = True\n",
              "            self.handed_over = True\n            self._take_away()\n",
              ("tests/test_restart.py::test_a_replaced_daemon_loses_no_request[keeper-hand over]",)),

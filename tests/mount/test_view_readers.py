@@ -23,6 +23,8 @@ from tests.support import peers
 from tests.support.reading import precomputed
 from tests.support.zarr2 import run
 
+pytestmark = [pytest.mark.kernel]
+
 SHAPE_3D, SHAPE_4D = (37, 45, 51), (3, 19, 40, 33)  # no axis a multiple of the chunk
 STORAGE = {"chunks": (8, 16, 16), "shards": (16, 32, 32)}
 STORAGE_4D = {"chunks": (1, 8, 16, 16), "shards": (1, 16, 32, 32)}
@@ -302,6 +304,7 @@ STITCH = """
 import json, sys, numpy as np
 from ome_zarr.io import parse_url
 from ome_zarr.reader import Plate, Reader
+
 (plate,) = [n for n in Reader(parse_url(sys.argv[1]))() if Plate.matches(n.zarr)]
 print(json.dumps([[list(level.shape), int(np.asarray(level).astype("int64").sum())] for level in plate.data]))
 """

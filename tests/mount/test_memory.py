@@ -14,6 +14,9 @@ import pytest
 from tests.support import peers
 from tests.support.daemons import cache_held, daemon_of
 
+pytestmark = [pytest.mark.kernel]
+
+
 OVERHEAD_MIB = 40  # the README's promise beyond --cache-size (the interpreter, its libraries, the threads)
 
 

@@ -19,6 +19,9 @@ from tests.support.cli import SHARDFS, one_line_error
 from tests.support.daemons import wait_until
 from tests.support.kernel import EVERYTHING, ask, init, kernel_socket
 
+pytestmark = [pytest.mark.kernel]
+
+
 ROOT = wire.ROOT_ID
 
 

@@ -27,6 +27,9 @@ from tests.support.cli import shardfs
 from tests.support.datasets import innermost, rewrite_index
 from tests.support.reading import assert_eio
 
+pytestmark = [pytest.mark.kernel]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Index maths
 

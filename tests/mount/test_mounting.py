@@ -27,6 +27,8 @@ from tests.support.cli import SHARDFS, one_line_error, shardfs
 from tests.support.daemons import REPO, daemon_of, wait_until
 from tests.support.users import BIG, as_user, run_in_private_fuse
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root]
+
 
 def mount_line(point: Path) -> list[str]:
     """The options the kernel shows for the mount at point."""
@@ -215,6 +217,7 @@ def test_dev_fd_n_that_is_not_a_fuse_descriptor_is_refused_in_one_line(shared, t
 USER_MOUNTS = """
 import json, os, signal, subprocess, sys, time
 import psutil
+
 source, point, log, uid, gid = sys.argv[1:]
 cli = [sys.executable, "-m", "tests.support.as_user", uid, gid, "shardfs.cli"]
 user = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]

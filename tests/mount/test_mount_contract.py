@@ -21,6 +21,8 @@ from tests.support.cloud import free_port
 from tests.support.daemons import daemon_of, machine_lock
 from tests.support.reading import DROP_CACHES
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root]
+
 MIB = 1 << 20
 DEFAULT_TIMEOUT = 1.0  # attr_timeout and entry_timeout when none is given, as libfuse had them (negative: 0)
 
@@ -158,6 +160,7 @@ def test_the_default_log_directory_is_the_users_alone(volume, tmp_path) -> None:
 
 REAPER = """
 import ctypes, os, signal, subprocess, sys, psutil
+
 ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: the detached daemon is ours
 subprocess.run(sys.argv[1:], check=True)
 (daemon,) = psutil.Process().children()

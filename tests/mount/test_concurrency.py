@@ -8,9 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zarr
 
 from tests.support import peers
+
+pytestmark = [pytest.mark.kernel]
 
 
 def files_under(root: Path) -> dict[str, bytes]:

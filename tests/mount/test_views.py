@@ -27,6 +27,9 @@ from tests.support.peers import write_zarr_python
 from tests.support.reading import assert_eio, precomputed, ts_read
 from tests.support.zarr2 import run
 
+pytestmark = [pytest.mark.kernel]
+
+
 OME_05 = {
     "ome": {
         "version": "0.5",

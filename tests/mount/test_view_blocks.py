@@ -22,6 +22,9 @@ from tests.support import peers
 from tests.support.reading import errno_of, precomputed, ts_read
 from tests.support.zarr2 import run
 
+pytestmark = [pytest.mark.kernel]
+
+
 SHAPE, CHUNKS = (37, 19, 11), (8, 5, 3)
 LARGE, LARGE_CHUNKS = (50, 130, 150), (40, 64, 64)  # an inside block of 160 KiB, read by the kernel in two
 ZARR = {

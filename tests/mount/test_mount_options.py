@@ -23,6 +23,8 @@ from tests.support.cli import one_line_error, shardfs
 from tests.support.daemons import REPO
 from tests.support.users import as_user, run_in_private_fuse
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root]
+
 
 def mounted_at(point: Path) -> list[str]:
     """The filesystem types mounted at point, as /proc/self/mountinfo says, dead mounts included."""
@@ -193,6 +195,7 @@ def test_a_default_mount_shows_the_sources_owners_and_read_bits_and_zero_values_
 # kernel shows for the mount are printed.
 USER_ALLOW_ROOT = """
 import json, subprocess, sys
+
 source, point, log, uid, gid, flags = sys.argv[1:]
 cli = [sys.executable, "-m", "tests.support.as_user", uid, gid, "shardfs.cli"]
 run = lambda *command: subprocess.run(command, capture_output=True, text=True, timeout=60)

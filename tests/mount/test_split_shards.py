@@ -25,6 +25,9 @@ from tests.support.http_server import RangeServer
 from tests.support.reading import assert_eio, denied, files_under, forget_pages, read_errno, read_ts
 from tests.support.users import as_user
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root, pytest.mark.loopback]
+
+
 SCALE = "4_4_40"
 VOLUME_MINISHARD_BITS = peers.sharding_spec()["minishard_bits"]
 

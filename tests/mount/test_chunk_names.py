@@ -21,6 +21,9 @@ from shardfs.formats.precomputed_names import TABLE_CELLS
 from tests.support import peers
 from tests.support.reading import errno_of
 
+pytestmark = [pytest.mark.kernel]
+
+
 SCALE = "4_4_40"
 
 

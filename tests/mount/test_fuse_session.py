@@ -38,6 +38,9 @@ from tests.support.http_server import RangeServer
 from tests.support.kernel import EVERYTHING, ask, init, kernel_socket
 from tests.support.reading import DROP_CACHES
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root, pytest.mark.loopback]
+
+
 LATENCY = 0.5  # seconds a slow server holds each request: long enough that load cannot keep them from overlapping
 
 

@@ -11,6 +11,8 @@ import pytest
 from tests.support.cli import shardfs
 from tests.support.zarr2 import run
 
+pytestmark = [pytest.mark.kernel]
+
 WRITE = """
 import sys, numpy as np, zarr
 from zarr._storage.v3_storage_transformers import ShardingStorageTransformer as T
@@ -37,6 +39,7 @@ np.savez(out, **saved)
 
 READ = """
 import sys, json, numpy as np, zarr
+
 root, expected = sys.argv[1], np.load(sys.argv[2])
 store = zarr.DirectoryStoreV3(root)
 report = {}

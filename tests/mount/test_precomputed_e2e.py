@@ -21,6 +21,9 @@ from tests.support import peers
 from tests.support.cli import SHARDFS, shardfs
 from tests.support.reading import files_under, read_ts
 
+pytestmark = [pytest.mark.kernel]
+
+
 VOLUMES = [
     # (dtype, encoding, data_encoding, channels, sparse); cloud-volume cross-checks where it decodes correctly.
     ("uint8", "raw", "gzip", 1, False),
