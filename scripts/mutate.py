@@ -39,14 +39,14 @@ TWINS = "tests/mount/test_zarr.py::test_inner_chunks_are_the_unsharded_twins_fil
 NAMES = "tests/mount/test_chunk_names.py::test_names_are_the_twins_and_no_other_spelling_is_a_file["
 BLOCKS = "tests/mount/test_view_blocks.py::"
 RESTART = "tests/test_restart.py::test_a_replaced_daemon_loses_no_request[systemd-kill]"
-VERSIONS = "tests/test_remote_versions.py::test_an_object_replaced_under_the_mount_is_eio"
+VERSIONS = "tests/remote/test_remote_versions.py::test_an_object_replaced_under_the_mount_is_eio"
 OPTIONS = "tests/mount/test_mount_options.py::"
 PROTOCOL = "tests/mount/test_fuse_protocol.py::"
 ZEROS = OPTIONS + "test_a_default_mount_shows_the_sources_owners_and_read_bits_and_zero_values_are_values"
 FLAGS = OPTIONS + "test_mount_flags_reach_the_kernel"
 FORGETS = PROTOCOL + "test_forget_counts_down_every_lookup_the_kernel_made"
 TIMED = PROTOCOL + "test_each_timeout_reaches_the_kernel_as_given_to_the_nanosecond"
-EDGES = "tests/test_remote_edges.py::"
+EDGES = "tests/remote/test_remote_edges.py::"
 ODD = "tests/test_odd_values.py::"
 
 MUTATIONS = [
@@ -80,7 +80,7 @@ MUTATIONS = [
              (CONTRACT + "test_the_detached_daemon_exits_0_after_a_clean_unmount_on_sigterm",)),
     Mutation("gzip chunks of raw voxels fetched at lookup", "shardfs/formats/precomputed.py",
              'raw = voxel_bytes if scale.get("encoding", "raw") == "raw" else 0', "raw = 0",
-             ("tests/test_remote_http.py::test_gzip_chunks_of_raw_voxels_are_stated_without_their_data",)),
+             ("tests/remote/test_remote_http.py::test_gzip_chunks_of_raw_voxels_are_stated_without_their_data",)),
     Mutation("no 2x decode bound on volume chunks", "shardfs/formats/precomputed.py",
              "limit = min(2 * math.prod(naming.chunk) * voxel_bytes + 65536, self.cache.max_value)",
              "limit = self.cache.max_value",
@@ -157,42 +157,42 @@ MUTATIONS = [
              (f"{VERSIONS}[last-modified-ignored]",)),
     Mutation("a deleted object reported as absent", "shardfs/stores/remote.py",
              'raise StoreChanged(url, "deleted since it was opened") from None', "raise",
-             ("tests/test_remote_versions.py::test_an_object_deleted_under_the_mount_is_eio_never_enoent",)),
+             ("tests/remote/test_remote_versions.py::test_an_object_deleted_under_the_mount_is_eio_never_enoent",)),
     Mutation("an unversioned source kept on disk", "shardfs/stores/remote.py",
              'return self.disk if file.version[0] != "size" else None', "return self.disk",
-             ("tests/test_remote_versions.py::test_a_source_without_versions_is_never_kept_on_disk",)),
+             ("tests/remote/test_remote_versions.py::test_a_source_without_versions_is_never_kept_on_disk",)),
     Mutation("names no object can have sent", "shardfs/stores/remote.py",
              "return _NOT_IN_A_KEY.search(path) is None", "return True",
-             ("tests/test_remote_http.py::test_names_no_object_can_have_are_enoent_and_never_sent",)),
+             ("tests/remote/test_remote_http.py::test_names_no_object_can_have_are_enoent_and_never_sent",)),
     Mutation("each attempt a quarter of --timeout", "shardfs/stores/remote.py",
              '"timeout": timedelta(seconds=t / 2),', '"timeout": timedelta(seconds=t / 4),',
-             ("tests/test_remote_http.py::test_timeout_gives_each_attempt_half",)),
+             ("tests/remote/test_remote_http.py::test_timeout_gives_each_attempt_half",)),
     Mutation("a long answer read to its end", "shardfs/stores/remote.py",
              "        if n > asked:\n            break\n", "",
-             ("tests/test_remote_http.py::test_a_wrong_answer_is_eio_naming_its_cause_and_costs_no_more_than_asked"
+             ("tests/remote/test_remote_http.py::test_a_wrong_answer_is_eio_naming_its_cause_and_costs_no_more_than_asked"
               "[longer]",)),
     Mutation("remote pieces of 4 MiB", "shardfs/stores/remote.py",
              "    piece_size = 8 << 20", "    piece_size = 4 << 20",
-             ("tests/test_remote_http.py::test_a_large_value_is_read_in_pieces_of_piece_size",)),
+             ("tests/remote/test_remote_http.py::test_a_large_value_is_read_in_pieces_of_piece_size",)),
     # The disk cache (issues 18 and 20): nothing in it trusted, its key and its order kept.
     Mutation("disk cache key without the version", "shardfs/stores/disk_cache.py",
              "repr((url, version, start, stop))", "repr((url, start, stop))",
-             ("tests/test_disk_cache.py::test_a_rewritten_object_is_read_anew",)),
+             ("tests/remote/test_disk_cache.py::test_a_rewritten_object_is_read_anew",)),
     Mutation("disk cache evicts the newest", "shardfs/stores/disk_cache.py", "in sorted(entries):",
              "in sorted(entries, reverse=True):",
-             ("tests/test_disk_cache.py::test_eviction_drops_the_least_recently_used",)),
+             ("tests/remote/test_disk_cache.py::test_eviction_drops_the_least_recently_used",)),
     Mutation("disk cache entry checksum not checked", "shardfs/stores/disk_cache.py",
              "!= (MAGIC, key, length, crc32c(data)):", "!= (MAGIC, key, length, HEADER.unpack(header)[3]):",
-             ("tests/test_disk_cache.py::test_a_changed_entry_is_fetched_again_never_served",)),
+             ("tests/remote/test_disk_cache.py::test_a_changed_entry_is_fetched_again_never_served",)),
     Mutation("disk cache entry opened blocking", "shardfs/stores/disk_cache.py",
              "os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK |", "os.O_RDONLY | os.O_NOFOLLOW |",
-             ("tests/test_disk_cache.py::test_an_entry_swapped_for_a_link_or_fifo_is_never_followed[fifo]",)),
+             ("tests/remote/test_disk_cache.py::test_an_entry_swapped_for_a_link_or_fifo_is_never_followed[fifo]",)),
     Mutation("disk cache directory others can write", "shardfs/stores/disk_cache.py", "elif st.st_mode & 0o022:",
              "elif False:",
-             ("tests/test_disk_cache.py::test_a_directory_others_could_write_is_refused[root-0777]",)),
+             ("tests/remote/test_disk_cache.py::test_a_directory_others_could_write_is_refused[root-0777]",)),
     Mutation("listings without a budget", "shardfs/shards/listing.py",
              "LISTING_BUDGET = 64 << 20", "LISTING_BUDGET = 1 << 62",
-             ("tests/test_remote_bounds.py::test_a_256_gib_shard_index_over_http_lists_within_the_budget",)),
+             ("tests/remote/test_remote_bounds.py::test_a_256_gib_shard_index_over_http_lists_within_the_budget",)),
     # The service (issue 18): other users cannot flood it, and unmount touches only shardfs.
     Mutation("figures built for every caller", "shardfs/service/lifecycle.py", "            if wait > 0:\n",
              "            if False:\n",
@@ -220,16 +220,16 @@ MUTATIONS = [
              ("tests/mount/test_split_shards.py::test_volume_read_back_by_the_peers",)),
     Mutation("EC2 named by sys_vendor only", "shardfs/stores/credentials.py",
              '{_read(dmi / "sys_vendor"), _read(dmi / "bios_vendor")}', '{_read(dmi / "sys_vendor")}',
-             ("tests/test_remote_credentials.py::test_each_dmi_field_alone_names_the_cloud",)),
+             ("tests/remote/test_remote_credentials.py::test_each_dmi_field_alone_names_the_cloud",)),
     Mutation("GCE named by product_name only", "shardfs/stores/credentials.py",
              '.startswith("Google") or _read(dmi / "sys_vendor") == "Google"', '.startswith("Google")',
-             ("tests/test_remote_credentials.py::test_each_dmi_field_alone_names_the_cloud",)),
+             ("tests/remote/test_remote_credentials.py::test_each_dmi_field_alone_names_the_cloud",)),
     Mutation("AWS credentials kept for hours", "shardfs/stores/credentials.py", "AWS_KEPT = timedelta(minutes=5)",
              "AWS_KEPT = timedelta(hours=5)",
-             ("tests/test_remote_credentials.py::test_temporary_aws_credentials_are_let_go_before_they_expire",)),
+             ("tests/remote/test_remote_credentials.py::test_temporary_aws_credentials_are_let_go_before_they_expire",)),
     Mutation("GOOGLE_APPLICATION_CREDENTIALS skipped", "shardfs/stores/credentials.py",
              'if found is None and os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):', "if False:",
-             ("tests/test_remote_credentials.py::test_a_service_account_key_signs_requests",)),
+             ("tests/remote/test_remote_credentials.py::test_a_service_account_key_signs_requests",)),
     Mutation("--cache-size minimum 32K", "shardfs/cli.py", "MIN_CACHE = 64 << 10", "MIN_CACHE = 32 << 10",
              ("tests/cli/test_cli.py::test_the_smallest_cache_size_is_64k",)),
     Mutation("--cache-size minimum 128K", "shardfs/cli.py", "MIN_CACHE = 64 << 10", "MIN_CACHE = 128 << 10",
@@ -242,7 +242,7 @@ MUTATIONS = [
              (CONTRACT + "test_listings_give_each_entrys_type_and_blocks_cover_each_file",)),
     Mutation("metadata files named over HTTP listed as directories", "shardfs/stores/unlisted.py",
              "self._children[parent][name] = False", "self._children[parent][name] = True",
-             ("tests/test_remote_http.py::test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata",)),
+             ("tests/remote/test_remote_http.py::test_ome_zarr_hierarchy_over_http_is_walked_from_its_metadata",)),
     Mutation("source files listed as directories", "shardfs/tree.py", "                yield name, is_dir",
              "                yield name, True",
              (CONTRACT + "test_listings_give_each_entrys_type_and_blocks_cover_each_file",)),
@@ -294,10 +294,10 @@ MUTATIONS = [
              (BLOCKS + "test_the_grid_ends_where_the_array_does",)),
     Mutation("remote mounts with a local mount's session threads", "shardfs/service/daemon.py",
              'options["max_threads"] = str(REMOTE_THREADS)', "pass",
-             ("tests/test_remote_concurrency.py::test_sixteen_remote_reads_are_in_flight_at_once",)),
+             ("tests/remote/test_remote_concurrency.py::test_sixteen_remote_reads_are_in_flight_at_once",)),
     Mutation("remote mounts given local FUSE options", "shardfs/cli.py", "fuse_options(name, extra, remote)",
              "fuse_options(name, extra)",
-             ("tests/test_remote_concurrency.py::test_sixteen_remote_reads_are_in_flight_at_once",)),
+             ("tests/remote/test_remote_concurrency.py::test_sixteen_remote_reads_are_in_flight_at_once",)),
     # Issue 21 (the own FUSE session and its cold path): each new place a wrong byte or a lost bound could hide.
     Mutation("a chunk's node id names the next chunk", "shardfs/fuse/nodes.py",
              "PACKED | found[0] << self._shift | found[1]", "PACKED | found[0] << self._shift | found[1] + 1",
@@ -307,22 +307,22 @@ MUTATIONS = [
              ("tests/mount/test_mounting.py::test_allow_root_serves_root_and_refuses_every_other_user",)),
     Mutation("a cut from the minishard batch one byte late", "shardfs/shards/neuroglancer_kv.py",
              "raw = batch[start - first : stop - first]", "raw = batch[start - first + 1 : stop - first + 1]",
-             ("tests/test_remote_cold.py::test_minishard_indexes_side_by_side_cost_one_get",)),
+             ("tests/remote/test_remote_cold.py::test_minishard_indexes_side_by_side_cost_one_get",)),
     # Listings (issue 27): a walk ends at its bounds, and a listing is made once for every offset.
     Mutation("remote walks without a deadline", "shardfs/stores/remote.py",
              "await asyncio.wait_for(anext(stream), max(self.started + self.seconds - time.monotonic(), 0))",
              "await anext(stream)",
-             ("tests/test_remote_bounds.py::test_df_over_a_listing_of_endless_empty_pages_stops",)),
+             ("tests/remote/test_remote_bounds.py::test_df_over_a_listing_of_endless_empty_pages_stops",)),
     Mutation("a listing made again for every offset", "shardfs/fuse/bridge.py",
              'return self.tree.cache.get_or_make(("listing", path), make)', "return make()",
              ("tests/unit/test_dir_cursor.py::test_resuming_lists_the_directory_once",)),
     Mutation("remote listings one read at a time", "shardfs/stores/remote.py",
              "    reads_at_once = READS_AT_ONCE", "    reads_at_once = 1",
-             ("tests/test_remote_cold.py::test_a_listing_keeps_many_index_reads_in_flight",)),
+             ("tests/remote/test_remote_cold.py::test_a_listing_keeps_many_index_reads_in_flight",)),
     Mutation("an unreadable zarr shard hides its directories", "shardfs/shards/zarr_kv.py",
              "return present is None or prefix in present.prefixes",
              "return present is not None and prefix in present.prefixes",
-             ("tests/test_remote_cold.py::test_a_shard_the_server_refuses_leaves_its_directories_found_and_its"
+             ("tests/remote/test_remote_cold.py::test_a_shard_the_server_refuses_leaves_its_directories_found_and_its"
               "_chunks_failing",)),
     Mutation("a stopped daemon hangs stats", "shardfs/service/stats_socket.py",
              "        conn.settimeout(ASK_TIMEOUT)", "        conn.settimeout(None)",

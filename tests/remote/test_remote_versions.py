@@ -16,6 +16,9 @@ from tests.support.datasets import replace
 from tests.support.http_server import RangeServer
 from tests.support.reading import chunk_names, forget_pages, read_errno
 
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
+
 SCALE = "4_4_40"
 
 

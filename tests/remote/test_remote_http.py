@@ -26,6 +26,9 @@ from tests.support.daemons import daemon_of, peak_and_now_kib
 from tests.support.http_server import RangeServer
 from tests.support.reading import chunk_names, errno_of, forget_pages, read_errno
 
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
+
 TIMEOUT = "2"  # seconds, for the failure tests: a hung request must be EIO well before a test's patience ends
 # A failure test's patience: half the default --timeout (30 s), so that a --timeout not applied is caught, and
 # many times TIMEOUT, so that a loaded machine cannot eat it. Each attempt's own length is checked in the log.

@@ -25,6 +25,8 @@ from tests.support.http_server import RangeServer
 from tests.support.peers import write_cloudvolume_kv
 from tests.support.reading import read_errno
 
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
 
 @pytest.fixture(scope="module")
 def kv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[int, bytes], dict]:

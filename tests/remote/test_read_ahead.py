@@ -25,6 +25,9 @@ from tests.support.cloud import BUCKET, counted
 from tests.support.daemons import daemon_of, wait_for
 from tests.support.http_server import RangeServer
 
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
+
 LATENCY = 0.02  # seconds a request: a network's, where read-ahead pays
 
 

@@ -24,6 +24,9 @@ from tests.support.cloud import BUCKET, moto_server, upload
 from tests.support.daemons import wait_until
 from tests.support.peers import write_zarr_python
 
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
+
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto takes any
 
 

@@ -27,6 +27,9 @@ from tests.support.cli import shardfs
 from tests.support.cloud import moto_server
 from tests.support.http_server import RangeServer
 
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
+
 BUCKET = "bkt"
 KEY_ID, SECRET = "AKIASHARDFSLAB", "lab-secret-never-logged"
 SCALE = "4_4_40"

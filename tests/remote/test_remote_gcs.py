@@ -14,6 +14,9 @@ from cloudvolume import CloudVolume
 from tests.support import peers
 from tests.support.http_server import RangeServer
 
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
+
 BUCKET = "bkt"
 
 

@@ -26,6 +26,9 @@ from tests.support.daemons import daemon_of
 from tests.support.http_server import RangeServer
 from tests.support.users import as_user
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root, pytest.mark.loopback]
+
+
 READ_SECONDS = 30  # one `cat` of every chunk: a read that hangs fails the test instead of the suite
 MEMORY_HEADROOM = 1 << 30  # the most the daemon's address space may grow while a test reads
 SECRET = b"root-only secret 7f3a9c "

@@ -29,6 +29,9 @@ from tests.support.daemons import daemon_of, wait_for, wait_until
 from tests.support.http_server import RangeServer
 from tests.support.users import hold_directory
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root, pytest.mark.loopback]
+
+
 PROMPT = 60  # seconds within which a bounded listing returns: a ceiling only an unbounded one (256 GiB) reaches
 
 

@@ -9,9 +9,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from tests.support import peers
 from tests.support.http_server import RangeServer
 from tests.support.reading import forget_pages
+
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
 
 LIBFUSE_DEFAULT_THREADS = 10
 READERS = 16

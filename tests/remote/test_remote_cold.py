@@ -28,6 +28,9 @@ from tests.support.http_server import RangeServer
 from tests.support.peers import write_cloudvolume_kv
 from tests.support.reading import chunk_names, read_errno
 
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
+
 BUCKET = "bkt"
 SCALE = "4_4_40"
 
