@@ -38,7 +38,7 @@ TIMEOUTS = CONTRACT + "test_names_attributes_and_absences_are_kept_by_the_kernel
 TWINS = "tests/mount/test_zarr.py::test_inner_chunks_are_the_unsharded_twins_files"
 NAMES = "tests/mount/test_chunk_names.py::test_names_are_the_twins_and_no_other_spelling_is_a_file["
 BLOCKS = "tests/mount/test_view_blocks.py::"
-RESTART = "tests/test_restart.py::test_a_replaced_daemon_loses_no_request[systemd-kill]"
+RESTART = "tests/service/test_restart.py::test_a_replaced_daemon_loses_no_request[systemd-kill]"
 VERSIONS = "tests/remote/test_remote_versions.py::test_an_object_replaced_under_the_mount_is_eio"
 OPTIONS = "tests/mount/test_mount_options.py::"
 PROTOCOL = "tests/mount/test_fuse_protocol.py::"
@@ -119,10 +119,10 @@ MUTATIONS = [
              ("tests/mount/test_zarr_draft.py::test_views_refuse_the_draft_in_one_line[n5]",)),
     Mutation("stale mount cleared silently", "shardfs/service/daemon.py",
              'log.warning("clearing the stale mount at %s"', 'log.info("clearing the stale mount at %s"',
-             ("tests/test_daemon.py::test_stale_mount_is_cleared",)),
+             ("tests/service/test_daemon.py::test_stale_mount_is_cleared",)),
     Mutation("no unmounted log event", "shardfs/service/daemon.py",
              'log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})', "pass",
-             ("tests/test_daemon.py::test_signals_unmount_cleanly",)),
+             ("tests/service/test_daemon.py::test_signals_unmount_cleanly",)),
     Mutation("links followed on the way to a directory", "shardfs/stores/local.py",
              "_DIR_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC", "_DIR_FLAGS = os.O_DIRECTORY | os.O_CLOEXEC",
              ("tests/test_isolation.py::test_links_are_not_followed_anywhere",)),
@@ -196,18 +196,18 @@ MUTATIONS = [
     # The service (issue 18): other users cannot flood it, and unmount touches only shardfs.
     Mutation("figures built for every caller", "shardfs/service/lifecycle.py", "            if wait > 0:\n",
              "            if False:\n",
-             ("tests/test_service.py::test_a_flood_of_stats_requests_costs_the_daemon_little",)),
+             ("tests/service/test_service.py::test_a_flood_of_stats_requests_costs_the_daemon_little",)),
     Mutation("idle metrics connections kept", "shardfs/service/lifecycle.py", "    timeout = IDLE_TIMEOUT\n", "",
-             ("tests/test_service.py::test_idle_metrics_connections_time_out_and_are_bounded",)),
+             ("tests/service/test_service.py::test_idle_metrics_connections_time_out_and_are_bounded",)),
     Mutation("metrics connections unbounded", "shardfs/service/lifecycle.py",
              "if not self._slots.acquire(blocking=False):", "if not self._slots.acquire(blocking=False) and False:",
-             ("tests/test_service.py::test_idle_metrics_connections_time_out_and_are_bounded",)),
+             ("tests/service/test_service.py::test_idle_metrics_connections_time_out_and_are_bounded",)),
     Mutation("unmount of any filesystem", "shardfs/service/daemon.py",
              "if not any_type and found is not None", "if False",
              ("tests/cli/test_cli.py::test_unmount_touches_only_shardfs_unless_told",)),
     Mutation("signals left to obstore's threads", "shardfs/service/daemon.py",
              "    os.setsid()\n    lifecycle.block_signals()", "    os.setsid()",
-             ("tests/test_service.py::test_sighup_and_sigusr1_keep_a_remote_mount",)),
+             ("tests/service/test_service.py::test_sighup_and_sigusr1_keep_a_remote_mount",)),
     Mutation("a range asked of a path one byte on", "shardfs/stores/protocol.py",
              "return min(self.offset, size), min(self.offset + self.length, size)",
              "return min(self.offset + 1, size), min(self.offset + self.length + 1, size)",
@@ -326,7 +326,7 @@ MUTATIONS = [
               "_chunks_failing",)),
     Mutation("a stopped daemon hangs stats", "shardfs/service/stats_socket.py",
              "        conn.settimeout(ASK_TIMEOUT)", "        conn.settimeout(None)",
-             ("tests/test_service.py::test_a_stopped_daemon_blocks_neither_stats_nor_list",)),
+             ("tests/service/test_service.py::test_a_stopped_daemon_blocks_neither_stats_nor_list",)),
     # A restart: the requests the killed daemon read are never answered (its readers wait out the test's
     # patience), or the kernel's table ids mean nothing to the next daemon (the half-read listing: ESTALE).
     Mutation("no resend after a restart", "shardfs/fuse/session.py",
@@ -342,7 +342,7 @@ MUTATIONS = [
              ("tests/mount/test_fuse_session.py::test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed",)),
     Mutation("a hand-over unmounts", "shardfs/fuse/serve.py", "            self.handed_over = True\n",
              "            self.handed_over = True\n            self._take_away()\n",
-             ("tests/test_restart.py::test_a_replaced_daemon_loses_no_request[keeper-hand over]",)),
+             ("tests/service/test_restart.py::test_a_replaced_daemon_loses_no_request[keeper-hand over]",)),
     # Issue 27: options checked before mount(2), names and log lines bounded per user, fusermount3's escapes.
     Mutation("timeouts unchecked before mount", "shardfs/fuse/serve.py", "if not 0 <= found < TIMEOUT_LIMIT:",
              "if found < 0:",
@@ -426,7 +426,7 @@ MUTATIONS = [
              (EDGES + "test_a_listing_spends_its_budget_and_each_name_gives_some_back[2]",)),
     Mutation("stats and list look at the mount", "shardfs/service/stats_socket.py",
              "socket_path(directory, Path(found.point), real=True)", "socket_path(directory, mountpoint)",
-             ("tests/test_service.py::test_a_stopped_daemon_blocks_neither_stats_nor_list[root asked for]",)),
+             ("tests/service/test_service.py::test_a_stopped_daemon_blocks_neither_stats_nor_list[root asked for]",)),
     # Issue 33, class 5: odd values through the views, and df.
     Mutation("N5 fill compared by value", "shardfs/views/n5.py",
              "self.filled = any(np.asarray(array.fill_value, array.dtype).tobytes())",

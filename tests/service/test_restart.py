@@ -30,6 +30,8 @@ from tests.support.cli import SHARDFS, scrape, shardfs
 from tests.support.daemons import REPO, alive, peer_pid
 from tests.support.http_server import RangeServer
 
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
 LATENCY = 0.2  # seconds the server takes to answer each request
 READERS = 16
 PATIENCE = 120  # seconds: only a hang reaches it
@@ -95,6 +97,7 @@ class Systemd:
 # LISTEN_FDNAMES and its own pid as LISTEN_PID (as systemd does between fork and exec), and becomes the command.
 LAUNCHER = """
 import os, sys
+
 sys.stdin.readline()
 names, command = sys.argv[1].split(":") if sys.argv[1] else [], sys.argv[3:]
 fds = [int(f) for f in sys.argv[2].split(",") if f]

@@ -24,7 +24,8 @@ import pytest
 
 from tests.support.systemd_machine import Machine, booted
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="systemd-nspawn boots a machine as root")
+pytestmark = [pytest.mark.kernel, pytest.mark.root, pytest.mark.systemd]
+
 
 UNIT = "shardfs@vol.service"
 POINT = "/mnt/vol"
@@ -78,6 +79,7 @@ print(json.dumps(out))
 # The pids of shardfs daemons in the machine (its own command line holds no NUL, so it never matches).
 DAEMONS = """
 import os
+
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
         if b"mount\\0--foreground" in open(f"/proc/{pid}/cmdline", "rb").read():

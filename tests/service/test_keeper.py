@@ -23,6 +23,8 @@ from shardfs.service import keeper, mountinfo, stats_socket
 from tests.support.cli import shardfs
 from tests.support.daemons import alive, peer_pid, wait_for
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root]
+
 
 @pytest.fixture
 def keeper_at(tmp_path: Path) -> Iterator[Path]:

@@ -33,6 +33,8 @@ from tests.support.daemons import REPO, daemon_of, machine_lock, wait_for, wait_
 from tests.support.http_server import RangeServer
 from tests.support.reading import assert_eio
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root, pytest.mark.loopback]
+
 UNIT = REPO / "systemd" / "shardfs@.service"
 INSTALLED = "/usr/local/bin/shardfs"  # where the unit expects the console script
 CONSOLE_SCRIPT = Path(sys.prefix, "bin", "shardfs")
@@ -442,6 +444,7 @@ import json, os, socket, subprocess, sys, time
 from pathlib import Path
 from shardfs.service import stats_socket
 from shardfs.service.rundir import own_dir, runtime_dir
+
 source, tmp = sys.argv[1:]
 directory = own_dir(runtime_dir(0), 0o755)
 dead = stats_socket.socket_path(directory, Path(tmp) / "gone")

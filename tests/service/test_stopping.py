@@ -20,6 +20,9 @@ from tests.support.cli import SHARDFS
 from tests.support.daemons import wait_until
 from tests.support.http_server import RangeServer
 
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
+
+
 # The hung request is given --timeout 600: a process that waited on it would take ten minutes. Stopping "at
 # once" is stopping before this ceiling, which no load reaches; the last words show it did not wait.
 HUNG = "600"

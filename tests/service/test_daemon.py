@@ -17,6 +17,8 @@ from tests.support import peers
 from tests.support.cli import SHARDFS, scrape, shardfs
 from tests.support.daemons import daemon_of, wait_until
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root]
+
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -106,7 +108,7 @@ def test_source_that_is_not_a_dataset_refuses(tmp_path) -> None:
 def test_permissions_follow_the_source(public_tmp, mount) -> None:
     """Every node carries the owner and read/search bits of what it stands for (a chunk its shard's, a
     directory its source directory's, never write bits), narrowed by the directories above: the source's
-    0750 root takes every bit of others away (tests/test_isolation.py tries them as another user)."""
+    0750 root takes every bit of others away (tests/hostile/test_isolation.py tries them as another user)."""
     root = public_tmp / "vol"
     peers.write_tensorstore_volume(root, extra_unsharded_scale=True)
     (root / "private.txt").write_text("secret")
