@@ -31,14 +31,16 @@ from tests.support.cloud import free_port
 from tests.support.http_server import RangeServer
 from tests.support.users import as_user
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [pytest.mark.kernel, pytest.mark.root, pytest.mark.loopback, pytest.mark.slurm]
+
+
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "deploy" / "slurm"
 PATIENCE = 180.0  # seconds: only a hang waits this long
 # The job's user cannot reach this interpreter (a pyenv under /root): jobs run Debian's Python 3.11 on the same
 # packages.
 SYSTEM_PYTHON = "/usr/bin/python3.11"
 PYTHONPATH = f"{ROOT}:{ROOT}/.venv/lib/python3.11/site-packages"
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="Slurm's daemons and the Prolog run as root")
 
 
 @dataclass

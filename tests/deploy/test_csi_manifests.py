@@ -22,7 +22,7 @@ from shardfs.csi import DAEMON_UIDS, DRIVER, NOBODY
 from shardfs.csi.server import socket_path
 from shardfs.csi.volume import volume_of
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy" / "kubernetes"
 KUBELET_PLUGINS = "/var/lib/kubelet/plugins"
 

@@ -45,6 +45,9 @@ from tests.support.daemons import wait_for
 from tests.support.http_server import RangeServer
 from tests.support.users import as_user
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root, pytest.mark.loopback]
+
+
 PATIENCE = 120.0  # seconds: only a hang waits this long
 NODE_ID = "node-under-test"
 MOUNT = pb.VolumeCapability(
