@@ -47,11 +47,11 @@ FLAGS = OPTIONS + "test_mount_flags_reach_the_kernel"
 FORGETS = PROTOCOL + "test_forget_counts_down_every_lookup_the_kernel_made"
 TIMED = PROTOCOL + "test_each_timeout_reaches_the_kernel_as_given_to_the_nanosecond"
 EDGES = "tests/remote/test_remote_edges.py::"
-ODD = "tests/test_odd_values.py::"
+ODD = "tests/hostile/test_odd_values.py::"
 
 MUTATIONS = [
     Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
-             ("tests/test_bounds.py::test_a_shard_replaced_by_rename_serves_one_version_then_the_new_after_sighup",)),
+             ("tests/hostile/test_bounds.py::test_a_shard_replaced_by_rename_serves_one_version_then_the_new_after_sighup",)),
     Mutation("st_blksize 128 KiB", "shardfs/fuse/filesystem.py", "BLOCK_SIZE = 1 << 20", "BLOCK_SIZE = 1 << 17",
              (ATTRIBUTES, "tests/mount/test_precomputed_e2e.py::test_plain_tools_copy_the_unsharded_tree")),
     Mutation("virtual nodes' mtime 0", "shardfs/fuse/bridge.py", "self._times = (*divmod(mtime_ns, 1_000_000_000),)",
@@ -62,7 +62,7 @@ MUTATIONS = [
              (ATTRIBUTES,)),
     Mutation("no default_permissions", "shardfs/service/daemon.py", '"default_permissions": True,', "",
              (CONTRACT + "test_the_kernel_holds_the_default_options",
-              "tests/test_isolation.py::test_private_parts_of_a_source_stay_private")),
+              "tests/hostile/test_isolation.py::test_private_parts_of_a_source_stay_private")),
     # With no_open the kernel keeps pages whatever kernel_cache says (it is a fallback for kernels without
     # no_open), so the mutation that removes it is equivalent here; the one that turns no_open off is not.
     Mutation("no_open never used", "shardfs/fuse/session.py", "        if self.no_open:", "        if False:",
@@ -84,10 +84,10 @@ MUTATIONS = [
     Mutation("no 2x decode bound on volume chunks", "shardfs/formats/precomputed.py",
              "limit = min(2 * math.prod(naming.chunk) * voxel_bytes + 65536, self.cache.max_value)",
              "limit = self.cache.max_value",
-             ("tests/test_bounds.py::test_a_volume_chunk_decodes_to_at_most_twice_its_raw_size",)),
+             ("tests/hostile/test_bounds.py::test_a_volume_chunk_decodes_to_at_most_twice_its_raw_size",)),
     Mutation("no 16 MiB minishard index bound", "shardfs/shards/neuroglancer.py",
              "MINISHARD_INDEX_LIMIT = 16 << 20", "MINISHARD_INDEX_LIMIT = 1 << 40",
-             ("tests/test_bounds.py::test_a_minishard_index_decodes_to_at_most_16_mib",)),
+             ("tests/hostile/test_bounds.py::test_a_minishard_index_decodes_to_at_most_16_mib",)),
     Mutation("big-endian zarr index read as little", "shardfs/formats/zarr_codecs.py",
              'names[-1] == "crc32c", endian == "big")', 'names[-1] == "crc32c", False)',
              (f"{TWINS}[index_big_endian_crc32c_at_start]", f"{TWINS}[index_big_endian_at_end]")),
@@ -103,13 +103,13 @@ MUTATIONS = [
               "tests/cli/test_kv_listing.py::test_a_shard_holding_another_shards_keys_lists_only_its_own")),
     Mutation("mesh fragments may overrun into the shard index", "shardfs/formats/precomputed_dirs.py",
              "if length is None or length > chunk.start - self.kv.spec.shard_index_size:", "if length is None:",
-             ("tests/test_bounds.py::test_mesh_fragments_never_reach_into_the_shard_index",)),
+             ("tests/hostile/test_bounds.py::test_mesh_fragments_never_reach_into_the_shard_index",)),
     Mutation("gzip chunks served still gzipped", "shardfs/formats/precomputed_dirs.py",
              'if kv.spec.data_encoding == "raw":', "if True:",
-             ("tests/test_bounds.py::test_a_file_past_max_file_size_is_eio_naming_the_limit",)),
+             ("tests/hostile/test_bounds.py::test_a_file_past_max_file_size_is_eio_naming_the_limit",)),
     Mutation("minishard starts not offset by the shard index", "shardfs/shards/neuroglancer.py",
              "+ np.uint64(shard_index_size)", "+ np.uint64(0)",
-             ("tests/test_bad_input.py::test_missing_shard_means_absent_chunks",)),
+             ("tests/hostile/test_bad_input.py::test_missing_shard_means_absent_chunks",)),
     Mutation("whole-shard codec not undone", "shardfs/shards/zarr_kv.py",
              "return decode_blob(self._read(blob, 0, blob.stop - blob.start), level.post, self.limits[depth])",
              "return self._read(blob, 0, blob.stop - blob.start)",
@@ -125,12 +125,12 @@ MUTATIONS = [
              ("tests/service/test_daemon.py::test_signals_unmount_cleanly",)),
     Mutation("links followed on the way to a directory", "shardfs/stores/local.py",
              "_DIR_FLAGS = os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC", "_DIR_FLAGS = os.O_DIRECTORY | os.O_CLOEXEC",
-             ("tests/test_isolation.py::test_links_are_not_followed_anywhere",)),
+             ("tests/hostile/test_isolation.py::test_links_are_not_followed_anywhere",)),
     Mutation("owners not narrowed by the directories above", "shardfs/stores/protocol.py",
              "return Owner(self.uid, self.gid, mode)", "return self",
-             ("tests/test_isolation.py::test_a_source_under_a_closed_directory_is_closed",)),
+             ("tests/hostile/test_isolation.py::test_a_source_under_a_closed_directory_is_closed",)),
     Mutation("a short read served short", "shardfs/stores/local.py", "if len(data) != stop - start:", "if False:",
-             ("tests/test_bounds.py::test_a_shard_truncated_under_the_mount_is_eio_never_short",)),
+             ("tests/hostile/test_bounds.py::test_a_shard_truncated_under_the_mount_is_eio_never_short",)),
     Mutation("volume names by table one cell off", "shardfs/formats/precomputed_names.py",
              "self.morton.encode(_along(d, p))", "self.morton.encode(_along(d, p + 1))",
              (ATTRIBUTES,)),
@@ -251,7 +251,7 @@ MUTATIONS = [
              (CONTRACT + "test_listings_give_each_entrys_type_and_blocks_cover_each_file",)),
     Mutation("the file over budget kept while the next is made", "shardfs/cache.py",
              "            self.drop_overflow()", "            pass",
-             ("tests/test_bounds.py::test_the_file_over_budget_is_let_go_before_the_next_is_made",)),
+             ("tests/hostile/test_bounds.py::test_the_file_over_budget_is_let_go_before_the_next_is_made",)),
     Mutation("every looked-up chunk node kept in the cache", "shardfs/tree.py",
              'return getattr(node, "nbytes", 0) > 0', "return True",
              ("tests/mount/test_memory.py::test_listing_and_reading_125000_chunks_stays_within_the_cache_size_and_40_mib",)),

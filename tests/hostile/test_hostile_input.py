@@ -19,6 +19,8 @@ from tests.support.daemons import wait_for
 from tests.support.peers import kv_dataset
 from tests.support.reading import assert_eio
 
+pytestmark = [pytest.mark.kernel]
+
 
 def test_the_crafted_writer_round_trips(tmp_path, mount) -> None:
     values = {1: b"one", 2: b"", 5: b"five" * 100, 2**64 - 1: b"max"}

@@ -851,7 +851,7 @@ def test_gzip_bomb_in_a_scale_of_huge_chunks_stays_small(tmp_path: Path) -> None
     info = {"@type": "neuroglancer_multiscale_volume", "data_type": "uint8", "num_channels": 1, "scales": [scale]}
     (root / "info").write_text(json.dumps(info))
     done = subprocess.run([sys.executable, "-c", BOMB_SCRIPT, str(root)], capture_output=True, text=True,
-                          timeout=120, cwd=Path(__file__).parents[1])  # fmt: skip
+                          timeout=120, cwd=Path(__file__).parents[2])  # fmt: skip
     assert done.returncode == 0, done.stderr
     outcome, growth = done.stdout.rsplit(" ", 1)
     assert int(growth) < RSS_GROWTH_BYTES, f"{outcome}: peak RSS grew by {int(growth) >> 20} MiB"

@@ -22,6 +22,9 @@ from tests.support.daemons import daemon_of
 from tests.support.reading import denied
 from tests.support.users import as_user, hold_directory
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root]
+
+
 RENAME_EXCHANGE = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 

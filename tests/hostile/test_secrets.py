@@ -26,6 +26,9 @@ from tests.support.cli import SHARDFS, shardfs
 from tests.support.cloud import BUCKET, moto_server, upload
 from tests.support.http_server import RangeServer
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root, pytest.mark.loopback]
+
+
 SCALE = "4_4_40"
 BASE_KEY_ID, BASE_SECRET = "AKIASHARDFSBASE", "base-secret-of-the-source-profile"
 PASSWORD = "s3cr3t"

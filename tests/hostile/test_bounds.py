@@ -32,6 +32,9 @@ from tests.support.http_server import RangeServer
 from tests.support.peers import kv_dataset
 from tests.support.reading import assert_eio
 
+pytestmark = [pytest.mark.kernel, pytest.mark.root, pytest.mark.loopback]
+
+
 # Even keys in 0.shard, odd keys in 1.shard.
 TWO_SHARDS = peers.sharding_spec(preshift_bits=0, hash="identity", minishard_bits=0, shard_bits=1)
 HANG = 60  # seconds after which a listing counts as hung

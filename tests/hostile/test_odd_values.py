@@ -20,6 +20,9 @@ from tests.support import peers
 from tests.support.daemons import wait_until
 from tests.support.reading import ts_read
 
+pytestmark = [pytest.mark.kernel]
+
+
 FILLS = {"nan": float("nan"), "inf": float("inf"), "minus_inf": float("-inf"), "minus_zero": -0.0}
 SPELLED = {"nan": "NaN", "inf": "Infinity", "minus_inf": "-Infinity", "minus_zero": -0.0}  # zarr v2's JSON
 

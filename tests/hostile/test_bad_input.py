@@ -17,6 +17,8 @@ from tests.support.cli import shardfs
 from tests.support.datasets import SHARDING, chunks_by_shard
 from tests.support.reading import assert_eio
 
+pytestmark = [pytest.mark.kernel]
+
 
 def twin_chunk(pristine: Path, name: str) -> bytes:
     return (pristine.parent / "twin" / "1_1_1" / name).read_bytes()
