@@ -2,7 +2,7 @@
 """Listings must not starve reads (issue 27): the latency of cold reads by one user while other users list
 and seek a large directory of the same root `allow_other` mount.
 
-A precomputed scale of 131,072 one-voxel chunks in one directory (tensorstore, as tests/test_fuse_session.py
+A precomputed scale of 131,072 one-voxel chunks in one directory (tensorstore, as tests/mount/test_fuse_session.py
 writes it). One reader (root) reads --reads chunk files never read before, one at a time, timing each
 `open`/`read`/`close`; meanwhile, in turn:
 - nothing;

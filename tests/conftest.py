@@ -189,3 +189,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return SLOW_FIRST.index(item.path.name) if item.path.name in SLOW_FIRST else len(SLOW_FIRST)
 
     items.sort(key=rank)  # stable: within a module, the order stays as written
+
+
+# What a fixture needs of the machine, which a test that takes it must declare (pyproject.toml's markers).
+NEEDS = {"mount": "kernel", "user": "root", "other_user": "root"}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    for fixture, marker in NEEDS.items():
+        if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None:
+            raise pytest.UsageError(f"{item.nodeid} takes `{fixture}` and is not marked `{marker}`")

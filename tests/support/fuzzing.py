@@ -1,6 +1,6 @@
-"""The harness of the in-process fuzz tests (tests/test_fuzz.py, tests/test_view_axes.py): each operation on a
-Tree under a wall-clock bound, its outcome as FUSE would answer it (bytes, ENOENT or EIO), and a walk of every
-name a source serves."""
+"""The harness of the in-process fuzz tests (tests/hostile/test_fuzz.py, tests/hostile/test_view_axes.py): each
+operation on a Tree under a wall-clock bound, its outcome as FUSE would answer it (bytes, ENOENT or EIO), and a walk
+of every name a source serves."""
 
 from __future__ import annotations
 
