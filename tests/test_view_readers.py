@@ -137,15 +137,19 @@ def test_current_ome_zarr_py_reads_the_native_view(ome_images, mount, tmp_path) 
 # Where a voxel is
 
 
-def write_pyramid(root: Path) -> None:
-    """A precomputed image of three scales written by tensorstore, whose voxel_offsets are not multiples of
-    the downsampling: (-5, 3, 7) at 4 x 4 x 40 nm (sharded), then as tensorstore downsamples it by 2 x 2 x 1
-    (8_8_40) and by 4 x 4 x 2 (16_16_80, at (-2, 0, 3))."""
-    peers.write_tensorstore_volume(root, dtype="uint8", data_encoding="raw")
+def write_pyramid(root: Path, dtype: str = "uint8", encoding: str = "raw") -> None:
+    """A precomputed image (or, compressed_segmentation, a segmentation) of three scales written by
+    tensorstore, whose voxel_offsets are not multiples of the downsampling: (-5, 3, 7) at 4 x 4 x 40 nm
+    (sharded), then as tensorstore downsamples it by 2 x 2 x 1 (8_8_40) and by 4 x 4 x 2 (16_16_80, at
+    (-2, 0, 3))."""
+    peers.write_tensorstore_volume(root, dtype=dtype, encoding=encoding, data_encoding="raw")
     base = ts.open({**precomputed(root), "scale_index": 0}).result()
-    down = ts.downsample(base, [4, 4, 2, 1], method="mean")
+    method = "mode" if encoding == "compressed_segmentation" else "mean"
+    down = ts.downsample(base, [4, 4, 2, 1], method=method)
     scale = {"resolution": [16, 16, 80], "size": list(down.shape[:3]), "voxel_offset": list(down.origin[:3]),
-             "chunk_size": [16, 16, 8], "encoding": "raw"}  # fmt: skip
+             "chunk_size": [16, 16, 8], "encoding": encoding}  # fmt: skip
+    if encoding == "compressed_segmentation":
+        scale["compressed_segmentation_block_size"] = [8, 8, 4]
     ts.open({**precomputed(root), "scale_metadata": scale, "open": True, "create": True}).result().write(down).result()
 
 
@@ -236,7 +240,8 @@ def test_tensorstore_n5_and_the_n5_attributes_agree_on_axes_and_resolution(named
     temperature = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(n5 / "temperature")}}).result()
     attributes = json.loads((n5 / "temperature" / "attributes.json").read_text())
     assert temperature.domain.labels == ("lon", "lat", "time") == tuple(attributes["axes"])
-    assert "resolution" not in attributes  # zarr v3 names axes but gives them no units or size
+    # zarr v3 names axes but gives them no units or size: unitless, as Neuroglancer would take nanometres.
+    assert attributes["units"] == ["", "", ""] and attributes["resolution"] == [1, 1, 1]
     # OME-Zarr: names, units and voxel sizes from the image's multiscale, as the writer put them.
     images, _ = ome_images
     n5 = mount(images / "zyx.zarr", "--view", "n5").path
@@ -250,8 +255,9 @@ def test_tensorstore_n5_and_the_n5_attributes_agree_on_axes_and_resolution(named
         units = [(u.multiplier, u.base_unit) for u in level.dimension_units]
         said = list(zip(attributes["resolution"], attributes["units"], strict=True))
         assert units == [(s, "um") for s in scale[::-1]] == said
-        assert attributes["pixelResolution"] == {"unit": "um", "dimensions": scale[::-1]}
         base = multiscale["datasets"][0]["coordinateTransformations"][0]["scale"]
+        # The first level's: Neuroglancer and n5-viewer multiply it by downsamplingFactors.
+        assert attributes["pixelResolution"] == {"unit": "um", "dimensions": base[::-1]}
         factors.append([pytest.approx(s / b) for s, b in zip(scale[::-1], base[::-1], strict=True)])
         assert attributes["downsamplingFactors"] == factors[-1]
     # The image group is a pyramid as n5-viewer and Neuroglancer open one: `scales`, and its first level's axes.
