@@ -48,6 +48,7 @@ FORGETS = PROTOCOL + "test_forget_counts_down_every_lookup_the_kernel_made"
 TIMED = PROTOCOL + "test_each_timeout_reaches_the_kernel_as_given_to_the_nanosecond"
 EDGES = "tests/test_remote_edges.py::"
 ODD = "tests/test_odd_values.py::"
+N5 = "tests/test_view_n5.py::"
 
 MUTATIONS = [
     Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
@@ -441,6 +442,14 @@ MUTATIONS = [
              "                    if stat.S_ISREG(st.st_mode):\n                        yield st.st_size",
              "                    if True:\n                        yield st.st_size",
              (ODD + "test_df_counts_only_the_sources_regular_files",)),
+    # Issue 41: the N5 view as N5 viewers read it.
+    Mutation("N5 level's pixelResolution its own size, so viewers count the downsampling twice",
+             "shardfs/views/n5.py", "[number(s) for s in base or size]", "[number(s) for s in size]",
+             (N5 + "test_a_precomputed_pyramid_opens_as_one_multiscale[uint8-raw]",
+              N5 + "test_an_ome_zarr_image_opens_as_one_multiscale")),
+    Mutation("N5 pixelResolution of one unit over mixed units", "shardfs/views/n5.py",
+             "if unit}) <= 1:", "if unit}) <= 2:",
+             (N5 + "test_mixed_units_give_no_single_unit_and_levels_keep_their_size",)),
 ]  # fmt: skip
 
 
