@@ -21,6 +21,7 @@ import zarr
 
 from tests import peers
 from tests.helpers import precomputed, run
+from tests.n5_readers import neuroglancer_reads
 
 SHAPE_3D, SHAPE_4D = (37, 45, 51), (3, 19, 40, 33)  # no axis a multiple of the chunk
 STORAGE = {"chunks": (8, 16, 16), "shards": (16, 32, 32)}
@@ -312,63 +313,15 @@ print(json.dumps([[list(level.shape), int(np.asarray(level).astype("int64").sum(
 """
 
 
-SI_PREFIXES = [
-    "Y",
-    "Z",
-    "E",
-    "P",
-    "T",
-    "G",
-    "M",
-    "k",
-    "h",
-    "da",
-    "",
-    "d",
-    "c",
-    "m",
-    "u",
-    "µ",
-    "n",
-    "p",
-    "f",
-    "a",
-    "z",
-    "y",
-]
-NEUROGLANCER_UNITS = {""} | {prefix + unit for prefix in SI_PREFIXES for unit in ("m", "s", "Hz", "rad/s")}
-
-
-def as_neuroglancer_reads(n5: Path, dataset: str) -> None:
-    """The rules Neuroglancer's n5 source (src/datasource/n5/frontend.ts) applies to a dataset's attributes,
-    merged from the root down as it merges them: every list of one entry per dimension, units it knows,
-    a compression it decodes. Any one broken, it fetches attributes.json and no block."""
-    merged: dict = {}
-    parts = dataset.split("/") if dataset else []
-    for depth in range(len(parts) + 1):
-        path = n5.joinpath(*parts[:depth], "attributes.json")
-        if path.exists():
-            merged.update(json.loads(path.read_text()))
-    rank = len(merged["dimensions"])
-    lists = [merged.get(k) for k in ("resolution", "axes", "units", "downsamplingFactors")]
-    lists += [merged.get("pixelResolution", {}).get("dimensions"), *merged.get("scales", [])]
-    assert all(len(x) == rank for x in lists if x is not None), (dataset, merged)
-    assert set(merged.get("units", [])) <= NEUROGLANCER_UNITS and merged["compression"]["type"] in {
-        "raw",
-        "gzip",
-        "blosc",
-    }
-    assert merged.get("pixelResolution", {}).get("unit", "") in NEUROGLANCER_UNITS
-
-
 def test_the_n5_view_meets_neuroglancers_n5_rules(ome_images, tmp_path, mount) -> None:
-    """A multi-channel precomputed volume (its lists were one entry short: Neuroglancer refused them), an
-    OME-Zarr image, and zarr-python 3's default zstd arrays (which Neuroglancer's n5 source cannot decode)."""
+    """A multi-channel precomputed volume (its lists were one entry short: Neuroglancer refused them), and
+    OME-Zarr images with labels, under zarr-python 3's default zstd (which Neuroglancer's n5 source cannot
+    decode): every dataset, and every multiscale group opened whole."""
     volume = tmp_path / "vol"
     peers.write_tensorstore_volume(volume, dtype="uint16", data_encoding="raw", num_channels=2)
     images, _ = ome_images
     for source in (volume, images / "zyx.zarr", images / "czyx.zarr"):
         n5 = mount(source, "--view", "n5").path
         for dataset in (p.parent.relative_to(n5) for p in n5.rglob("attributes.json")):
-            if "dimensions" in json.loads((n5 / dataset / "attributes.json").read_text()):
-                as_neuroglancer_reads(n5, "" if str(dataset) == "." else str(dataset))
+            if {"dimensions", "scales"} & json.loads((n5 / dataset / "attributes.json").read_text()).keys():
+                neuroglancer_reads(n5, "" if str(dataset) == "." else str(dataset))

@@ -232,7 +232,8 @@ def level_names(group: str, levels: list[str], taken: set[str], report: list[Fin
         return {}
     moved = {path: name for path, name in zip(levels, wanted, strict=True) if path != name}
     if moved:
-        report.append(Finding(f"{group or '.'}: levels shown as s0..s{len(levels) - 1}; source names open too"))
+        shown = ", ".join(f"{posixpath.basename(name)} ({path})" for path, name in moved.items())
+        report.append(Finding(f"{group or '.'}: levels {shown}; the source names open too, unlisted"))
     return moved
 
 
