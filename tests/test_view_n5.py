@@ -143,3 +143,28 @@ def test_a_unitless_zarr_array_stays_unitless(tmp_path, mount) -> None:
     read, size = tensorstore_reads(n5, "")
     np.testing.assert_array_equal(read, data.T)
     assert size == [(1, ""), (1, "")] == neuroglancer_reads(n5, "")[0] == n5_viewer_reads(n5, "")[0]
+
+
+def test_a_pyramid_whose_level_names_are_taken_keeps_its_names(tmp_path) -> None:
+    """An OME-Zarr image of levels 0 and 1 beside another array named s1: no level is renamed and the group
+    states no `scales` (a reader would open the other array as level 1); `shardfs info` says so, and each
+    level still reads at its own size under its own name."""
+    from shardfs.source import open_source
+
+    image = tmp_path / "taken.zarr"
+    group = zarr.open_group(image, mode="w")
+    datasets = []
+    for level in range(2):
+        group.create_array(str(level), shape=(8 >> level, 8 >> level), dtype="uint8", chunks=(2, 2), shards=(4, 4))
+        datasets.append({"path": str(level), "coordinateTransformations": [{"type": "scale", "scale": [2**level] * 2}]})
+    group.create_array("s1", shape=(3, 3), dtype="uint8", chunks=(3, 3))
+    write_multiscales_metadata(group, datasets, axes="yx", axes_units=dict.fromkeys("yx", "micrometer"))
+    source = open_source(image, 64 << 20, "n5")
+    assert ".: not an N5 multiscale: its levels cannot be named s0, s1, ... there" in map(str, source.report)
+    assert sorted(name for name, _ in source.tree.listdir("")) == ["0", "1", "attributes.json", "s1"]
+    read = lambda path: json.loads(source.tree.lookup(f"{path}/attributes.json".lstrip("/")).read(0, 1 << 16))  # noqa: E731
+    assert "scales" not in read("")
+    assert read("1")["dimensions"] == [4, 4] and read("1")["resolution"] == [2, 2]
+    assert read("1")["pixelResolution"] == {"unit": "um", "dimensions": [1, 1]} and read("1")[
+        "downsamplingFactors"
+    ] == [2, 2]

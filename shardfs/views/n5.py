@@ -197,16 +197,19 @@ def n5_view(plan: Plan) -> Plan:
     bases: dict[str, list[Fraction]] = {}  # of each pyramid level, its first level's voxel size
     names: dict[str, str] = {}  # of each pyramid level, its name in the view
     for group, levels in pyramids(plan).items():
-        found = [spaces[path] for path in levels if path in shown]
-        if not found or None in found or len({len(size) for _, size in found}) != 1:
-            continue  # a level not shown, or of no known size: no pyramid a reader could open whole
         levels = [path for path in levels if path in shown]
+        found = [spaces[path] for path in levels]
+        if not found or None in found or len({len(size) for _, size in found}) != 1 or bases.keys() & levels:
+            continue  # no level shown, one of no known size or of another rank, or one another pyramid's
         units, base = found[0]
         bases.update(dict.fromkeys(levels, base))
+        moved = level_names(group, levels, set(shown) | set(attributes) | set(names.values()), view.report)
+        if moved is None:
+            continue
+        names.update(moved)
         scales = [_factors(size, base) for _, size in found]
         attributes[group] = {**attributes.get(group, {}), **_labels(axes.get(levels[0])),
                              **voxel_attributes(units, base), "scales": scales}  # fmt: skip
-        names.update(level_names(group, levels, set(shown) | set(attributes) | set(names.values()), view.report))
     for path, dataset in shown.items():
         name = names.get(path, path)
         view.providers[name] = dataset
@@ -221,15 +224,15 @@ def n5_view(plan: Plan) -> Plan:
     return view
 
 
-def level_names(group: str, levels: list[str], taken: set[str], report: list[Finding]) -> dict[str, str]:
-    """The names of a pyramid's levels in the view, finest first: `s0`, `s1`, ... in its group, where
+def level_names(group: str, levels: list[str], taken: set[str], report: list[Finding]) -> dict[str, str] | None:
+    """The new names of a pyramid's levels in the view: `s0`, `s1`, ... (finest first) in its group, where
     Neuroglancer's n5 source and n5-viewer look for them (no listing says which datasets a group's `scales`
-    are). A level named otherwise in the source keeps that name as an alias (`Plan.aliases`); none is
-    renamed where a name is another array's or group's, or a level is the group itself."""
+    are). A level named otherwise in the source keeps that name as an alias (`Plan.aliases`). None, and the
+    group is no multiscale (its levels keep their names), where a name is another array's or group's."""
     wanted = [posixpath.join(group, f"s{i}") for i in range(len(levels))]
     if (taken - set(levels)) & set(wanted) or group in levels:
-        report.append(Finding(f"{group or '.'}: its levels keep their names (s0, s1, ... name other arrays)"))
-        return {}
+        report.append(Finding(f"{group or '.'}: not an N5 multiscale: its levels cannot be named s0, s1, ... there"))
+        return None
     moved = {path: name for path, name in zip(levels, wanted, strict=True) if path != name}
     if moved:
         shown = ", ".join(f"{posixpath.basename(name)} ({path})" for path, name in moved.items())
