@@ -23,36 +23,33 @@ from pathlib import Path
 
 from shardfs.csi import add_ceilings
 from shardfs.csi.node import Node, NodeError
-from shardfs.csi.volume import ATTRIBUTES, BadVolume, Ceilings, volume_of
+from shardfs.csi.volume import BadVolume, Ceilings, volume_of
+from shardfs.options import BY_ATTRIBUTE, NODES_POLICY, word_of
 from shardfs.service import mountinfo
 from shardfs.service.daemon import parse_options
 
-# `-o` names of shardfs's own settings → the volume attribute that carries each (the rest are FUSE options).
-SETTINGS = {"".join(f"_{c.lower()}" if c.isupper() else c for c in name): name for name in ATTRIBUTES}
 DAEMON = "shardfs.csi.daemon"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")  # as the Prolog takes them
 OWN_SUFFIXES = (".error", ".log", ".pid")  # the Prolog's own files beside each dataset's directory
 CEILING_CONF = "this node's ceiling (SHARDFS_CEILING_* in /etc/shardfs/slurm.conf)"
-# Options that say who may reach a mount or its daemon: the node's policy (a job's mount is its user's alone),
-# never a job's comment to choose. allow_other or allow_root would let every user's df, and root's, wait on a
-# daemon the job's user may stop.
-POLICY = ("allow_other", "allow_root", "uid", "gid", "umask", "user_id", "group_id", "default_permissions",
-          "context", "fscontext", "defcontext", "rootcontext")  # fmt: skip
 
 
 # The CSI code's refusals (csi.volume, csi.node: shared with the Kubernetes plugin) name what a PersistentVolume
 # asks, and the daemon's hints `shardfs mount`'s flags (--endpoint); a job asked in its comment, as `cache_size=`.
-OPTION_OF = {attribute: option for option, attribute in SETTINGS.items()}  # cacheSize → cache_size
-
-
 def _flag(match: re.Match[str]) -> str:
     """--requester-pays → requester_pays, as a job writes it; any other flag as it is."""
-    option = match[1].replace("-", "_")
-    return option if option in SETTINGS else match[0]
+    setting = word_of(match[1])
+    return setting.said if setting is not None and setting.attribute is not None else match[0]
+
+
+def _attribute(match: re.Match[str]) -> str:
+    """cacheSize → cache_size, as a job writes it; any other word (source) as it is."""
+    setting = BY_ATTRIBUTE.get(match[1])
+    return match[1] if setting is None else setting.said
 
 
 IN_JOBS_WORDS: tuple[tuple[str, str | Callable[[re.Match[str]], str]], ...] = (
-    (r"^volume attribute (\w+)", lambda m: OPTION_OF.get(m[1], m[1])),
+    (r"^volume attribute (\w+)", _attribute),
     (r"^mountOptions:? ", ""),  # an option names itself
     (r"^volume [^:]+: ", ""),  # the dataset: the TaskProlog names it
     (r"--([a-z]+(?:-[a-z]+)*)\b", _flag),
@@ -77,10 +74,11 @@ def _pid_file(job_dir: Path, name: str) -> Path:
 def mount(args: argparse.Namespace) -> int:
     attributes, flags = {"source": args.source}, []
     for key, value in parse_options(args.options).items():
-        if key in POLICY:
+        if key in NODES_POLICY:
             return _refuse(f"{key}: a job cannot set who may reach its mount (the node's policy)")
-        if key in SETTINGS and SETTINGS[key] != "source":
-            attributes[SETTINGS[key]] = "true" if value is True else value
+        setting = word_of(key)
+        if setting is not None and setting.attribute is not None:
+            attributes[setting.attribute] = "true" if value is True else value
         else:
             flags.append(key if value is True else f"{key}={value}")
     if not NAME.fullmatch(args.name) or args.name.endswith(OWN_SUFFIXES):

@@ -6,18 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shardfs.options import byte_size
+
 DRIVER = "csi.shardfs.io"  # the CSIDriver's name: deploy/kubernetes/ names it too
 NOBODY = 65534
 # Daemons' uids by default: one each, so that none can signal, renice or re-limit another volume's. Below 2^31
 # (tools that read a uid as signed), above systemd's container and foreign-image ranges, unused by any distribution.
 DAEMON_UIDS = range(0x7FFF0000, 0x7FFFFFFF)
 CEILING_CACHE, CEILING_MAX_FILE, CEILING_THREADS = "1G", "256M", 64  # what one volume may ask at most, by default
-
-
-def byte_size(text: str) -> int:
-    from shardfs.cli import byte_size  # cli imports this package: its parser is read here, when used
-
-    return byte_size(text)
 
 
 def user_group(text: str) -> tuple[range, int]:

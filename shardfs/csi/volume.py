@@ -8,33 +8,24 @@ there: a source URL with a `user:password@` is refused, and the secret's keys ar
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from shardfs.cli import DEFAULT_CACHE, DEFAULT_MAX_FILE, LOG_LEVELS, byte_size, endpoint_url, seconds
 from shardfs.csi import CEILING_CACHE, CEILING_MAX_FILE, CEILING_THREADS
 from shardfs.errors import SourceError, binary_size
 from shardfs.fuse.mount import FuseMountError, MountOptions
 from shardfs.fuse.serve import settings_of
 from shardfs.logs import redact_userinfo
+from shardfs.options import BY_ATTRIBUTE, BY_NAME, PLUGINS_OWN, byte_size
 from shardfs.service.daemon import fuse_options, parse_options
 from shardfs.source import is_remote
-from shardfs.stores.remote import DEFAULT_TIMEOUT
 
 # Keys Kubernetes adds itself (podInfoOnMount's pod name, namespace, uid and service account, `ephemeral`):
 # said, not asked, so never refused.
 KUBERNETES_KEYS = "csi.storage.k8s.io/"
 MOUNT_OPTIONS = Path("mountOptions")  # what a refusal of the options names, as settings_of names a mountpoint
-# Mount options a volume may not set: the plugin finds its mounts by their type and unmounts them itself.
-PLUGINS_OWN = {
-    "subtype": "its mounts are fuse.shardfs",
-    "fsname": "the source, without credentials",
-    "auto_unmount": "the plugin unmounts",
-}
-VIEWS = ("native", "n5", "zarr2")
-TRUE_FALSE = {"true": True, "false": False}
 # The publish secret's keys: set in the daemon's own environment, where the AWS and GCS credential chains
 # look (see shardfs/stores/credentials.py), and nowhere else.
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_SERVICE_ACCOUNT_KEY")
@@ -75,13 +66,13 @@ class Volume:
     """One published volume as its daemon needs it: sent to the daemon as JSON over its socket."""
 
     source: str
-    view: str = "native"
-    cache_size: int = field(default_factory=lambda: byte_size(DEFAULT_CACHE))
-    max_file_size: int = field(default_factory=lambda: byte_size(DEFAULT_MAX_FILE))
+    view: str = field(default_factory=BY_NAME["view"].initial)
+    cache_size: int = field(default_factory=BY_NAME["cache_size"].initial)
+    max_file_size: int = field(default_factory=BY_NAME["max_file_size"].initial)
     anonymous: bool = False
     endpoint: str | None = None
     region: str | None = None
-    timeout: float = DEFAULT_TIMEOUT
+    timeout: float = field(default_factory=BY_NAME["timeout"].initial)
     requester_pays: bool = False
     log_level: str = "WARNING"
     options: dict[str, str | bool] = field(default_factory=dict)  # the `-o` options the session is served with
@@ -99,35 +90,8 @@ class Volume:
         return {**self.to_json(), "secrets": None} == {**other.to_json(), "secrets": None}
 
 
-def _boolean(text: str) -> bool:
-    if text.lower() not in TRUE_FALSE:
-        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
-    return TRUE_FALSE[text.lower()]
-
-
-def _choice(choices: Sequence[str]) -> Callable[[str], str]:
-    def check(text: str) -> str:
-        if text not in choices:
-            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
-        return text
-
-    return check
-
-
-# Attribute name → (the Volume field it sets, how its text is read): the `shardfs mount` options, as
-# Kubernetes spells attributes.
-ATTRIBUTES: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "source": ("source", str),
-    "view": ("view", _choice(VIEWS)),
-    "cacheSize": ("cache_size", byte_size),
-    "maxFileSize": ("max_file_size", byte_size),
-    "anonymous": ("anonymous", _boolean),
-    "endpoint": ("endpoint", endpoint_url),
-    "region": ("region", str),
-    "timeout": ("timeout", seconds),
-    "requesterPays": ("requester_pays", _boolean),
-    "logLevel": ("log_level", _choice(LOG_LEVELS)),
-}
+# The attributes a volume may have: its source, and the settings a volume may ask for (see shardfs/options.py).
+ATTRIBUTES = ("source", *BY_ATTRIBUTE)
 
 
 def volume_of(
@@ -152,12 +116,11 @@ def volume_of(
     for name, text in attributes.items():
         if name in ATTRIBUTES and redact_userinfo(text) != text:
             raise BadVolume(f"volume attribute {name}: holds a user:password@; put credentials in the publish secret")
-    given: dict[str, Any] = {}
+    given: dict[str, Any] = {"source": attributes["source"]}
     for name, text in attributes.items():
-        if name in ATTRIBUTES:
-            key, read = ATTRIBUTES[name]
+        if setting := BY_ATTRIBUTE.get(name):
             try:
-                given[key] = read(text)
+                given[setting.name] = setting.read(text)
             except argparse.ArgumentTypeError as e:
                 raise BadVolume(f"volume attribute {name}: {e}") from None
     if bad := sorted(set(secrets) - set(SECRET_KEYS)):
