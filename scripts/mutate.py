@@ -295,8 +295,8 @@ MUTATIONS = [
     Mutation("remote mounts with a local mount's session threads", "shardfs/service/daemon.py",
              'options["max_threads"] = str(REMOTE_THREADS)', "pass",
              ("tests/test_remote_concurrency.py::test_sixteen_remote_reads_are_in_flight_at_once",)),
-    Mutation("remote mounts given local FUSE options", "shardfs/cli.py", "fuse_options(name, extra, remote)",
-             "fuse_options(name, extra)",
+    Mutation("remote mounts given local FUSE options", "shardfs/cli.py", "fuse_options(spec.name, extra, remote)",
+             "fuse_options(spec.name, extra)",
              ("tests/test_remote_concurrency.py::test_sixteen_remote_reads_are_in_flight_at_once",)),
     # Issue 21 (the own FUSE session and its cold path): each new place a wrong byte or a lost bound could hide.
     Mutation("a chunk's node id names the next chunk", "shardfs/fuse/nodes.py",

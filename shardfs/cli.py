@@ -14,8 +14,8 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -24,7 +24,8 @@ from shardfs.check import check
 from shardfs.context import Context
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
 from shardfs.files import Dir
-from shardfs.logs import LogFileError, log_to_terminal, redact, redact_userinfo
+from shardfs.fuse.mount import FuseMountError, target_of
+from shardfs.logs import LogFileError, log_to_terminal, redact
 from shardfs.service import mountinfo, stats_socket
 from shardfs.service.daemon import (
     MountError,
@@ -36,8 +37,9 @@ from shardfs.service.daemon import (
     waits_for_daemon,
 )
 from shardfs.service.handover import HANDED_OVER
+from shardfs.service.spec import MountSpec, Reading, Service
 from shardfs.service.summary import identity, summary
-from shardfs.source import Source, is_remote, open_source
+from shardfs.source import Source, is_remote
 from shardfs.stores.disk_cache import DiskCache
 from shardfs.stores.remote import Access
 
@@ -217,12 +219,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if ignored := remote_only(args):
             say(f"{', '.join(ignored)}: for remote sources only; ignored for {args.source}")
-        view = "native" if args.command == "check" else args.view
-        access = Access(args.anonymous, args.endpoint, args.region, args.timeout, args.profile, args.requester_pays)
-        disk = DiskCache(args.cache_dir.absolute(), args.cache_dir_size) if args.cache_dir else None
+        reading = reading_of(args)
+        disk = DiskCache(Path(reading.cache_dir), reading.cache_dir_size) if reading.cache_dir else None
         if args.command == "mount":
-            return mount_source(args, access, disk, context)
-        source = open_source(args.source, args.cache_size, view, args.max_file_size, access, disk, context)
+            return mount_source(spec_of(args, reading), args.mountpoint, disk, context)
+        source = MountSpec(args.source, reading).open_source(context, disk)
         if args.command == "ls":
             ls(source, args.path.strip("/"), args.long)
         elif args.command == "cat":
@@ -279,38 +280,43 @@ def remote_only(args: argparse.Namespace) -> list[str]:
     return [s.flag for s in options.SETTINGS if s.remote_only and getattr(args, s.name) != s.initial()]
 
 
-def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | None, context: Context) -> int:
-    """A local source is opened here, so a refusal comes before anything else; a remote one by the daemon
-    (see daemon.mount), once the mountpoint passed its checks."""
+def reading_of(args: argparse.Namespace) -> Reading:
+    """How a command reads its source, from its flags (`check` reads the source's own format)."""
+    access = Access(
+        anonymous=args.anonymous, endpoint=args.endpoint, region=args.region, timeout=args.timeout,
+        profile=args.profile, requester_pays=args.requester_pays,
+    )  # fmt: skip
+    return Reading(
+        view="native" if args.command == "check" else args.view, cache_size=args.cache_size,
+        max_file_size=args.max_file_size, access=access,
+        cache_dir=str(args.cache_dir.absolute()) if args.cache_dir else None, cache_dir_size=args.cache_dir_size,
+    )  # fmt: skip
 
-    def opened() -> Source:
-        return open_source(args.source, args.cache_size, args.view, args.max_file_size, access, disk, context)
 
-    remote = is_remote(args.source)
-    source: Source | Callable[[], Source] = opened
-    name, local = redact_userinfo(args.source), None  # fsname: /proc/mounts is readable by everyone
-    if not remote:
-        source = opened()
-        name, local = source.name, source.local
+def spec_of(args: argparse.Namespace, reading: Reading) -> MountSpec:
+    """What `shardfs mount` asks for, read once from its flags and `-o` options."""
     extra = parse_options(args.options)
+    keeper = extra.pop("keeper", None)  # where the connection waits between daemons: the service's, not FUSE's
     if args.allow_other:
         extra["allow_other"] = True
-    options = fuse_options(name, extra, remote)
-    log_file = args.log_file.absolute() if args.log_file else None
-    handed_over = mount(
-        source,
-        local,
-        args.mountpoint.absolute(),
-        options,
-        args.foreground,
-        log_file,
-        args.metrics,
-        args.allow_non_empty,
-        disk.descriptors() if disk else [],
-        str(name),
-        args.view,
-        context,
-    )
+    service = Service(
+        log_level=args.log_level, log_file=str(args.log_file.absolute()) if args.log_file else None,
+        metrics=args.metrics, foreground=args.foreground, allow_non_empty=args.allow_non_empty, keeper=keeper,
+    )  # fmt: skip
+    spec = MountSpec(args.source, reading, service=service)
+    remote = is_remote(args.source)
+    return replace(spec, options=fuse_options(spec.name, extra, remote))
+
+
+def mount_source(spec: MountSpec, mountpoint: Path, disk: DiskCache | None, context: Context) -> int:
+    """A local source is opened here, so a refusal comes before anything else; a remote one by the daemon
+    (see daemon.mount), once the mountpoint passed its checks."""
+    source = None if is_remote(spec.source) else spec.open_source(context, disk)
+    try:
+        target = target_of(mountpoint.absolute())
+    except FuseMountError as e:
+        raise UsageError(str(e)) from None
+    handed_over = mount(spec, target, context, source, disk)
     return HANDED_OVER if handed_over else 0  # systemd restarts the unit on this status (RestartForceExitStatus=)
 
 

@@ -78,12 +78,14 @@ CEILING_FLAGS = "this node's ceiling (shardfs csi --ceiling-*)"
 
 def run(args: argparse.Namespace) -> int:
     try:
+        from shardfs.csi.node import Node
+        from shardfs.csi.server import NodeService
         from shardfs.csi.server import run as serve
         from shardfs.csi.volume import Ceilings
     except ImportError as e:
         raise SystemExit(f"shardfs csi: {e}; install shardfs[csi] (grpcio)") from None
+    ceilings = Ceilings(args.ceiling_cache_size, args.ceiling_max_file_size, args.ceiling_threads, CEILING_FLAGS)
+    node = Node(args.run_dir, *args.daemon_user, machine=args.node_identity)
     return serve(
-        args.endpoint, args.node_id, args.driver_name, args.daemon_user, args.run_dir, args.node_identity,
-        args.local_root, args.kubelet_dir,
-        Ceilings(args.ceiling_cache_size, args.ceiling_max_file_size, args.ceiling_threads, CEILING_FLAGS),
-    )  # fmt: skip
+        args.endpoint, args.driver_name, NodeService(node, args.node_id, args.local_root, args.kubelet_dir, ceilings)
+    )

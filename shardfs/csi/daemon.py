@@ -25,19 +25,20 @@ import signal
 import socket
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from shardfs.cache import ByteCache, served, serving
 from shardfs.context import Context
 from shardfs.csi import handoff
-from shardfs.csi.volume import Volume
-from shardfs.errors import SourceError, SourceMissing
+from shardfs.errors import SourceError
+from shardfs.fuse.mount import FuseMountError, handed
 from shardfs.fuse.record import Kept, RecordError
 from shardfs.logs import log_to, log_to_terminal, redact
 from shardfs.service import lifecycle
-from shardfs.service.daemon import Mount, MountError, serve, settings
-from shardfs.source import open_source
-from shardfs.stores.remote import Access
+from shardfs.service.daemon import Mount, MountError, open_mount, serve
+from shardfs.service.outcome import READY, Outcome, Said
+from shardfs.service.spec import MountSpec
 
 log = logging.getLogger("shardfs")
 
@@ -120,7 +121,7 @@ class Daemon:
         if message.kind != handoff.SERVE or len(message.fds) not in (1, 2):
             for fd in message.fds:
                 os.close(fd)
-            handoff.answer(self.sock, target, f"{handoff.FAILED}not a volume to serve ({message.kind})")
+            handoff.answer(self.sock, target, Outcome(Said.FAILED, f"not a volume to serve ({message.kind})"))
             return
         with self._lock:
             self.idle.clear()
@@ -130,10 +131,10 @@ class Daemon:
     def _serve(self, message: handoff.Message) -> None:
         target, fds = message.target, message.fds
         try:
-            self._answered(target, fds, message.fields.get("volume"))
+            self._answered(target, fds, message.fields.get("spec"), message.fields.get("secrets"))
         except Exception as e:  # a bug: said to the plugin (a second answer is ignored), never a publish left waiting
             log.error("%s: %s", target, e, exc_info=True, extra={"event": "mount_failed"})
-            handoff.answer(self.sock, target, f"{handoff.FAILED}{redact(str(e))}")
+            handoff.answer(self.sock, target, Outcome(Said.FAILED, redact(str(e))))
         finally:
             with self._lock:
                 self.taken.discard(target)
@@ -143,60 +144,55 @@ class Daemon:
                 if not self.taken:
                     self.idle.set()
 
-    def _answered(self, target: str, fds: list[int], config: object) -> None:
-        """Serve target until its mount ends, having told the plugin READY, or why not."""
+    def _answered(self, target: str, fds: list[int], asked: object, given: object) -> None:
+        """Serve target until its mount ends, having told the plugin READY, or why not. asked: the volume's spec,
+        as JSON; given: the publish secret beside it."""
         try:
             kept = Kept.of(fds) if len(fds) == 2 else None  # with its record: a daemon before served it
-            volume = Volume.from_json(config)  # type: ignore[arg-type]
-        except (OSError, ValueError, TypeError, RecordError) as e:
+            spec = MountSpec.from_json(asked)  # type: ignore[arg-type]
+            secrets = {str(k): str(v) for k, v in dict(given or {}).items()}  # type: ignore[call-overload]
+            mountpoint = handed(fds[0])
+        except (OSError, ValueError, TypeError, KeyError, RecordError, FuseMountError) as e:
             for fd in fds:
                 os.close(fd)
-            handoff.answer(self.sock, target, f"{handoff.FAILED}{e}")
+            handoff.answer(self.sock, target, Outcome(Said.FAILED, str(e)))
             return
         with self._lock:
             if self.secrets is None:
-                self.secrets = dict(volume.secrets)
-                os.environ.update(volume.secrets)  # this process's only: the credential chains read them here
-            shared = self.secrets == volume.secrets
+                self.secrets = secrets
+                os.environ.update(secrets)  # this process's only: the credential chains read them here
+            shared = self.secrets == secrets
             root = logging.getLogger()  # one log for the process: as verbose as its most verbose volume asks
-            root.setLevel(min(root.level, logging.getLevelName(volume.log_level)))
+            root.setLevel(min(root.level, logging.getLevelName(spec.service.log_level or "WARNING")))
         if not shared:
             for fd in fds:
                 os.close(fd)
-            handoff.answer(self.sock, target, f"{handoff.FAILED}another publish secret than this daemon's volumes'")
-            return
-        access = Access(
-            volume.anonymous, volume.endpoint, volume.region, volume.timeout, None, volume.requester_pays, self.machine
-        )  # fmt: skip
-        context = Context()
-        mountpoint = Path(f"/dev/fd/{fds[0]}")
-        try:
-            asked = settings(volume.options, mountpoint)
-            source = open_source(
-                volume.source, volume.cache_size, volume.view, volume.max_file_size, access, None, context
+            handoff.answer(
+                self.sock, target, Outcome(Said.FAILED, "another publish secret than this daemon's volumes'")
             )
+            return
+        access = replace(spec.reading.access, machine=self.machine)  # the node's call (its argv), not the volume's
+        spec = replace(spec, reading=replace(spec.reading, access=access))
+        try:
+            mount = open_mount(spec, mountpoint, Context())
         except (SourceError, MountError) as e:
             for fd in fds:
                 os.close(fd)
-            why = (
-                handoff.MISSING if isinstance(e, SourceMissing) else
-                handoff.REFUSED if isinstance(e, SourceError) else handoff.FAILED
-            )  # fmt: skip
-            handoff.answer(self.sock, target, f"{why}{redact(str(e))}")
+            outcome = Outcome.of(e)
+            handoff.answer(self.sock, target, Outcome(outcome.said, redact(outcome.why)))
             return
-        mount = Mount(source.tree, mountpoint, asked, context, source.name, volume.view)
-        serving(source.cache)  # this thread's records name the volume too
+        serving(mount.tree.cache)  # this thread's records name the volume too
         with self._lock:
             self.mounts[target] = mount
-            self.named[source.cache] = target
+            self.named[mount.tree.cache] = target
         try:
             serve(
-                mount, lambda: handoff.answer(self.sock, target, handoff.READY), None,
+                mount, lambda: handoff.answer(self.sock, target, READY), None,
                 _ToPlugin(self.sock, target), kept, signals=False,
             )  # fmt: skip
         except Exception as e:
             log.error("%s: %s", target, e, extra={"event": "mount_failed"})
-            handoff.answer(self.sock, target, f"{handoff.FAILED}{redact(str(e))}")
+            handoff.answer(self.sock, target, Outcome(Said.FAILED, redact(str(e))))
 
     def stop(self) -> None:
         """Stop serving every volume (SIGTERM): their mounts stay, the plugin's to end or to hand a next daemon."""

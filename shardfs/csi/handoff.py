@@ -6,8 +6,8 @@ Pods do): each message names its volume's target path.
 The plugin sends SERVE for a volume, with its mounted /dev/fuse descriptor, or with the descriptor and the record
 of a connection a daemon before served (fuse/record.py), which the daemon takes up. The daemon of a fresh
 connection first sends KEEP with the descriptor and the record its session keeps, which the plugin keeps for a
-next daemon; then it answers once for that volume: READY when the kernel's INIT is answered (or the connection
-taken up), or why it could not serve."""
+next daemon; then it answers once for that volume with an Outcome (service/outcome.py): READY when the kernel's
+INIT is answered (or the connection taken up), or why it could not serve."""
 
 from __future__ import annotations
 
@@ -20,15 +20,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from shardfs.service.outcome import Outcome
+
 log = logging.getLogger("shardfs.csi")
 
-SERVE = "serve"  # {target, volume}, with [/dev/fuse] or [/dev/fuse, record]
+SERVE = "serve"  # {target, spec, secrets}, with [/dev/fuse] or [/dev/fuse, record]
 KEEP = "keep"  # {target}, with [/dev/fuse, record]: what the next daemon takes up
-ANSWER = "answer"  # {target, text}: READY, or REFUSED or FAILED and why
-READY = "ready"
-REFUSED = "refused: "  # the source could not be opened: the volume's fault, said in the daemon's words
-MISSING = "missing: "  # nothing is at the source (no such path, no dataset's metadata there)
-FAILED = "failed: "  # anything else
+ANSWER = "answer"  # {target, outcome}: service/outcome.py's, READY or why not
 MOST = 1 << 20  # bytes of one message: a configuration is a few KB (a GCS service-account key is ~2 KB)
 
 
@@ -52,11 +50,11 @@ def send(sock: socket.socket, kind: str, target: str, fds: Sequence[int] = (), *
     socket.send_fds(sock, [json.dumps({"kind": kind, "target": target, **fields}).encode()], list(fds))
 
 
-def answer(sock: socket.socket, target: str, text: str) -> None:
+def answer(sock: socket.socket, target: str, outcome: Outcome) -> None:
     """The daemon's answer for target, if the plugin still listens (it gives up waiting after a while; a Slurm
     Prolog's has ended)."""
     with contextlib.suppress(OSError):
-        send(sock, ANSWER, target, text=text[: MOST // 2])
+        send(sock, ANSWER, target, outcome=Outcome(outcome.said, outcome.why[: MOST // 2]).to_json())
 
 
 def messages(sock: socket.socket, sender: str) -> Iterator[Message]:

@@ -34,15 +34,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.csi import NOBODY, handoff
-from shardfs.csi.volume import Volume, kernel_mount
+from shardfs.csi.volume import kernel_mount
 from shardfs.errors import ServiceError
 from shardfs.fuse.mount import FuseMountError, connection_of, mount, unmount
 from shardfs.service import keeper, mountinfo
+from shardfs.service.outcome import READY, Outcome, Said
+from shardfs.service.spec import MountSpec
 
 log = logging.getLogger("shardfs.csi")
 
@@ -51,6 +53,7 @@ READY_TIMEOUT = 100.0  # seconds a daemon may take to open its source and answer
 GONE_WAIT = 2.0  # seconds a detached mount's connection may take to end by itself before it is aborted
 END_WAIT = 5.0  # seconds a daemon may take to exit once asked, before it is killed
 RESTARTS, RESTART_WINDOW = 3, 60.0  # daemons replaced within that many seconds before a volume is let die
+CODES = {Said.MISSING: "NOT_FOUND", Said.REFUSED: "FAILED_PRECONDITION"}  # a daemon's refusal as kubelet is told it
 DAEMON_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "TMPDIR": "/tmp"}
 
 
@@ -79,7 +82,7 @@ class Daemon:
         self.restarts: list[float] = []  # when daemons before this one were replaced lately (monotonic)
         self.unanswering = False  # it let a publish wait READY_TIMEOUT (stopped, wedged): no volume goes to it again
         self._kept = kept
-        self._owed: dict[str, queue.Queue[str]] = {}
+        self._owed: dict[str, queue.Queue[Outcome | None]] = {}
         self._closed = False
         self._lock = threading.Lock()
         threading.Thread(target=self._listen, name="shardfs-csi-daemon-link", daemon=True).start()
@@ -88,22 +91,23 @@ class Daemon:
     def alive(self) -> bool:
         return self.process.poll() is None and not self._closed
 
-    def serve(self, target: str, volume: Volume, fds: list[int]) -> str:
-        """Hand the volume and its descriptors (the mounted /dev/fuse, and a kept connection's record) to the
-        daemon; its answer: READY, or why not ('' if it ended without one)."""
-        owed: queue.Queue[str] = queue.Queue(1)
+    def serve(self, target: str, spec: MountSpec, fds: list[int]) -> Outcome | None:
+        """Hand the volume's spec and its descriptors (the mounted /dev/fuse, and a kept connection's record) to
+        the daemon, with the secret it was started for beside the spec; its answer: READY, or why not (None if it
+        ended without one)."""
+        owed: queue.Queue[Outcome | None] = queue.Queue(1)
         with self._lock:
             if self._closed:
-                return ""
+                return None
             self._owed[target] = owed
         try:
-            handoff.send(self.sock, handoff.SERVE, target, fds, volume=volume.to_json())
+            handoff.send(self.sock, handoff.SERVE, target, fds, spec=spec.to_json(), secrets=self.secrets)
             return owed.get(timeout=READY_TIMEOUT)
         except OSError:
-            return ""
+            return None
         except queue.Empty:
             self.unanswering = True
-            return f"{handoff.FAILED}its daemon did not answer in {READY_TIMEOUT:.0f} s"
+            return Outcome(Said.FAILED, f"its daemon did not answer in {READY_TIMEOUT:.0f} s")
         finally:
             with self._lock:
                 self._owed.pop(target, None)
@@ -122,18 +126,19 @@ class Daemon:
             with self._lock:
                 owed = self._owed.get(message.target)
             if owed is not None and message.kind == handoff.ANSWER:
-                owed.put(str(message.fields.get("text", "")))
+                owed.put(Outcome.from_json(message.fields.get("outcome")))
         with self._lock:  # it ended: every answer still owed is none
             self._closed = True
             for owed in self._owed.values():
-                owed.put("")
+                owed.put(None)
         self.sock.close()
 
 
 @dataclass
 class Published:
     volume_id: str
-    volume: Volume
+    spec: MountSpec
+    secrets: dict[str, str]
     daemon: Daemon  # the one serving now: replaced when it ends (see Node._watch)
 
 
@@ -210,13 +215,16 @@ class Node:
             with self._lock:
                 self._busy.discard(target)
 
-    def publish(self, volume_id: str, target: str, volume: Volume) -> None:
-        target = _real(target)
+    def publish(
+        self, volume_id: str, target: str, spec: MountSpec, secrets: Mapping[str, str] | None = None
+    ) -> None:  # fmt: skip
+        """Mount spec at target, served by a daemon of secrets' (the volume's publish secret; none by default)."""
+        target, secrets = _real(target), dict(secrets or {})
         with self._only(target):
             mounted = mountinfo.exactly_at(target)
             known = self.published.get(target)
             if mounted is not None and known is not None and known.daemon.alive:
-                if known.volume_id != volume_id or not known.volume.same_mount(volume):
+                if known.volume_id != volume_id or known.spec != spec:  # a rotated secret: the same mount
                     raise NodeError("ALREADY_EXISTS", f"{target}: volume {known.volume_id} is published here otherwise")
                 return  # published twice: the same mount
             if mounted is not None and mounted.fstype != mountinfo.SHARDFS_TYPE:
@@ -226,49 +234,47 @@ class Node:
                 Path(target).mkdir(mode=0o750, exist_ok=True)
             except OSError as e:
                 raise NodeError("INVALID_ARGUMENT", f"{target}: cannot be made ({e.strerror})") from None
-            self._publish(volume_id, target, volume)
+            self._publish(Published(volume_id, spec, secrets, self._daemon_for(target, secrets)), target)
             log.info("published %s at %s", volume_id, target, extra={"event": "published"})
 
-    def _publish(self, volume_id: str, target: str, volume: Volume) -> None:
-        daemon = self._daemon_for(target, volume)  # first: the mount is made for its uid
+    def _publish(self, published: Published, target: str) -> None:
+        """published's spec mounted at target for its daemon's uid, and served by it."""
+        volume_id, daemon = published.volume_id, published.daemon
         try:
-            fd = mount(Path(target), kernel_mount(volume, (daemon.uid, self.gid)))
+            fd = mount(Path(target), kernel_mount(published.spec, (daemon.uid, self.gid)))
         except (FuseMountError, OSError) as e:
             self._let_go(daemon, target)
             raise NodeError("INTERNAL", str(e)) from None
         try:
             connection = connection_of(fd) or _connection(target)
             keeper.keep(self.keeper, target, [fd])
-            answer = daemon.serve(target, volume, [fd])
+            answer = daemon.serve(target, published.spec, [fd])
         except ServiceError as e:
             self._end(target, connection)
             self._let_go(daemon, target)
             raise NodeError("INTERNAL", str(e)) from None
         finally:
             os.close(fd)  # the keeper's copy is the one a next daemon takes
-        if answer == handoff.READY:
-            self.published[target] = Published(volume_id, volume, daemon)
+        if answer == READY:
+            self.published[target] = published
             return
         self._end(target, connection)
         self._let_go(daemon, target)
         with contextlib.suppress(OSError):
             os.rmdir(target)
-        if answer.startswith(handoff.MISSING):
-            raise NodeError("NOT_FOUND", f"volume {volume_id}: {answer.removeprefix(handoff.MISSING)}")
-        if answer.startswith(handoff.REFUSED):
-            raise NodeError("FAILED_PRECONDITION", f"volume {volume_id}: {answer.removeprefix(handoff.REFUSED)}")
-        why = answer.removeprefix(handoff.FAILED) or f"its daemon exited ({daemon.process.wait()})"
-        raise NodeError("INTERNAL", f"volume {volume_id}: {why}")
+        if answer is None:
+            raise NodeError("INTERNAL", f"volume {volume_id}: its daemon exited ({daemon.process.wait()})")
+        raise NodeError(CODES.get(answer.said, "INTERNAL"), f"volume {volume_id}: {answer.why}")
 
-    def _daemon_for(self, target: str, volume: Volume) -> Daemon:
+    def _daemon_for(self, target: str, secrets: dict[str, str]) -> Daemon:
         """The daemon to serve target: one serving volumes with the same publish secret, or a new one, with a uid
         of its own. target is counted as its from here, so that it is not let go meanwhile."""
         with self._sharing:
-            shared = (d for d in self.daemons if d.alive and not d.unanswering and d.secrets == volume.secrets)
+            shared = (d for d in self.daemons if d.alive and not d.unanswering and d.secrets == secrets)
             daemon = next(shared, None)
             if daemon is None:
                 try:
-                    daemon = self._start_daemon(volume.secrets, self._free_uid())
+                    daemon = self._start_daemon(secrets, self._free_uid())
                 except OSError as e:
                     raise NodeError("INTERNAL", f"{target}: no daemon could be started ({e})") from None
             daemon.targets.add(target)
@@ -381,18 +387,18 @@ class Node:
                 with self._sharing:
                     if after is None:
                         # its predecessor's uid: the user the connection was mounted for
-                        after = self._start_daemon(published.volume.secrets, published.daemon.uid, watched=False)
+                        after = self._start_daemon(published.secrets, published.daemon.uid, watched=False)
                         after.restarts = [*restarts, time.monotonic()]
                     after.targets.add(target)
             except OSError as e:  # it could not even start
                 log.error("%s: no new daemon: %s", target, e, extra={"event": "handover"})
                 return after
-            answer = after.serve(target, published.volume, held)
+            answer = after.serve(target, published.spec, held)
         finally:
             for fd in held:
                 os.close(fd)
-        if answer and answer != handoff.READY:  # it said why it cannot serve: another would fare no better
-            log.error("%s: the new daemon did not serve: %s", target, answer, extra={"event": "handover"})
+        if answer is not None and answer != READY:  # it said why it cannot serve: another would fare no better
+            log.error("%s: the new daemon did not serve: %s", target, answer.why, extra={"event": "handover"})
             with self._sharing:
                 after.targets.discard(target)
             return after

@@ -109,7 +109,7 @@ class NodeService(rpc.NodeServicer):
         if not self.publishing.acquire(blocking=False):
             _refuse(context, "UNAVAILABLE", f"volume {request.volume_id}: {PUBLISHING} publishes are under way")
         try:
-            self.node.publish(request.volume_id, request.target_path, volume)
+            self.node.publish(request.volume_id, request.target_path, volume, request.secrets)
         except NodeError as e:
             _refuse(context, e.code, str(e))
         finally:
@@ -149,20 +149,18 @@ def socket_path(endpoint: str) -> Path:
     return Path(path)
 
 
-def run(
-    endpoint: str, node_id: str, driver: str, user: tuple[int, int], run_dir: Path, machine: bool = False,
-    local_roots: Sequence[Path] = (), kubelet_dir: Path = KUBELET_DIR, ceilings: Ceilings | None = None,
-) -> int:  # fmt: skip
-    """Serve until SIGTERM or SIGINT. The daemons stay: their mounts outlive a plugin that is only stopped."""
+def run(endpoint: str, driver: str, service: NodeService) -> int:
+    """Serve the Identity service as driver and service at endpoint until SIGTERM or SIGINT. The daemons stay:
+    their mounts outlive a plugin that is only stopped."""
     log_to_terminal("INFO")
     path = socket_path(endpoint)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)  # a socket left by the plugin's last life
-    node = Node(run_dir, *user, machine=machine)
+    node, node_id = service.node, service.node_id
     held, connections = node.keeper, node.fusectl  # made before any call: two first publishes must not race
     server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="shardfs-csi"))
     rpc.add_IdentityServicer_to_server(Identity(driver), server)
-    rpc.add_NodeServicer_to_server(NodeService(node, node_id, local_roots, kubelet_dir, ceilings), server)
+    rpc.add_NodeServicer_to_server(service, server)
     old_umask = os.umask(0o077)  # the socket is root's alone: kubelet and the sidecars run as root
     try:
         server.add_insecure_port(f"unix://{path}")
