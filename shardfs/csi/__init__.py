@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shardfs.host.publisher import Publisher
+from shardfs.host.supervisor import NOBODY, Users
 from shardfs.options import byte_size
 
 DRIVER = "csi.shardfs.io"  # the CSIDriver's name: deploy/kubernetes/ names it too
-NOBODY = 65534
 # Daemons' uids by default: one each, so that none can signal, renice or re-limit another volume's. Below 2^31
 # (tools that read a uid as signed), above systemd's container and foreign-image ranges, unused by any distribution.
 DAEMON_UIDS = range(0x7FFF0000, 0x7FFFFFFF)
@@ -78,14 +79,14 @@ CEILING_FLAGS = "this node's ceiling (shardfs csi --ceiling-*)"
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from shardfs.csi.node import Node
         from shardfs.csi.server import NodeService
         from shardfs.csi.server import run as serve
         from shardfs.csi.volume import Ceilings
     except ImportError as e:
         raise SystemExit(f"shardfs csi: {e}; install shardfs[csi] (grpcio)") from None
     ceilings = Ceilings(args.ceiling_cache_size, args.ceiling_max_file_size, args.ceiling_threads, CEILING_FLAGS)
-    node = Node(args.run_dir, *args.daemon_user, machine=args.node_identity)
+    uids, gid = args.daemon_user
+    node = Publisher(args.run_dir, Users(uids, gid, machine=args.node_identity))
     return serve(
         args.endpoint, args.driver_name, NodeService(node, args.node_id, args.local_root, args.kubelet_dir, ceilings)
     )
