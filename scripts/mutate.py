@@ -403,6 +403,9 @@ MUTATIONS = [
     Mutation("any character device taken for /dev/fuse", "shardfs/fuse/mount.py",
              "if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:", "if not stat.S_ISCHR(st.st_mode):",
              (PROTOCOL + "test_dev_fd_n_of_another_character_device_is_refused_in_one_line[/dev/null]",)),
+    # Issue 42: a host keeps each connection for the next daemon of a CSI volume or a Slurm job's dataset.
+    Mutation("a kept connection taken for ended", "shardfs/host/held.py", "if held and _ended(held[0]):",
+             "if held:", ("tests/test_slurm.py::test_a_jobs_daemon_killed_is_replaced_and_the_job_reads_on",)),
     # Issue 33, class 4: remote edges.
     Mutation("401 taken for a failure", "shardfs/stores/remote.py",
              "except (PermissionDeniedError, UnauthenticatedError) as e:", "except PermissionDeniedError as e:",
