@@ -48,6 +48,7 @@ FORGETS = PROTOCOL + "test_forget_counts_down_every_lookup_the_kernel_made"
 TIMED = PROTOCOL + "test_each_timeout_reaches_the_kernel_as_given_to_the_nanosecond"
 EDGES = "tests/remote/test_remote_edges.py::"
 ODD = "tests/hostile/test_odd_values.py::"
+N5 = "tests/mount/test_view_n5.py::"
 
 MUTATIONS = [
     Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
@@ -70,7 +71,7 @@ MUTATIONS = [
     Mutation("no attr_timeout", "shardfs/service/daemon.py", '"attr_timeout": str(ONE_DAY),', "", (TIMEOUTS,)),
     Mutation("no entry_timeout", "shardfs/service/daemon.py", '"entry_timeout": str(ONE_DAY),', "", (TIMEOUTS,)),
     Mutation("no negative_timeout", "shardfs/service/daemon.py", '"negative_timeout": str(ONE_DAY),', "", (TIMEOUTS,)),
-    Mutation("--metrics on every address", "shardfs/cli.py", 'DEFAULT_METRICS_HOST = "127.0.0.1"',
+    Mutation("--metrics on every address", "shardfs/options.py", 'DEFAULT_METRICS_HOST = "127.0.0.1"',
              'DEFAULT_METRICS_HOST = "0.0.0.0"', (CONTRACT + "test_metrics_listen_on_loopback_by_default",)),
     Mutation("default log directory 0755", "shardfs/service/daemon.py", 'f"shardfs-{os.getuid()}", 0o700)',
              'f"shardfs-{os.getuid()}", 0o755)', (CONTRACT + "test_the_default_log_directory_is_the_users_alone",)),
@@ -118,7 +119,8 @@ MUTATIONS = [
              'not in ("zarr", "precomputed", "zarr draft"):',
              ("tests/mount/test_zarr_draft.py::test_views_refuse_the_draft_in_one_line[n5]",)),
     Mutation("stale mount cleared silently", "shardfs/service/daemon.py",
-             'log.warning("clearing the stale mount at %s"', 'log.info("clearing the stale mount at %s"',
+             'log.warning("clearing the stale mount at %s"',
+             'log.info("clearing the stale mount at %s"',
              ("tests/service/test_daemon.py::test_stale_mount_is_cleared",)),
     Mutation("no unmounted log event", "shardfs/service/daemon.py",
              'log.info("unmounted %s", mountpoint, extra={"event": "unmounted"})', "pass",
@@ -230,9 +232,9 @@ MUTATIONS = [
     Mutation("GOOGLE_APPLICATION_CREDENTIALS skipped", "shardfs/stores/credentials.py",
              'if found is None and os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):', "if False:",
              ("tests/remote/test_remote_credentials.py::test_a_service_account_key_signs_requests",)),
-    Mutation("--cache-size minimum 32K", "shardfs/cli.py", "MIN_CACHE = 64 << 10", "MIN_CACHE = 32 << 10",
+    Mutation("--cache-size minimum 32K", "shardfs/options.py", "MIN_CACHE = 64 << 10", "MIN_CACHE = 32 << 10",
              ("tests/cli/test_cli.py::test_the_smallest_cache_size_is_64k",)),
-    Mutation("--cache-size minimum 128K", "shardfs/cli.py", "MIN_CACHE = 64 << 10", "MIN_CACHE = 128 << 10",
+    Mutation("--cache-size minimum 128K", "shardfs/options.py", "MIN_CACHE = 64 << 10", "MIN_CACHE = 128 << 10",
              ("tests/cli/test_cli.py::test_the_smallest_cache_size_is_64k",)),
     Mutation("st_blocks in 4 KiB units", "shardfs/fuse/bridge.py", "fields = (size, (size + 511) // 512,",
              "fields = (size, (size + 4095) // 4096,",
@@ -295,8 +297,8 @@ MUTATIONS = [
     Mutation("remote mounts with a local mount's session threads", "shardfs/service/daemon.py",
              'options["max_threads"] = str(REMOTE_THREADS)', "pass",
              ("tests/remote/test_remote_concurrency.py::test_sixteen_remote_reads_are_in_flight_at_once",)),
-    Mutation("remote mounts given local FUSE options", "shardfs/cli.py", "fuse_options(name, extra, remote)",
-             "fuse_options(name, extra)",
+    Mutation("remote mounts given local FUSE options", "shardfs/cli.py", "fuse_options(spec.name, extra, remote)",
+             "fuse_options(spec.name, extra)",
              ("tests/remote/test_remote_concurrency.py::test_sixteen_remote_reads_are_in_flight_at_once",)),
     # Issue 21 (the own FUSE session and its cold path): each new place a wrong byte or a lost bound could hide.
     Mutation("a chunk's node id names the next chunk", "shardfs/fuse/nodes.py",
@@ -403,6 +405,9 @@ MUTATIONS = [
     Mutation("any character device taken for /dev/fuse", "shardfs/fuse/mount.py",
              "if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:", "if not stat.S_ISCHR(st.st_mode):",
              (PROTOCOL + "test_dev_fd_n_of_another_character_device_is_refused_in_one_line[/dev/null]",)),
+    # Issue 42: a host keeps each connection for the next daemon of a CSI volume or a Slurm job's dataset.
+    Mutation("a kept connection taken for ended", "shardfs/host/held.py", "if held and _ended(held[0]):",
+             "if held:", ("tests/deploy/test_slurm.py::test_a_jobs_daemon_killed_is_replaced_and_the_job_reads_on",)),
     # Issue 33, class 4: remote edges.
     Mutation("401 taken for a failure", "shardfs/stores/remote.py",
              "except (PermissionDeniedError, UnauthenticatedError) as e:", "except PermissionDeniedError as e:",
@@ -442,6 +447,14 @@ MUTATIONS = [
              "                    if stat.S_ISREG(st.st_mode):\n                        yield st.st_size",
              "                    if True:\n                        yield st.st_size",
              (ODD + "test_df_counts_only_the_sources_regular_files",)),
+    # Issue 41: the N5 view as N5 viewers read it.
+    Mutation("N5 level's pixelResolution its own size, so viewers count the downsampling twice",
+             "shardfs/views/n5.py", "[number(s) for s in base or size]", "[number(s) for s in size]",
+             (N5 + "test_a_precomputed_pyramid_opens_as_one_multiscale[uint8-raw]",
+              N5 + "test_an_ome_zarr_image_opens_as_one_multiscale")),
+    Mutation("N5 pixelResolution of one unit over mixed units", "shardfs/views/n5.py",
+             "if unit}) <= 1:", "if unit}) <= 2:",
+             (N5 + "test_mixed_units_give_no_single_unit_and_levels_keep_their_size",)),
 ]  # fmt: skip
 
 

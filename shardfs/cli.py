@@ -14,18 +14,18 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
-from urllib.parse import urlsplit
 
-from shardfs import __version__, csi
+from shardfs import __version__, csi, options
 from shardfs.check import check
 from shardfs.context import Context
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
 from shardfs.files import Dir
-from shardfs.logs import DEBUG_BURST, LogFileError, log_to_terminal, redact, redact_userinfo
+from shardfs.fuse.mount import FuseMountError, target_of
+from shardfs.logs import LogFileError, log_to_terminal, redact
 from shardfs.service import mountinfo, stats_socket
 from shardfs.service.daemon import (
     MountError,
@@ -37,29 +37,11 @@ from shardfs.service.daemon import (
     waits_for_daemon,
 )
 from shardfs.service.handover import HANDED_OVER
+from shardfs.service.spec import MountSpec, Reading, Service
 from shardfs.service.summary import identity, summary
-from shardfs.source import Source, is_remote, open_source
+from shardfs.source import Source, is_remote
 from shardfs.stores.disk_cache import DiskCache
-from shardfs.stores.remote import DEFAULT_TIMEOUT, Access
-
-DEFAULT_CACHE = "64M"
-DEFAULT_MAX_FILE = "256M"
-DEFAULT_CACHE_DIR_SIZE = "1G"
-MIN_CACHE = 64 << 10  # below it, a size is a slip (`--cache-size 512` for 512M): every read would decode again
-# mount options that are ours
-SETTINGS = {
-    *("view", "cache_size", "max_file_size", "log_level", "log_file", "metrics"),
-    *("endpoint", "region", "timeout", "cache_dir", "cache_dir_size", "profile"),
-}
-FLAGS = {
-    **{"foreground": "--foreground", "nonempty": "--allow-non-empty", "anonymous": "--anonymous"},
-    "allow_other": "--allow-other",
-    "requester_pays": "--requester-pays",
-}  # `-o` words
-IGNORED = {"rw", "defaults", "comment"}  # fstab words that mean nothing to a read-only mount
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
-DEFAULT_METRICS_HOST = "127.0.0.1"
+from shardfs.stores.remote import Access
 
 
 class Parser(argparse.ArgumentParser):
@@ -100,45 +82,6 @@ class Help(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) if action.default not in (None, False, []) else action.help
 
 
-def byte_size(text: str) -> int:
-    """`512M`, `1.5G`, `2GiB` (powers of 1024), at least MIN_CACHE."""
-    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]?)(i?B)?", text.strip(), re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 512M or 1.5G")
-    n = int(float(m.group(1)) * UNITS[m.group(2).upper()])
-    if n < MIN_CACHE:
-        raise argparse.ArgumentTypeError(f"{text!r} is too small: at least {MIN_CACHE >> 10}K")
-    return n
-
-
-def metrics_address(text: str) -> tuple[str, int]:
-    """'9477' or ':9477' → localhost; 'HOST:PORT' and '[v6]:PORT' as given."""
-    host, _, port = text.rpartition(":")
-    host = host.strip("[]") or DEFAULT_METRICS_HOST
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not PORT or HOST:PORT (a port from 1 to 65535)")
-    return host, int(port)
-
-
-def seconds(text: str) -> float:
-    """A positive number of seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value < 86400:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
-    return value
-
-
-def endpoint_url(text: str) -> str:
-    """An http:// or https:// base URL with a host."""
-    url = urlsplit(text)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a URL such as https://storage.example.org")
-    return text
-
-
 def parser() -> tuple[argparse.ArgumentParser, set[str]]:
     """The parser, and its command names (for telling the mount-helper form apart)."""
     p = Parser(prog="shardfs", description="Mount sharded datasets as their unsharded files.")
@@ -154,53 +97,9 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
             "source", metavar="SOURCE",
             help="the sharded dataset: a directory, file://, gs://, s3://, http:// or https:// URL",
         )  # fmt: skip
-        s.add_argument(
-            "--cache-size", type=byte_size, default=DEFAULT_CACHE, metavar="SIZE",
-            help=f"byte budget for all caches together: 512M, 1.5G, 2GiB (powers of 1024; at least {MIN_CACHE >> 10}K)",
-        )  # fmt: skip
-        s.add_argument(
-            "--max-file-size", type=byte_size, default=DEFAULT_MAX_FILE, metavar="SIZE",
-            help="the largest file decoded (a chunk, a shard under a whole-shard codec); a larger one is EIO, logged"
-            " and counted as over --max-file-size (not as corrupt)",
-        )  # fmt: skip
-        s.add_argument(
-            "--view", choices=["native", "n5", "zarr2"], default="native",
-            help="native: the source's own format, unsharded; n5 or zarr2: its arrays in that format",
-        )  # fmt: skip
-        s.add_argument(
-            "--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
-            help=f"{', '.join(LOG_LEVELS)}: the least severe records logged; mount -f logs from INFO unless given,"
-            " so that its terminal shows the mount and its end; DEBUG logs a line per FUSE request (op, path, bytes,"
-            f" store_reads, us), at most {DEBUG_BURST} a minute (default: WARNING)",
-        )  # fmt: skip
-        s.add_argument(
-            "--anonymous",
-            action="store_true",
-            help="remote sources: send unsigned requests, whatever credentials are found",
-        )
-        s.add_argument(
-            "--endpoint", type=endpoint_url, metavar="URL",
-            help="remote sources: an S3-compatible or GCS-compatible server's base URL",
-        )  # fmt: skip
-        s.add_argument("--region", help="s3:// sources: the bucket's region")
-        s.add_argument("--profile", metavar="NAME", help="s3:// sources: the AWS profile to sign with (as AWS_PROFILE)")
-        s.add_argument(
-            "--requester-pays", action="store_true",
-            help="s3:// sources: a Requester Pays bucket, whose requests this account pays for",
-        )  # fmt: skip
-        s.add_argument(
-            "--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
-            help="remote sources: the most one request may take, retries included; then the read is EIO",
-        )  # fmt: skip
-        s.add_argument(
-            "--cache-dir", type=Path, metavar="DIR",
-            help="remote sources: keep the byte ranges read in DIR, across mounts (default: not kept); DIR must be"
-            " yours and writable by nobody else (made 0700 if missing)",
-        )  # fmt: skip
-        s.add_argument(
-            "--cache-dir-size", type=byte_size, default=DEFAULT_CACHE_DIR_SIZE, metavar="SIZE",
-            help="the most --cache-dir holds; the least recently used ranges go first",
-        )  # fmt: skip
+        for setting in options.SETTINGS:
+            if not setting.mount_only:
+                setting.add_to(s)
         return s
 
     m = with_source("mount", "mount SOURCE at MOUNTPOINT; returns once the mount is live")
@@ -208,24 +107,13 @@ def parser() -> tuple[argparse.ArgumentParser, set[str]]:
         "mountpoint", type=Path, metavar="MOUNTPOINT",
         help="an existing empty directory, neither inside SOURCE nor holding it",
     )  # fmt: skip
-    m.add_argument("-f", "--foreground", action="store_true", help="stay attached (systemd, debugging)")
     m.add_argument(
         "-o", dest="options", action="append", default=[],
         help="FUSE options, e.g. allow_other; nonempty is --allow-non-empty",
     )  # fmt: skip
-    m.add_argument("--allow-non-empty", action="store_true", help="mount over a directory that has files in it")
-    m.add_argument(
-        "--allow-other", action="store_true",
-        help="let every local user read the mount (-o allow_other; a user needs user_allow_other in fuse.conf)",
-    )  # fmt: skip
-    m.add_argument(
-        "--log-file", type=Path, metavar="PATH",
-        help="where the detached daemon logs (default: $TMPDIR/shardfs-UID/<mountpoint>.log)",
-    )  # fmt: skip
-    m.add_argument(
-        "--metrics", type=metrics_address, metavar="[HOST:]PORT",
-        help=f"serve Prometheus metrics (HOST defaults to {DEFAULT_METRICS_HOST}; off by default)",
-    )  # fmt: skip
+    for setting in options.SETTINGS:
+        if setting.mount_only:
+            setting.add_to(m)
     u = command("unmount", "unmount a shardfs mount")
     u.add_argument("mountpoint", type=Path, metavar="MOUNTPOINT", help="where it is mounted")
     u.add_argument("--any-type", action="store_true", help="unmount whatever is mounted there, even if not shardfs")
@@ -262,7 +150,7 @@ def mount_argv(argv: list[str], commands: set[str]) -> list[str]:
     for arg in args:
         if argv[0] == "mount" and arg.startswith("-o"):
             out += _mount_options(arg[2:] or next(args, ""))
-        elif arg.removeprefix("--").replace("-", "_") in SETTINGS:
+        elif arg.startswith("--") and _takes_value(arg):
             out.append(f"{arg}={next(args, '')}")
         else:
             out.append(arg)
@@ -286,19 +174,22 @@ def _mistyped(argv: list[str], commands: set[str]) -> bool:
     )
 
 
+def _takes_value(flag: str) -> bool:
+    setting = options.BY_NAME.get(flag.removeprefix("--").replace("-", "_"))
+    return setting is not None and not setting.switch
+
+
 def _mount_options(group: str) -> list[str]:
     """One `-o` group: shardfs's own settings and flags as options, the rest passed on to FUSE."""
     out, kept = [], []
     for word, value in parse_options([group]).items():
-        key, item = word.replace("-", "_"), word if value is True else f"{word}={value}"
-        if key in SETTINGS and value is not True:
-            out.append(f"--{key.replace('_', '-')}={value}")
-        elif key in FLAGS and value is True:
-            out.append(FLAGS[key])
-        elif key == "debug" and value is True:  # libfuse's: every request on stderr; here in the log, at DEBUG
+        setting, item = options.word_of(word), word if value is True else f"{word}={value}"
+        if setting is not None and setting.switch == (value is True):
+            out.append(setting.flag if value is True else f"{setting.flag}={value}")
+        elif word == "debug" and value is True:  # libfuse's: every request on stderr; here in the log, at DEBUG
             out.append("--log-level=DEBUG")
             kept.append(item)
-        elif key not in IGNORED and not word.startswith("x-"):
+        elif not options.dropped(word):
             kept.append(item)
     return [*out, *(["-o", ",".join(kept)] if kept else [])]
 
@@ -328,12 +219,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if ignored := remote_only(args):
             say(f"{', '.join(ignored)}: for remote sources only; ignored for {args.source}")
-        view = "native" if args.command == "check" else args.view
-        access = Access(args.anonymous, args.endpoint, args.region, args.timeout, args.profile, args.requester_pays)
-        disk = DiskCache(args.cache_dir.absolute(), args.cache_dir_size) if args.cache_dir else None
+        reading = reading_of(args)
+        disk = DiskCache(Path(reading.cache_dir), reading.cache_dir_size) if reading.cache_dir else None
         if args.command == "mount":
-            return mount_source(args, access, disk, context)
-        source = open_source(args.source, args.cache_size, view, args.max_file_size, access, disk, context)
+            return mount_source(spec_of(args, reading), args.mountpoint, disk, context)
+        source = MountSpec(args.source, reading).open_source(context, disk)
         if args.command == "ls":
             ls(source, args.path.strip("/"), args.long)
         elif args.command == "cat":
@@ -387,51 +277,46 @@ def remote_only(args: argparse.Namespace) -> list[str]:
     """The remote sources' options given with a local source, where they would change nothing."""
     if is_remote(args.source):
         return []
-    given = {
-        "--anonymous": args.anonymous,
-        "--endpoint": args.endpoint is not None,
-        "--region": args.region is not None,
-        "--profile": args.profile is not None,
-        "--requester-pays": args.requester_pays,
-        "--timeout": args.timeout != DEFAULT_TIMEOUT,
-        "--cache-dir": args.cache_dir is not None,
-        "--cache-dir-size": args.cache_dir_size != byte_size(DEFAULT_CACHE_DIR_SIZE),
-    }
-    return [name for name, on in given.items() if on]
+    return [s.flag for s in options.SETTINGS if s.remote_only and getattr(args, s.name) != s.initial()]
 
 
-def mount_source(args: argparse.Namespace, access: Access, disk: DiskCache | None, context: Context) -> int:
-    """A local source is opened here, so a refusal comes before anything else; a remote one by the daemon
-    (see daemon.mount), once the mountpoint passed its checks."""
+def reading_of(args: argparse.Namespace) -> Reading:
+    """How a command reads its source, from its flags (`check` reads the source's own format)."""
+    access = Access(
+        anonymous=args.anonymous, endpoint=args.endpoint, region=args.region, timeout=args.timeout,
+        profile=args.profile, requester_pays=args.requester_pays,
+    )  # fmt: skip
+    return Reading(
+        view="native" if args.command == "check" else args.view, cache_size=args.cache_size,
+        max_file_size=args.max_file_size, access=access,
+        cache_dir=str(args.cache_dir.absolute()) if args.cache_dir else None, cache_dir_size=args.cache_dir_size,
+    )  # fmt: skip
 
-    def opened() -> Source:
-        return open_source(args.source, args.cache_size, args.view, args.max_file_size, access, disk, context)
 
-    remote = is_remote(args.source)
-    source: Source | Callable[[], Source] = opened
-    name, local = redact_userinfo(args.source), None  # fsname: /proc/mounts is readable by everyone
-    if not remote:
-        source = opened()
-        name, local = source.name, source.local
+def spec_of(args: argparse.Namespace, reading: Reading) -> MountSpec:
+    """What `shardfs mount` asks for, read once from its flags and `-o` options."""
     extra = parse_options(args.options)
+    keeper = extra.pop("keeper", None)  # where the connection waits between daemons: the service's, not FUSE's
     if args.allow_other:
         extra["allow_other"] = True
-    options = fuse_options(name, extra, remote)
-    log_file = args.log_file.absolute() if args.log_file else None
-    handed_over = mount(
-        source,
-        local,
-        args.mountpoint.absolute(),
-        options,
-        args.foreground,
-        log_file,
-        args.metrics,
-        args.allow_non_empty,
-        disk.descriptors() if disk else [],
-        str(name),
-        args.view,
-        context,
-    )
+    service = Service(
+        log_level=args.log_level, log_file=str(args.log_file.absolute()) if args.log_file else None,
+        metrics=args.metrics, foreground=args.foreground, allow_non_empty=args.allow_non_empty, keeper=keeper,
+    )  # fmt: skip
+    spec = MountSpec(args.source, reading, service=service)
+    remote = is_remote(args.source)
+    return replace(spec, options=fuse_options(spec.name, extra, remote))
+
+
+def mount_source(spec: MountSpec, mountpoint: Path, disk: DiskCache | None, context: Context) -> int:
+    """A local source is opened here, so a refusal comes before anything else; a remote one by the daemon
+    (see daemon.mount), once the mountpoint passed its checks."""
+    source = None if is_remote(spec.source) else spec.open_source(context, disk)
+    try:
+        target = target_of(mountpoint.absolute())
+    except FuseMountError as e:
+        raise UsageError(str(e)) from None
+    handed_over = mount(spec, target, context, source, disk)
     return HANDED_OVER if handed_over else 0  # systemd restarts the unit on this status (RestartForceExitStatus=)
 
 

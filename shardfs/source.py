@@ -101,7 +101,7 @@ def open_source(
         marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
         shown = NamedListing(store, plan.directories, plan.found, marker, plan.providers)
         plan.report.append(Finding(UNLISTED, Category.NOTE))
-    tree = Tree(shown, cache, plan.files, plan.providers, view == "native")
+    tree = Tree(shown, cache, plan.files, plan.providers, view == "native", plan.aliases)
     return Source(name, local, tree, plan.report, plan.providers, cache, plan.arrays, context)
 
 

@@ -29,10 +29,13 @@ class Tree:
         files: dict[str, bytes],
         providers: dict[str, Provider],
         passthrough: bool = True,
+        aliases: dict[str, str] | None = None,
     ) -> None:
         """passthrough: whether source files the overlay and providers do not name are shown as they are
-        (the native view), or nothing but the overlay and providers is (the other views)."""
+        (the native view), or nothing but the overlay and providers is (the other views). aliases: other
+        names of directories (`Plan.aliases`), found by lookup and never listed."""
         self.passthrough = passthrough
+        self.aliases = aliases or {}
         self.store = store
         self.cache = cache
         self.files = {path: BytesFile(data, store.owner(path)) for path, data in files.items()}
@@ -55,6 +58,7 @@ class Tree:
         decoded once for every read: a chunk that is a range of its shard or is decoded when read, a file
         passed through, a directory, are found again from the cached indexes and the store's open files for
         less than keeping them costs (about 1 KiB each, for as many files as the kernel looked up)."""
+        path = self._named(path)
         last = self._last
         if last[0] == path and last[1] is not None:
             return last[1]
@@ -86,6 +90,15 @@ class Tree:
         self.cache.clear()
         self._last = (None, None)
         self.store.forget()
+
+    def _named(self, path: str) -> str:
+        """path, with the alias it lies below replaced by the directory the alias names."""
+        head = path if self.aliases else ""
+        while head:
+            if head in self.aliases:
+                return self.aliases[head] + path[len(head) :]
+            head = head.rpartition("/")[0]
+        return path
 
     def _lookup(self, path: str) -> Node:
         if not path or path in self._overlay or path in self.providers:
@@ -121,6 +134,7 @@ class Tree:
         metadata, and `file_of` finds the file from them alone. None for a path no provider numbers
         (directories, metadata, files passed through), or that the overlay shows, since its node is the
         overlay's whatever its name."""
+        path = self._named(path)
         directory, rel = self._directory_of(path)
         if directory is None or path in self.files:
             return None
@@ -149,6 +163,7 @@ class Tree:
     def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
         """(name, is_dir) of a directory's entries, streamed: overlay, then the provider's, then the
         source's. Knowing the type spares `find` and `os.walk` a stat of every chunk."""
+        path = self._named(path)
         overlay = self._overlay.get(path, set())
         for name in sorted(overlay):
             child = f"{path}/{name}" if path else name

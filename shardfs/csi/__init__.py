@@ -6,18 +6,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from shardfs.host.publisher import Publisher
+from shardfs.host.supervisor import NOBODY, Users
+from shardfs.options import byte_size
+
 DRIVER = "csi.shardfs.io"  # the CSIDriver's name: deploy/kubernetes/ names it too
-NOBODY = 65534
 # Daemons' uids by default: one each, so that none can signal, renice or re-limit another volume's. Below 2^31
 # (tools that read a uid as signed), above systemd's container and foreign-image ranges, unused by any distribution.
 DAEMON_UIDS = range(0x7FFF0000, 0x7FFFFFFF)
 CEILING_CACHE, CEILING_MAX_FILE, CEILING_THREADS = "1G", "256M", 64  # what one volume may ask at most, by default
-
-
-def byte_size(text: str) -> int:
-    from shardfs.cli import byte_size  # cli imports this package: its parser is read here, when used
-
-    return byte_size(text)
 
 
 def user_group(text: str) -> tuple[range, int]:
@@ -82,12 +79,14 @@ CEILING_FLAGS = "this node's ceiling (shardfs csi --ceiling-*)"
 
 def run(args: argparse.Namespace) -> int:
     try:
+        from shardfs.csi.server import NodeService
         from shardfs.csi.server import run as serve
         from shardfs.csi.volume import Ceilings
     except ImportError as e:
         raise SystemExit(f"shardfs csi: {e}; install shardfs[csi] (grpcio)") from None
+    ceilings = Ceilings(args.ceiling_cache_size, args.ceiling_max_file_size, args.ceiling_threads, CEILING_FLAGS)
+    uids, gid = args.daemon_user
+    node = Publisher(args.run_dir, Users(uids, gid, machine=args.node_identity))
     return serve(
-        args.endpoint, args.node_id, args.driver_name, args.daemon_user, args.run_dir, args.node_identity,
-        args.local_root, args.kubelet_dir,
-        Ceilings(args.ceiling_cache_size, args.ceiling_max_file_size, args.ceiling_threads, CEILING_FLAGS),
-    )  # fmt: skip
+        args.endpoint, args.driver_name, NodeService(node, args.node_id, args.local_root, args.kubelet_dir, ceilings)
+    )

@@ -20,8 +20,9 @@ from google.protobuf.wrappers_pb2 import BoolValue
 from shardfs import __version__
 from shardfs.csi import csi_pb2 as pb
 from shardfs.csi import csi_pb2_grpc as rpc
-from shardfs.csi.node import Node, NodeError
 from shardfs.csi.volume import BadVolume, Ceilings, volume_of
+from shardfs.host.errors import PublishError
+from shardfs.host.publisher import Publisher
 from shardfs.logs import log_to_terminal
 from shardfs.stores.location import parse_source
 
@@ -64,7 +65,7 @@ class NodeService(rpc.NodeServicer):
     so that sources that never answer cannot hold every worker from an unpublish."""
 
     def __init__(
-        self, node: Node, node_id: str, local_roots: Sequence[Path] = (), kubelet_dir: Path = KUBELET_DIR,
+        self, node: Publisher, node_id: str, local_roots: Sequence[Path] = (), kubelet_dir: Path = KUBELET_DIR,
         ceilings: Ceilings | None = None,
     ) -> None:  # fmt: skip
         """local_roots: the node's directories a volume may name as its source (`--local-root`); none by default,
@@ -109,8 +110,8 @@ class NodeService(rpc.NodeServicer):
         if not self.publishing.acquire(blocking=False):
             _refuse(context, "UNAVAILABLE", f"volume {request.volume_id}: {PUBLISHING} publishes are under way")
         try:
-            self.node.publish(request.volume_id, request.target_path, volume)
-        except NodeError as e:
+            self.node.publish(request.volume_id, request.target_path, volume, request.secrets)
+        except PublishError as e:
             _refuse(context, e.code, str(e))
         finally:
             self.publishing.release()
@@ -122,7 +123,7 @@ class NodeService(rpc.NodeServicer):
         self._required(context, request.volume_id, request.target_path)
         try:
             self.node.unpublish(request.volume_id, request.target_path)
-        except NodeError as e:
+        except PublishError as e:
             _refuse(context, e.code, str(e))
         return pb.NodeUnpublishVolumeResponse()
 
@@ -149,20 +150,18 @@ def socket_path(endpoint: str) -> Path:
     return Path(path)
 
 
-def run(
-    endpoint: str, node_id: str, driver: str, user: tuple[int, int], run_dir: Path, machine: bool = False,
-    local_roots: Sequence[Path] = (), kubelet_dir: Path = KUBELET_DIR, ceilings: Ceilings | None = None,
-) -> int:  # fmt: skip
-    """Serve until SIGTERM or SIGINT. The daemons stay: their mounts outlive a plugin that is only stopped."""
+def run(endpoint: str, driver: str, service: NodeService) -> int:
+    """Serve the Identity service as driver and service at endpoint until SIGTERM or SIGINT. The daemons stay:
+    their mounts outlive a plugin that is only stopped."""
     log_to_terminal("INFO")
     path = socket_path(endpoint)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)  # a socket left by the plugin's last life
-    node = Node(run_dir, *user, machine=machine)
-    held, connections = node.keeper, node.fusectl  # made before any call: two first publishes must not race
+    node, node_id = service.node, service.node_id
+    connections = node.fusectl  # made before any call: two first publishes must not race
     server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="shardfs-csi"))
     rpc.add_IdentityServicer_to_server(Identity(driver), server)
-    rpc.add_NodeServicer_to_server(NodeService(node, node_id, local_roots, kubelet_dir, ceilings), server)
+    rpc.add_NodeServicer_to_server(service, server)
     old_umask = os.umask(0o077)  # the socket is root's alone: kubelet and the sidecars run as root
     try:
         server.add_insecure_port(f"unix://{path}")
@@ -172,8 +171,8 @@ def run(
     stopped = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopped.set())
-    log.info("%s serving node %s at %s; keeper at %s; connections in %s", driver, node_id, path, held,
-             connections, extra={"event": "serving"})  # fmt: skip
+    log.info("%s serving node %s at %s; connections in %s", driver, node_id, path, connections,
+             extra={"event": "serving"})  # fmt: skip
     while not stopped.wait(1.0):  # a timed wait: the signal handler runs between two
         pass
     server.stop(STOP_GRACE).wait()

@@ -8,35 +8,30 @@ there: a source URL with a `user:password@` is refused, and the secret's keys ar
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from shardfs.cli import DEFAULT_CACHE, DEFAULT_MAX_FILE, LOG_LEVELS, byte_size, endpoint_url, seconds
 from shardfs.csi import CEILING_CACHE, CEILING_MAX_FILE, CEILING_THREADS
 from shardfs.errors import SourceError, binary_size
 from shardfs.fuse.mount import FuseMountError, MountOptions
 from shardfs.fuse.serve import settings_of
 from shardfs.logs import redact_userinfo
+from shardfs.options import BY_ATTRIBUTE, PLUGINS_OWN, byte_size
 from shardfs.service.daemon import fuse_options, parse_options
+from shardfs.service.spec import MountSpec, Reading, Service
 from shardfs.source import is_remote
-from shardfs.stores.remote import DEFAULT_TIMEOUT
+from shardfs.stores.remote import Access
 
 # Keys Kubernetes adds itself (podInfoOnMount's pod name, namespace, uid and service account, `ephemeral`):
 # said, not asked, so never refused.
 KUBERNETES_KEYS = "csi.storage.k8s.io/"
 MOUNT_OPTIONS = Path("mountOptions")  # what a refusal of the options names, as settings_of names a mountpoint
-# Mount options a volume may not set: the plugin finds its mounts by their type and unmounts them itself.
-PLUGINS_OWN = {
-    "subtype": "its mounts are fuse.shardfs",
-    "fsname": "the source, without credentials",
-    "auto_unmount": "the plugin unmounts",
-}
-VIEWS = ("native", "n5", "zarr2")
-TRUE_FALSE = {"true": True, "false": False}
 # The publish secret's keys: set in the daemon's own environment, where the AWS and GCS credential chains
 # look (see shardfs/stores/credentials.py), and nowhere else.
+ACCESS = {f.name for f in fields(Access)}  # of a volume's settings, those that say how a remote source is reached
+READING = {f.name for f in fields(Reading)} - {"access"}
 SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "GOOGLE_SERVICE_ACCOUNT_KEY")
 
 
@@ -56,12 +51,12 @@ class Ceilings:
     threads: int = CEILING_THREADS
     where: str = "the node's ceiling"
 
-    def check(self, volume: Volume) -> None:
+    def check(self, spec: MountSpec) -> None:
         """BadVolume naming the first of the volume's asks over its ceiling."""
-        threads = settings_of(volume.options, MOUNT_OPTIONS).threads
+        threads = settings_of(spec.options, MOUNT_OPTIONS).threads
         for name, asked, most in (
-            ("volume attribute cacheSize", volume.cache_size, self.cache_size),
-            ("volume attribute maxFileSize", volume.max_file_size, self.max_file_size),
+            ("volume attribute cacheSize", spec.reading.cache_size, self.cache_size),
+            ("volume attribute maxFileSize", spec.reading.max_file_size, self.max_file_size),
             ("mountOptions max_threads", threads, self.threads),
         ):
             if asked > most:
@@ -70,64 +65,8 @@ class Ceilings:
                 raise BadVolume(f"{name}: {shown} is over {self.where} of {limit}")
 
 
-@dataclass(frozen=True)
-class Volume:
-    """One published volume as its daemon needs it: sent to the daemon as JSON over its socket."""
-
-    source: str
-    view: str = "native"
-    cache_size: int = field(default_factory=lambda: byte_size(DEFAULT_CACHE))
-    max_file_size: int = field(default_factory=lambda: byte_size(DEFAULT_MAX_FILE))
-    anonymous: bool = False
-    endpoint: str | None = None
-    region: str | None = None
-    timeout: float = DEFAULT_TIMEOUT
-    requester_pays: bool = False
-    log_level: str = "WARNING"
-    options: dict[str, str | bool] = field(default_factory=dict)  # the `-o` options the session is served with
-    secrets: dict[str, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Volume:
-        return cls(**data)
-
-    def same_mount(self, other: Volume) -> bool:
-        """Whether other asks for what this mount serves (the secrets aside: a rotated key is the same volume)."""
-        return {**self.to_json(), "secrets": None} == {**other.to_json(), "secrets": None}
-
-
-def _boolean(text: str) -> bool:
-    if text.lower() not in TRUE_FALSE:
-        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
-    return TRUE_FALSE[text.lower()]
-
-
-def _choice(choices: Sequence[str]) -> Callable[[str], str]:
-    def check(text: str) -> str:
-        if text not in choices:
-            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(choices)}")
-        return text
-
-    return check
-
-
-# Attribute name → (the Volume field it sets, how its text is read): the `shardfs mount` options, as
-# Kubernetes spells attributes.
-ATTRIBUTES: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "source": ("source", str),
-    "view": ("view", _choice(VIEWS)),
-    "cacheSize": ("cache_size", byte_size),
-    "maxFileSize": ("max_file_size", byte_size),
-    "anonymous": ("anonymous", _boolean),
-    "endpoint": ("endpoint", endpoint_url),
-    "region": ("region", str),
-    "timeout": ("timeout", seconds),
-    "requesterPays": ("requester_pays", _boolean),
-    "logLevel": ("log_level", _choice(LOG_LEVELS)),
-}
+# The attributes a volume may have: its source, and the settings a volume may ask for (see shardfs/options.py).
+ATTRIBUTES = ("source", *BY_ATTRIBUTE)
 
 
 def volume_of(
@@ -136,10 +75,10 @@ def volume_of(
     secrets: Mapping[str, str],
     others: bool = True,
     ceilings: Ceilings | None = None,
-) -> Volume:
-    """The volume asked for; BadVolume naming the attribute, option or secret key that cannot work, or the
-    ceiling it is over. others: whether users other than the daemon's may read it (a pod's, whoever it is; not a
-    Slurm job's)."""
+) -> MountSpec:
+    """What the volume asks for; BadVolume naming the attribute, option or secret key that cannot work, or the
+    ceiling it is over. The secret is checked here and kept beside the spec, never in it. others: whether users
+    other than the daemon's may read it (a pod's, whoever it is; not a Slurm job's)."""
     unknown = sorted(k for k in attributes if k not in ATTRIBUTES and not k.startswith(KUBERNETES_KEYS))
     if unknown:
         raise BadVolume(f"volume attribute {unknown[0]}: unknown (known: {', '.join(ATTRIBUTES)})")
@@ -154,18 +93,19 @@ def volume_of(
             raise BadVolume(f"volume attribute {name}: holds a user:password@; put credentials in the publish secret")
     given: dict[str, Any] = {}
     for name, text in attributes.items():
-        if name in ATTRIBUTES:
-            key, read = ATTRIBUTES[name]
+        if setting := BY_ATTRIBUTE.get(name):
             try:
-                given[key] = read(text)
+                given[setting.name] = setting.read(text)
             except argparse.ArgumentTypeError as e:
                 raise BadVolume(f"volume attribute {name}: {e}") from None
     if bad := sorted(set(secrets) - set(SECRET_KEYS)):
         raise BadVolume(f"publish secret key {bad[0]}: unknown (known: {', '.join(SECRET_KEYS)})")
-    options = mount_options(given["source"], mount_flags, others)
-    volume = Volume(**given, options=options, secrets=dict(secrets))
-    (ceilings or Ceilings()).check(volume)
-    return volume
+    access = Access(**{k: v for k, v in given.items() if k in ACCESS}, machine=False)  # the node's call, not its
+    reading = Reading(**{k: v for k, v in given.items() if k in READING}, access=access)
+    service = Service(log_level=given.get("log_level", "WARNING"))
+    spec = MountSpec(attributes["source"], reading, mount_options(attributes["source"], mount_flags, others), service)
+    (ceilings or Ceilings()).check(spec)
+    return spec
 
 
 def mount_options(source: str, mount_flags: Sequence[str], others: bool = True) -> dict[str, str | bool]:
@@ -185,6 +125,6 @@ def mount_options(source: str, mount_flags: Sequence[str], others: bool = True) 
     return options
 
 
-def kernel_mount(volume: Volume, owner: tuple[int, int]) -> MountOptions:
+def kernel_mount(spec: MountSpec, owner: tuple[int, int]) -> MountOptions:
     """What mount(2) is given for the volume, served by owner's daemon: the same options its session reads."""
-    return replace(settings_of(volume.options, MOUNT_OPTIONS).mount, owner=owner)
+    return replace(settings_of(spec.options, MOUNT_OPTIONS).mount, owner=owner)

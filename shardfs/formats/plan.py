@@ -150,3 +150,6 @@ class Plan:
     # these are how the tree knows them.
     directories: set[str] = field(default_factory=set)
     found: set[str] = field(default_factory=set)  # the metadata files read (`info`, `zarr.json`): listed likewise
+    # Other names of shown directories, found by lookup and never listed, so a walk or a copy takes each once:
+    # the N5 view's pyramid levels under their source names.
+    aliases: dict[str, str] = field(default_factory=dict)

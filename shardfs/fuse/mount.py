@@ -63,37 +63,48 @@ class MountOptions:
     owner: tuple[int, int] | None = None
 
 
-def mount(mountpoint: Path, options: MountOptions) -> int:
-    """Mount a FUSE filesystem at mountpoint; the /dev/fuse fd to serve it on (close-on-exec). A
-    mountpoint `/dev/fd/N` is a descriptor already mounted by a privileged parent (a CSI driver, a
-    container runtime): it is served as it is."""
-    handed = handed_fd(mountpoint)
-    if handed is not None:
-        return handed
-    if os.geteuid() == 0 and not options.auto_unmount:
-        return _mount_as_root(mountpoint, options)
-    return _mount_with_fusermount(mountpoint, options)
+@dataclass(frozen=True)
+class Handed:
+    """A /dev/fuse descriptor a privileged parent mounted and handed over (a CSI plugin, a container runtime):
+    served as it is, and never unmounted here (the mount is its parent's to end). Made only by handed(), so that
+    it is an open /dev/fuse; shown as `/dev/fd/N`, as it was given."""
+
+    fd: int
+
+    def __str__(self) -> str:
+        return f"/dev/fd/{self.fd}"
 
 
-def handed_number(mountpoint: Path) -> int | None:
-    """N of a mountpoint `/dev/fd/N` (a descriptor handed over, not a directory); None for any other path."""
+Target = Path | Handed  # where a mount is served: a directory to mount at, or a descriptor mounted already
+
+
+def target_of(mountpoint: Path) -> Target:
+    """The one reading of a MOUNTPOINT as given: `/dev/fd/N` is a handed descriptor (FuseMountError if it is not
+    an open /dev/fuse), any other path a directory."""
     found = re.fullmatch(r"/dev/fd/(\d+)", str(mountpoint))
-    return None if found is None else int(found.group(1))
+    return mountpoint if found is None else handed(int(found.group(1)))
 
 
-def handed_fd(mountpoint: Path) -> int | None:
-    """N of a mountpoint `/dev/fd/N`, checked to be an open /dev/fuse; None for any other path."""
-    fd = handed_number(mountpoint)
-    if fd is None:
-        return None
+def handed(fd: int) -> Handed:
+    """fd as a handed target, checked to be an open /dev/fuse, and kept from the processes this one starts."""
     try:
         st = os.fstat(fd)
     except OSError as e:
-        raise FuseMountError(f"{mountpoint}: not an open descriptor ({e.strerror})") from None
+        raise FuseMountError(f"{Handed(fd)}: not an open descriptor ({e.strerror})") from None
     if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:
-        raise FuseMountError(f"{mountpoint}: not a /dev/fuse descriptor")
+        raise FuseMountError(f"{Handed(fd)}: not a /dev/fuse descriptor")
     os.set_inheritable(fd, False)
-    return fd
+    return Handed(fd)
+
+
+def mount(target: Target, options: MountOptions) -> int:
+    """Mount a FUSE filesystem at target; the /dev/fuse fd to serve it on (close-on-exec). A handed descriptor is
+    served as it is."""
+    if isinstance(target, Handed):
+        return target.fd
+    if os.geteuid() == 0 and not options.auto_unmount:
+        return _mount_as_root(target, options)
+    return _mount_with_fusermount(target, options)
 
 
 def connection_of(fd: int) -> int | None:

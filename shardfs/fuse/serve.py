@@ -22,11 +22,11 @@ import math
 import os
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from shardfs.fuse.bridge import Bridge, Shown
-from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, handed_number, is_busy, mount, unmount
+from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, Target, is_busy, mount, unmount
 from shardfs.fuse.record import Carrier, Kept, Record
 from shardfs.fuse.session import Session, Timeouts
 from shardfs.metrics import Metrics
@@ -92,7 +92,7 @@ KNOWN = (
 )  # fmt: skip
 
 
-def settings_of(options: dict[str, str | bool], mountpoint: Path) -> Settings:
+def settings_of(options: dict[str, str | bool], mountpoint: Target) -> Settings:
     """What `-o` options (as daemon.fuse_options makes them) ask of the mount and the session, checked once;
     FuseMountError naming mountpoint and the option if one cannot work."""
     left = {k: v for k, v in options.items() if k not in IGNORED}
@@ -241,19 +241,31 @@ class Control:
         self._session.stop()
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a session serves and where: a tree at a target (its files' mtime, mtime_ns), with the settings its
+    options asked for, counted in metrics (the mount's own)."""
+
+    tree: Tree
+    mtime_ns: int
+    mountpoint: Target
+    settings: Settings
+    metrics: Metrics = field(default_factory=Metrics)
+
+
 def serve(
-    tree: Tree, mtime_ns: int, mountpoint: Path, settings: Settings, on_ready: Callable[[str], None],
-    carrier: Carrier | None = None, kept: Kept | None = None, metrics: Metrics | None = None,
+    served: Served, on_ready: Callable[[str], None], carrier: Carrier | None = None, kept: Kept | None = None,
     control: Control | None = None, signals: bool = True, in_use: Callable[[Path], str] | None = None,
 ) -> bool:  # fmt: skip
     """Mount and serve until unmounted, SIGTERM or SIGINT; FuseMountError if the mount cannot be made.
     on_ready is told what the kernel granted, once the mount answers. The options were checked before
     mount(2) (settings_of); whatever fails after it (a thread that cannot start) takes the mount away before it
     is raised, so that no dead mount is left behind. carrier: where the connection is kept for the next daemon;
-    kept: the connection taken from it, served instead of mounting. metrics: the mount's. control: how the mount
-    is stopped from elsewhere; signals: whether SIGTERM and SIGINT stop it and SIGUSR2 hands it over (then this
-    runs in the main thread). in_use: who uses the mount, in words (service/holders.py), for Ctrl-C to say.
+    kept: the connection taken from it, served instead of mounting. control: how the mount is stopped from
+    elsewhere; signals: whether SIGTERM and SIGINT stop it and SIGUSR2 hands it over (then this runs in the main
+    thread). in_use: who uses the mount, in words (service/holders.py), for Ctrl-C to say.
     True if the mount was handed over, False if it ended."""
+    mountpoint, settings, metrics = served.mountpoint, served.settings, served.metrics
     settings.say_ignored()
     record = None
     if kept is not None:
@@ -267,7 +279,6 @@ def serve(
             except Exception as e:  # the mount still serves; it just ends with this daemon
                 log.error("the mount is not restart-safe: %s", e, extra={"event": "handover"})
                 carrier = None
-    ours = handed_number(mountpoint) is None  # a handed descriptor's mount is its parent's to end
     session: Session | None = None
     control = control or Control()
 
@@ -277,7 +288,7 @@ def serve(
 
     def take_away(say_users: bool = False) -> None:
         """Unmount lazily; say_users: whole first, so that a mount in use is known (EBUSY) and its users named."""
-        if not ours:
+        if not isinstance(mountpoint, Path):  # a handed descriptor's mount is its parent's to end
             return
         if say_users and in_use is not None:
             try:
@@ -293,8 +304,7 @@ def serve(
         with contextlib.suppress(OSError, FuseMountError):
             unmount(mountpoint, lazy=True)
 
-    metrics = metrics or Metrics()  # the session's counts and the bridge's, one mount's
-    bridge = Bridge(tree, mtime_ns, settings.shown, record, metrics, settings.read_ahead)
+    bridge = Bridge(served.tree, served.mtime_ns, settings.shown, record, metrics, settings.read_ahead)
     try:
         session = Session(
             fd, bridge, settings.threads, settings.timeouts, settings.kernel_cache, ready, owner=settings.owner,

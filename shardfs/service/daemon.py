@@ -30,22 +30,23 @@ from shardfs.context import Context
 from shardfs.errors import ServiceError, SourceError
 from shardfs.fuse import mount as fuse_mount
 from shardfs.fuse import serve as fuse_serve
-from shardfs.fuse.mount import FuseMountError, connection_of, handed_fd, handed_number
+from shardfs.fuse.mount import FuseMountError, Handed, Target, connection_of
 from shardfs.fuse.record import Carrier, Kept
 from shardfs.fuse.serve import Control, Settings, settings_of
 from shardfs.logs import log_to, open_log, replay_early
 from shardfs.service import handover, holders, keeper, lifecycle, mountinfo, stats_socket
+from shardfs.service.outcome import READY, Outcome, Said
 from shardfs.service.rundir import own_dir
+from shardfs.service.spec import MountSpec
 from shardfs.source import Source
+from shardfs.stores.disk_cache import DiskCache
 from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
 
 ONE_DAY = 86400
 REMOTE_THREADS = 64  # session threads (`max_threads`) for remote sources: readers wait on the network, not the CPU
-REFUSED = "refused: "  # what the daemon's answer starts with when it could not open the source
-STOPPED = "stopped: "  # what it starts with when Ctrl-C stopped it: then what it left waiting, if anything
-STOPPED_WITHIN = 5.0  # seconds the caller waits for those words after passing Ctrl-C on to the daemon
+STOPPED_WITHIN = 5.0  # seconds the caller waits for the daemon's outcome after passing Ctrl-C on to it
 
 
 class MountError(Exception):
@@ -87,7 +88,7 @@ def parse_options(groups: Sequence[str]) -> dict[str, str | bool]:
     return options
 
 
-def settings(options: dict[str, str | bool], mountpoint: Path) -> Settings:
+def settings(options: dict[str, str | bool], mountpoint: Target) -> Settings:
     """What the options ask of the mount and its session, read once; MountError naming the one that cannot work."""
     try:
         return settings_of(options, mountpoint)
@@ -102,7 +103,7 @@ class Mount:
     that one process can serve several, each counted apart (the CSI daemon). control stops it from elsewhere."""
 
     tree: Tree
-    mountpoint: Path
+    mountpoint: Target
     settings: Settings
     context: Context = field(default_factory=Context)
     name: str = ""  # the source, as `shardfs stats` and the mount's log line say it
@@ -139,17 +140,14 @@ def waits_for_daemon(mountpoint: Path, patience: float = 1.0) -> bool:
     return not answered.wait(patience)
 
 
-def prepare_mountpoint(mountpoint: Path, source: Path | None, allow_non_empty: bool) -> None:
+def prepare_mountpoint(mountpoint: Target, source: Path | None, allow_non_empty: bool) -> None:
     """Clear a dead mount; refuse a mountpoint that cannot work. One inside a local source (or holding it)
-    would deadlock: the daemon would read the source through its own mount. A `/dev/fd/N` is checked to be
-    a /dev/fuse descriptor and nothing else: its parent made the mount, which answers nothing (not even
-    statfs) until the daemon serves it. A non-empty one that holds a dataset is asked about rather than offered
-    --allow-non-empty: SOURCE and MOUNTPOINT were likely swapped, and mounting over it would hide the dataset."""
-    if handed_number(mountpoint) is not None:
-        try:
-            handed_fd(mountpoint)
-        except FuseMountError as e:
-            raise UsageError(str(e)) from None
+    would deadlock: the daemon would read the source through its own mount. A handed descriptor is not looked
+    at (it was checked to be /dev/fuse where it was named): its parent made the mount, which answers nothing
+    (not even statfs) until the daemon serves it. A non-empty one that holds a dataset is asked about rather than
+    offered --allow-non-empty: SOURCE and MOUNTPOINT were likely swapped, and mounting over it would hide the
+    dataset."""
+    if isinstance(mountpoint, Handed):
         return
     if waits_for_daemon(mountpoint):
         raise MountError(
@@ -228,15 +226,14 @@ def _unmount_failure(e: OSError | FuseMountError) -> str:
     return (e.strerror or str(e)) if isinstance(e, OSError) else str(e)
 
 
-def shown_mountpoint(mountpoint: Path) -> Path | None:
-    """The directory the mount is at: mountpoint, or for `/dev/fd/N` (mounted by a parent, as CSI drivers
+def shown_mountpoint(mountpoint: Target) -> Path | None:
+    """The directory the mount is at: mountpoint, or for a handed descriptor (mounted by a parent, as CSI drivers
     do) the directory the kernel shows that descriptor's connection mounted at, so that the stats socket
     and the default log are named after it and `shardfs stats DIR` finds the daemon. None where the kernel
     does not say (see mount.connection_of) or the mount is not visible here."""
-    fd = handed_number(mountpoint)
-    if fd is None:
+    if isinstance(mountpoint, Path):
         return mountpoint
-    connection = connection_of(fd)
+    connection = connection_of(mountpoint.fd)
     found = mountinfo.at_device(f"0:{connection}") if connection is not None else None
     return None if found is None else Path(found)
 
@@ -252,11 +249,11 @@ def default_log_file(mountpoint: Path) -> Path:
     return directory / f"{slug}.log"
 
 
-def stats_name(mountpoint: Path, kept: Kept | None) -> Path | None:
-    """The path `shardfs stats` asks for this mount by: the mountpoint; for `/dev/fd/N` the directory the kernel
-    shows it at (see shown_mountpoint), whether this daemon mounts it or takes up a kept connection; a kept
+def stats_name(mountpoint: Target, kept: Kept | None) -> Path | None:
+    """The path `shardfs stats` asks for this mount by: the mountpoint; for a handed descriptor the directory the
+    kernel shows it at (see shown_mountpoint), whether this daemon mounts it or takes up a kept connection; a kept
     connection's mountpoint with its name as given (it answers nothing until this daemon serves it)."""
-    if handed_number(mountpoint) is not None:
+    if isinstance(mountpoint, Handed):
         return shown_mountpoint(mountpoint)
     return handover.mount_name(mountpoint) if kept is not None else mountpoint
 
@@ -299,10 +296,8 @@ def serve(
         raise MountError(str(e)) from None
     figures_of.watch_cache(tree.cache)
     try:
-        handed_over = fuse_serve.serve(
-            tree, mount.mtime_ns, mountpoint, mount.settings, ready, carrier, kept, figures_of, mount.control, signals,
-            holders.said,
-        )  # fmt: skip
+        served = fuse_serve.Served(tree, mount.mtime_ns, mountpoint, mount.settings, figures_of)
+        handed_over = fuse_serve.serve(served, ready, carrier, kept, mount.control, signals, holders.said)
     except FuseMountError as e:
         raise MountError(str(e)) from None
     finally:
@@ -319,52 +314,50 @@ def serve(
     return False
 
 
-def mount(
-    source: Source | Callable[[], Source],
-    local: Path | None,
-    mountpoint: Path,
-    options: dict[str, str | bool],
-    foreground: bool,
-    log_file: Path | None,
-    metrics_at: tuple[str, int] | None = None,
-    allow_non_empty: bool = False,
-    keep: Sequence[int] = (),
-    name: str = "",
-    view: str = "native",
-    context: Context | None = None,
-) -> bool:
-    """Mount; in the background unless foreground. Returns once the mount is live; MountError otherwise.
-    In the foreground, returns True once the mount has been handed over to the next daemon (SIGUSR2).
+def open_mount(
+    spec: MountSpec, target: Target, context: Context, source: Source | None = None, disk: DiskCache | None = None
+) -> Mount:  # fmt: skip
+    """The one way a mount is opened from what it asks for, by `shardfs mount`'s daemon and the CSI daemon alike:
+    its options read (MountError naming one that cannot work), then its source opened (SourceError) unless it was
+    already (a local source, opened before the daemon detached so that a refusal comes first). disk: where a remote
+    source's byte ranges are kept across mounts, if anywhere."""
+    asked = settings(spec.options, target)
+    source = source or spec.open_source(context, disk)
+    mtime_ns = os.stat(source.local).st_mtime_ns if source.local is not None else time.time_ns()
+    return Mount(source.tree, target, asked, context, spec.name, spec.reading.view, mtime_ns)
 
-    source is an opened Source, or (for a remote one) how to open it: obstore's runtime does not survive a
-    fork, so a remote source is opened by the daemon itself, which reports a refusal back as SourceError.
-    local is the source's directory, if it has one, which the mountpoint must keep clear of. keep: other
-    descriptors the daemon needs (--cache-dir's directory), left open when it detaches. name and view: the
-    source as messages show it, and the view served. context: the one the source was (or is to be) opened
-    with. A connection kept for this mountpoint (by systemd or a keeper: service/handover.py) is taken up, not
-    mounted again."""
-    context = context or Context()
+
+def mount(
+    spec: MountSpec, target: Target, context: Context, source: Source | None = None, disk: DiskCache | None = None
+) -> bool:  # fmt: skip
+    """Mount; in the background unless spec.service.foreground. Returns once the mount is live; MountError
+    otherwise. In the foreground, returns True once the mount has been handed over to the next daemon (SIGUSR2).
+
+    source: the opened source, or None for a remote one: obstore's runtime does not survive a fork, so a remote
+    source is opened by the daemon itself, which reports a refusal back as SourceError. A local source's directory
+    is one the target must keep clear of. disk's descriptors are left open when the daemon detaches. context:
+    the one the source was (or is to be) opened with. A connection kept for this target (by systemd or a
+    keeper: service/handover.py) is taken up, not mounted again."""
+    service, local = spec.service, None if source is None else source.local
+    log_file, foreground = Path(service.log_file) if service.log_file else None, service.foreground
     if foreground:  # before anything is said: taking up a kept connection, clearing a stale mount
         log_to(log_file)
         replay_early()
+    named = Path(str(target))  # what a kept connection is kept under: the target as given
+    serves = handover.served(spec.name, spec.reading.view, named)
     try:
-        carrier, kept = handover.choose(mountpoint, options, foreground, handover.served(name, view, mountpoint))
+        carrier, kept = handover.choose(named, service.keeper, foreground, serves)
     except keeper.Busy:
-        raise MountError(already_mounted(mountpoint)) from None
+        raise MountError(already_mounted(named)) from None
     if kept is None:
-        prepare_mountpoint(mountpoint, local, allow_non_empty)
-    mtime_ns = os.stat(local).st_mtime_ns if local is not None else time.time_ns()
-
-    def mounted(tree: Tree) -> Mount:
-        """The mount, its options read here, in the daemon: a refusal is in its log, and told to the caller."""
-        return Mount(tree, mountpoint, settings(options, mountpoint), context, name, view, mtime_ns)
-
+        prepare_mountpoint(target, local, service.allow_non_empty)
+    metrics_at = service.metrics
     if foreground:
         lifecycle.block_signals()  # before a remote source is opened: obstore's threads start with it
-        return serve(mounted(_opened(source).tree), None, metrics_at, carrier, kept)
+        return serve(open_mount(spec, target, context, source, disk), None, metrics_at, carrier, kept)
     chosen = log_file is not None
-    handed = handed_number(mountpoint)
-    log_file = log_file or default_log_file(shown_mountpoint(mountpoint) or Path(f"{mountpoint}-{os.getpid()}"))
+    handed = [target.fd] if isinstance(target, Handed) else []
+    log_file = log_file or default_log_file(shown_mountpoint(target) or Path(f"{target}-{os.getpid()}"))
     log_fd = open_log(log_file)  # here, so that a log file that cannot be ours alone is refused in words
     ready_r, ready_w = os.pipe()
     if daemon := os.fork():
@@ -372,58 +365,61 @@ def mount(
         os.close(log_fd)
         with os.fdopen(ready_r, "rb") as ready:
             try:
-                answer = ready.read().decode(errors="replace")
+                outcome = Outcome.from_bytes(ready.read())
             except KeyboardInterrupt:
                 raise KeyboardInterrupt(_stopped(daemon, ready)) from None
-        if answer.startswith(REFUSED):
-            raise SourceError(answer.removeprefix(REFUSED))
-        if answer != "ready":
-            raise MountError(answer or f"{mountpoint}: the daemon exited before mounting; see {log_file}")
+        if outcome is None:
+            raise MountError(f"{target}: the daemon exited before mounting; see {log_file}")
+        if outcome.said in (Said.REFUSED, Said.MISSING):
+            raise SourceError(outcome.why)
+        if outcome.said != Said.READY:
+            raise MountError(outcome.why)
         return False
     # The daemon: a session of its own, stdio off the caller's terminal and pipes, logs to the file.
     os.close(ready_r)
     os.setsid()
     lifecycle.block_signals()  # before a remote source is opened: obstore's threads start with it
-    descriptors = []
-    if isinstance(source, Source):
+    descriptors = [] if disk is None else disk.descriptors()
+    if source is not None:
         source.tree.store.forget()  # its files would be closed under it next
-        descriptors = source.tree.store.descriptors()
-    # Nothing the caller left open keeps its pipes or files alive; the pipe, the log, the source's root and
-    # keep stay.
+        descriptors += source.tree.store.descriptors()
+    # Nothing the caller left open keeps its pipes or files alive; the pipe, the log, the source's root,
+    # --cache-dir's directory and the connection's descriptors stay.
     kept_fds = ([] if kept is None else kept.fds) + ([] if carrier is None else carrier.descriptors())
-    keep = sorted({2, ready_w, log_fd, *descriptors, *keep, *([] if handed is None else [handed]), *kept_fds})
+    keep = sorted({2, ready_w, log_fd, *descriptors, *handed, *kept_fds})
     for low, high in itertools.pairwise([*keep, os.sysconf("SC_OPEN_MAX")]):
         os.closerange(low + 1, high)
     _detach_stdio(log_fd)
     log_to(None)  # stderr is the log file now
     replay_early()  # what planning the source told the terminal, in the log too
 
+    def tell(outcome: Outcome) -> None:
+        with contextlib.suppress(OSError):
+            os.write(ready_w, outcome.to_bytes())
+
     def ready() -> None:
-        os.write(ready_w, b"ready")
+        tell(READY)
         os.close(ready_w)
 
     try:
         try:
-            tree = _opened(source).tree
+            opened = open_mount(spec, target, context, source, disk)  # here: a refusal is in its log too
         except SourceError as e:
             log.error("mount refused: %s", e, extra={"event": "mount_failed"})
-            with contextlib.suppress(OSError):
-                os.write(ready_w, f"{REFUSED}{e}".encode())
+            tell(Outcome.of(e))
             os._exit(2)
-        status = handover.HANDED_OVER if serve(mounted(tree), ready, metrics_at, carrier, kept) else 0
+        status = handover.HANDED_OVER if serve(opened, ready, metrics_at, carrier, kept) else 0
     except KeyboardInterrupt:  # the caller's Ctrl-C, passed on before the mount was ready (see _stopped)
         said = context.waiting.said() or ""
         if said:
             log.warning("%s", said, extra={"event": "stopping"})
-        with contextlib.suppress(OSError):
-            os.write(ready_w, f"{STOPPED}{said}".encode())
+        tell(Outcome(Said.STOPPED, said))
         status = 130  # as the caller exits, and `mount -f`
     except BaseException as e:  # the parent waits on the pipe: tell it why, then exit
         known = isinstance(e, MountError)  # says why in its message; anything else is a bug: a traceback
         log.error("mount failed: %s", e, exc_info=not known, extra={"event": "mount_failed"})
-        why = str(e) if known else f"{mountpoint}: mount failed ({e or type(e).__name__}); see {log_file}"
-        with contextlib.suppress(OSError):
-            os.write(ready_w, why.encode())
+        why = str(e) if known else f"{target}: mount failed ({e or type(e).__name__}); see {log_file}"
+        tell(Outcome(Said.FAILED, why))
         os._exit(1)
     if not chosen and os.fstat(2).st_size == 0:  # nothing was said: the default log is not kept, one a mount
         with contextlib.suppress(OSError):
@@ -439,20 +435,17 @@ def _stopped(daemon: int, ready: BinaryIO) -> str:
     os.kill(daemon, signal.SIGINT)
     if not select.select([ready], [], [], STOPPED_WITHIN)[0]:
         return ""
-    return ready.read().decode(errors="replace").partition(STOPPED)[2]
+    outcome = Outcome.from_bytes(ready.read())
+    return outcome.why if outcome is not None and outcome.said == Said.STOPPED else ""
 
 
-def _no_stats(mountpoint: Path) -> Callable[[], None]:
-    """No stats socket: its name is the mountpoint's, which the kernel did not tell."""
+def _no_stats(target: Target) -> Callable[[], None]:
+    """No stats socket: its name is the target's, which the kernel did not tell."""
     log.warning(
         "%s: the directory this descriptor is mounted at is not visible here: `shardfs stats` cannot reach"
-        " this daemon", mountpoint, extra={"event": "no_stats"},
+        " this daemon", target, extra={"event": "no_stats"},
     )  # fmt: skip
     return lambda: None
-
-
-def _opened(source: Source | Callable[[], Source]) -> Source:
-    return source if isinstance(source, Source) else source()
 
 
 def _detach_stdio(log_fd: int) -> None:

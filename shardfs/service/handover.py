@@ -171,13 +171,13 @@ class KeeperCarrier:
 
 
 def choose(
-    mountpoint: Path, options: dict[str, str | bool], foreground: bool, serves: str
+    mountpoint: Path, wanted: str | bool | None, foreground: bool, serves: str
 ) -> tuple[Carrier | None, Kept | None]:  # fmt: skip
     """Where this mount's connection is to be kept, and the connection kept there by a daemon before (None:
-    mount afresh). Pops `keeper` from options. Under systemd (foreground, $NOTIFY_SOCKET) the unit's store;
-    with `-o keeper[=SOCKET]` a keeper; otherwise nowhere: the mount ends with its daemon. serves: what this
-    daemon is asked to serve (served()); a connection kept for something else is ended, not taken up."""
-    wanted = options.pop("keeper", None)
+    mount afresh). Under systemd (foreground, $NOTIFY_SOCKET) the unit's store; with `-o keeper[=SOCKET]`
+    (wanted: the socket, or True for the default one) a keeper; otherwise nowhere: the mount ends with its
+    daemon. serves: what this daemon is asked to serve (served()); a connection kept for something else is
+    ended, not taken up."""
     listened = _listened()
     notify = os.environ.get("NOTIFY_SOCKET", "")
     carrier: SystemdStore | KeeperCarrier

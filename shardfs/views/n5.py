@@ -178,59 +178,96 @@ class Dataset:
 
 
 def n5_view(plan: Plan) -> Plan:
-    """The N5 container of a source's arrays: groups stay groups, arrays become datasets."""
+    """The N5 container of a source's arrays: groups stay groups, arrays become datasets, and each scale
+    pyramid a multiscale group of levels `s0`, `s1`, ... (`level_names`)."""
     view = Plan(plan.store, plan.cache, format="n5")
     attributes: dict[str, dict[str, Any]] = {path: dict(attrs) for path, attrs in plan.groups.items()}
     axes = axes_of(plan)
+    shown: dict[str, Dataset] = {}
     for path, array in plan.arrays.items():
         if array.dtype.name not in DATA_TYPES or not array.shape:
             view.report.append(
                 Finding(f"not in the N5 view: {path or '.'}: N5 has no {array.dtype.name} or 0-d datasets")
             )
-            continue
-        if max(array.chunks) >= 1 << 32:
+        elif max(array.chunks) >= 1 << 32:
             view.report.append(Finding(f"not in the N5 view: {path or '.'}: N5 block dimensions are 32-bit"))
-            continue
-        dataset = Dataset(array, plan.cache, path)
-        view.providers[path] = dataset
-        attributes[path] = {**attributes.get(path, {}), **dataset.attributes}
-        if path in axes:
-            attributes[path].update(axis_attributes(axes[path]))
-        view.report.append(Finding(f"{path or '.'}: N5 dataset, {dataset.describe()['blocks']}"))
+        else:
+            shown[path] = Dataset(array, plan.cache, path)
+    spaces = {path: space(axes.get(path)) for path in shown}
+    bases: dict[str, list[Fraction]] = {}  # of each pyramid level, its first level's voxel size
+    names: dict[str, str] = {}  # of each pyramid level, its name in the view
     for group, levels in pyramids(plan).items():
-        _pyramid(attributes, group, [path for path in levels if path in view.providers], axes)
+        levels = [path for path in levels if path in shown]
+        found = [spaces[path] for path in levels]
+        if not found or None in found or len({len(size) for _, size in found}) != 1 or bases.keys() & levels:
+            continue  # no level shown, one of no known size or of another rank, or one another pyramid's
+        units, base = found[0]
+        bases.update(dict.fromkeys(levels, base))
+        moved = level_names(group, levels, set(shown) | set(attributes) | set(names.values()), view.report)
+        if moved is None:
+            continue
+        names.update(moved)
+        scales = [_factors(size, base) for _, size in found]
+        attributes[group] = {**attributes.get(group, {}), **_labels(axes.get(levels[0])),
+                             **voxel_attributes(units, base), "scales": scales}  # fmt: skip
+    for path, dataset in shown.items():
+        name = names.get(path, path)
+        view.providers[name] = dataset
+        units, size = spaces[path] or ([""] * dataset.ndim, [Fraction(1)] * dataset.ndim)
+        attributes[name] = {**attributes.get(name, {}), **dataset.attributes, **_labels(axes.get(path)),
+                            **voxel_attributes(units, size, bases.get(path))}  # fmt: skip
+        view.report.append(Finding(f"{name or '.'}: N5 dataset, {dataset.describe()['blocks']}"))
+    view.aliases = {path: name for path, name in names.items() if path != name and path not in view.providers}
     attributes[""] = {**attributes.get("", {}), "n5": VERSION}
     for path, attrs in attributes.items():
         view.files[posixpath.join(path, "attributes.json")] = json.dumps(attrs, indent=1).encode()
     return view
 
 
-def axis_attributes(axes: Axes) -> dict[str, Any]:
-    """A dataset's axes as N5 readers take them, fastest dimension first: `axes`, `units` and `resolution`
-    (Neuroglancer's n5 source and tensorstore's n5 driver), and n5-viewer's `pixelResolution` (BigDataViewer,
-    also read by Neuroglancer) where one unit serves every axis that has one."""
-    out: dict[str, Any] = {}
-    if names := axes.labels():
-        out["axes"] = names[::-1]
-    if si := axes.si():
-        units, sizes = si[0][::-1], [number(Fraction(s)) for s in si[1][::-1]]
-        out["units"], out["resolution"] = units, sizes
-        if len(spatial := {u for u in units if u}) == 1:
-            out["pixelResolution"] = {"unit": spatial.pop(), "dimensions": sizes}
+def level_names(group: str, levels: list[str], taken: set[str], report: list[Finding]) -> dict[str, str] | None:
+    """The new names of a pyramid's levels in the view: `s0`, `s1`, ... (finest first) in its group, where
+    Neuroglancer's n5 source and n5-viewer look for them (no listing says which datasets a group's `scales`
+    are). A level named otherwise in the source keeps that name as an alias (`Plan.aliases`). None, and the
+    group is no multiscale (its levels keep their names), where a name is another array's or group's."""
+    wanted = [posixpath.join(group, f"s{i}") for i in range(len(levels))]
+    if (taken - set(levels)) & set(wanted) or group in levels:
+        report.append(Finding(f"{group or '.'}: not an N5 multiscale: its levels cannot be named s0, s1, ... there"))
+        return None
+    moved = {path: name for path, name in zip(levels, wanted, strict=True) if path != name}
+    if moved:
+        shown = ", ".join(f"{posixpath.basename(name)} ({path})" for path, name in moved.items())
+        report.append(Finding(f"{group or '.'}: levels {shown}; the source names open too, unlisted"))
+    return moved
+
+
+def space(axes: Axes | None) -> tuple[list[str], list[Fraction]] | None:
+    """(units as SI symbols, a voxel's size in them), fastest dimension first, if the source says them in
+    units N5 readers name. Where it does not, a dataset is said to be unitless, of voxels of size 1, so that
+    a reader does not take the nanometres Neuroglancer's n5 source assumes when `units` is missing."""
+    si = axes.si() if axes is not None else None
+    return None if si is None else (si[0][::-1], [Fraction(s) for s in si[1][::-1]])
+
+
+def voxel_attributes(units: list[str], size: list[Fraction], base: list[Fraction] | None = None) -> dict[str, Any]:
+    """A dataset's voxels as N5 readers read them: `units` and `resolution`, its size (tensorstore's n5
+    driver, and Neuroglancer's n5 source without `pixelResolution`), and where no two axes have different
+    units, n5-viewer's `pixelResolution`. Of a pyramid level (base: its first level's size), `pixelResolution`
+    states the base and `downsamplingFactors` size / base: Neuroglancer and n5-viewer multiply the two. With
+    mixed units there is no `pixelResolution` to state the base in, so no factors either (Neuroglancer
+    would multiply `resolution` by them): the group's `scales` has them."""
+    out: dict[str, Any] = {"units": units, "resolution": [number(s) for s in size]}
+    if len(named := {unit for unit in units if unit}) <= 1:
+        out["pixelResolution"] = {"unit": next(iter(named), ""), "dimensions": [number(s) for s in base or size]}
+        if base is not None:
+            out["downsamplingFactors"] = _factors(size, base)
     return out
 
 
-def _pyramid(attributes: dict[str, dict[str, Any]], group: str, levels: list[str], axes: dict[str, Axes]) -> None:
-    """What BigDataViewer, n5-viewer and Neuroglancer read of a scale pyramid, fastest dimension first: each
-    level's `downsamplingFactors` (relative to the first), and the group's `scales` (all of them) with the
-    first level's axes and resolution. Every list has an entry per dimension, the channel's too:
-    Neuroglancer refuses lists of another length. (Both viewers open the group itself as a multiscale
-    where the levels are named s0, s1, ...)"""
-    sizes = [axes[path].scale if path in axes else None for path in levels]
-    if not levels or None in sizes or len({len(size) for size in sizes}) != 1:
-        return
-    base = sizes[0][::-1]
-    factors = [[number(Fraction(s) / Fraction(b)) for s, b in zip(size[::-1], base, strict=True)] for size in sizes]
-    for path, factor in zip(levels, factors, strict=True):
-        attributes[path]["downsamplingFactors"] = factor
-    attributes[group] = {**attributes.get(group, {}), **axis_attributes(axes[levels[0]]), "scales": factors}
+def _factors(size: list[Fraction], base: list[Fraction]) -> list[int | float]:
+    return [number(s / b) for s, b in zip(size, base, strict=True)]
+
+
+def _labels(axes: Axes | None) -> dict[str, Any]:
+    """N5's `axes`, fastest first, where the source names every axis apart."""
+    names = axes.labels() if axes is not None else None
+    return {"axes": names[::-1]} if names else {}

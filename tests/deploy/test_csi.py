@@ -30,16 +30,17 @@ import pytest
 import tensorstore as ts
 from cloudvolume import CloudVolume
 
-from shardfs.csi import DAEMON_UIDS, DRIVER, handoff
+from shardfs.csi import DAEMON_UIDS, DRIVER
 from shardfs.csi import csi_pb2 as pb
 from shardfs.csi import csi_pb2_grpc as rpc
-from shardfs.csi import node as node_module
 from shardfs.csi import server as csi_server
-from shardfs.csi.node import Node, NodeError
 from shardfs.csi.server import NodeService
 from shardfs.csi.volume import volume_of
 from shardfs.fuse.mount import MountOptions, connection_of, mount, unmount
-from shardfs.service import keeper, mountinfo
+from shardfs.host import handoff, publisher, supervisor
+from shardfs.host.errors import PublishError
+from shardfs.host.publisher import Publisher
+from shardfs.service import mountinfo
 from tests.support.cli import scrape
 from tests.support.daemons import wait_for
 from tests.support.http_server import RangeServer
@@ -70,7 +71,7 @@ class Plugin:
         found = []
         for child in psutil.Process(self.process.pid).children():
             with contextlib.suppress(psutil.Error):
-                if child.status() != psutil.STATUS_ZOMBIE and "shardfs.csi.daemon" in child.cmdline():
+                if child.status() != psutil.STATUS_ZOMBIE and "shardfs.host.daemon" in child.cmdline():
                     found.append(child)
         return found
 
@@ -349,7 +350,7 @@ def test_unpublish_of_a_hung_daemon_aborts_and_never_hangs(plugin: Plugin, serve
 def test_a_take_down_never_aborts_the_mount_given_its_number_next(tmp_path: Path, monkeypatch) -> None:
     """The kernel gives an ended connection's number to the next FUSE mount made anywhere (another pod's volume,
     another user's): one made just as a volume is taken down, under the same number, is not aborted by it."""
-    node, made = Node(tmp_path / "run"), []
+    node, made = Publisher(tmp_path / "run"), []
     taken, after = tmp_path / "taken", tmp_path / "after"
     after.mkdir()
 
@@ -357,7 +358,7 @@ def test_a_take_down_never_aborts_the_mount_given_its_number_next(tmp_path: Path
         unmount(point, lazy=lazy)
         made.append(mount(after, MountOptions(fsname="after", subtype="probe")))
 
-    monkeypatch.setattr(node_module, "unmount", unmount_then_mount_after)
+    monkeypatch.setattr(publisher, "unmount", unmount_then_mount_after)
     given_again = False
     try:
         for _ in range(5):  # another test's mount may take the number first
@@ -386,14 +387,14 @@ def test_a_daemon_that_does_not_answer_is_given_no_more_volumes(server, raw_volu
     """A shared daemon stopped (SIGSTOP): the next publish waits READY_TIMEOUT and fails saying so, and the one
     after is served by a new daemon rather than handed to the stopped one, for ever, as the last one was."""
     _, twin, _ = raw_volume
-    monkeypatch.setattr(node_module, "READY_TIMEOUT", 5.0)
-    node, targets = Node(tmp_path / "run"), [tmp_path / name for name in ("first", "second", "third")]
+    monkeypatch.setattr(supervisor, "READY_TIMEOUT", 5.0)
+    node, targets = Publisher(tmp_path / "run"), [tmp_path / name for name in ("first", "second", "third")]
     volume = volume_of({"source": f"precomputed://{server.url}", "timeout": "20"}, [], {})
     node.publish("vol-1", str(targets[0]), volume)
     [stopped] = node.daemons
     stopped.process.send_signal(signal.SIGSTOP)
     try:
-        with pytest.raises(NodeError, match="did not answer in 5 s"):
+        with pytest.raises(PublishError, match="did not answer in 5 s"):
             node.publish("vol-2", str(targets[1]), volume)
         node.publish("vol-3", str(targets[2]), volume)
         assert node.published[str(targets[2])].daemon is not stopped
@@ -633,7 +634,7 @@ def test_a_daemon_keeps_nothing_under_a_volume_it_does_not_serve(server, raw_vol
     the victim's own connection, never the attacker's. Nor is a served target's KEEP allowed to swap the /dev/fuse
     the plugin mounted there for one of the daemon's choosing."""
     _, twin, _ = raw_volume
-    node = Node(tmp_path / "run")
+    node = Publisher(tmp_path / "run")
     victim = tmp_path / "victim"
     attacker_point, own = tmp_path / "attacker", tmp_path / "own"
     attacker_point.mkdir()
@@ -642,22 +643,22 @@ def test_a_daemon_keeps_nothing_under_a_volume_it_does_not_serve(server, raw_vol
     attackers = mount(attacker_point, MountOptions(fsname="attacker", subtype="probe"))
     record = os.memfd_create("record")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    evil = node_module.Daemon(subprocess.Popen(["sleep", "600"]), ours, {}, node._kept)
+    evil = supervisor.Daemon(subprocess.Popen(["sleep", "600"]), ours, {}, node.supervisor._kept)
     evil.targets.add(str(own))
     try:
         victims = connection_at(victim)
         assert victims is not None and connection_at(attacker_point) != victims
-        handoff.send(theirs, handoff.KEEP, str(victim), [attackers, record])
-        handoff.send(theirs, handoff.KEEP, str(own), [attackers, record])  # served, but not its own /dev/fuse
+        handoff.send(theirs, handoff.Keep(str(victim), [attackers, record]))
+        handoff.send(theirs, handoff.Keep(str(own), [attackers, record]))  # served, but not its own /dev/fuse
         theirs.close()
         assert wait_for(lambda: not evil.alive, 30), "the plugin never read what the daemon sent"
-        held = keeper.take(node.keeper, str(victim))
+        held = node.held.take(str(victim))
         try:
             assert [connection_of(fd) for fd in held[:1]] == [victims], "the attacker's connection is kept"
         finally:
             for fd in held:
                 os.close(fd)
-        assert keeper.take(node.keeper, str(own)) == []  # nothing was mounted there: nothing kept
+        assert node.held.take(str(own)) == []  # nothing was mounted there: nothing kept
         [daemon] = [d for d in node.daemons if d is not evil]
         daemon.process.kill()  # the victim's daemon ends: the next one takes up what the keeper holds
         name = sorted(os.listdir(twin / "4_4_40"))[5]
@@ -686,7 +687,7 @@ def test_local_sources_only_under_the_drivers_local_roots(raw_volume, tmp_path, 
     shutil.copytree(source, root / "closed" / "vol")
     (root / "closed").chmod(0o700)  # root's alone: the daemon cannot read it, and says so at once
     (root / "escape").symlink_to(outside)
-    node = Node(tmp_path / "run")
+    node = Publisher(tmp_path / "run")
     server = grpc.server(ThreadPoolExecutor(4))
     rpc.add_NodeServicer_to_server(NodeService(node, NODE_ID, [root], tmp_path), server)
     server.add_insecure_port(f"unix://{tmp_path / 'csi.sock'}")
@@ -715,7 +716,7 @@ def test_local_sources_only_under_the_drivers_local_roots(raw_volume, tmp_path, 
     finally:
         channel.close()
         server.stop(None)
-        with contextlib.suppress(NodeError):
+        with contextlib.suppress(PublishError):
             node.unpublish("local", str(target))
         node.close()
 

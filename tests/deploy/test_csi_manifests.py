@@ -183,8 +183,10 @@ def test_the_wheel_the_containerfile_installs_holds_the_plugin(tmp_path: Path) -
         names = set(z.namelist())
         [metadata] = [n for n in names if n.endswith(".dist-info/METADATA")]
         requires = [line for line in z.read(metadata).decode().splitlines() if line.startswith("Requires-Dist:")]
-    for module in ("server", "node", "volume", "daemon", "handoff", "csi_pb2", "csi_pb2_grpc"):
+    for module in ("server", "volume", "csi_pb2", "csi_pb2_grpc"):
         assert f"shardfs/csi/{module}.py" in names
+    for module in ("publisher", "supervisor", "held", "daemon", "handoff", "errors"):
+        assert f"shardfs/host/{module}.py" in names
     assert {"shardfs/slurm.py", "shardfs/service/keeper.py"} <= names
     extra = [r for r in requires if 'extra == "csi"' in r]
     assert {re.split(r"[<>=; ]", r.removeprefix("Requires-Dist: "))[0] for r in extra} == {"grpcio", "protobuf"}

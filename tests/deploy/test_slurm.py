@@ -298,6 +298,37 @@ def test_two_jobs_on_the_node_at_once_each_keep_their_own_mount(slurm: Slurm, da
     assert not _mounted_under(slurm.jobs) and slurm.node_state() == "idle"
 
 
+def test_a_jobs_daemon_killed_is_replaced_and_the_job_reads_on(slurm: Slurm, dataset) -> None:
+    """The daemon of a running job's dataset killed (SIGKILL) is replaced as a CSI volume's is: a new daemon, the
+    job's user too, takes the connection up, the job's next read gets every byte as written and no error, and the
+    Epilog still leaves nothing (the new daemon ended, the node idle)."""
+    url, twin, _ = dataset
+    name = sorted(os.listdir(twin / "4_4_40"))[1]
+    job = slurm.submit(HOLD.format(SYSTEM_PYTHON=SYSTEM_PYTHON, name=name), f"shardfs:vol={url}")
+    out, point = slurm.root / "out", slurm.jobs / str(job) / "vol"
+    _wait(lambda: (out / f"{job}.count").exists(), "the job to read its mount")
+    killed = _daemon_of(point)
+    killed.kill()
+    _wait(lambda: _served_by(point) not in (None, killed.pid), "a new daemon to take the mount up")
+    after = _daemon_of(point)
+    assert after.uids().real == slurm.user[0]
+    (out / f"{job}.release").touch()
+    assert slurm.ended(job) == "COMPLETED", slurm.output(job)
+    assert (out / f"{job}.sum").read_text().split()[0] == hashlib.sha256(
+        (twin / "4_4_40" / name).read_bytes()
+    ).hexdigest()
+    assert not _mounted_under(slurm.jobs) and not (slurm.jobs / str(job)).exists()
+    _wait(lambda: not after.is_running() or after.status() == psutil.STATUS_ZOMBIE, "the new daemon to end")
+    assert slurm.node_state() == "idle"
+
+
+def _served_by(point: Path) -> int | None:
+    """The pid the Prolog's host records for point's daemon now (None while the file is being rewritten)."""
+    with contextlib.suppress(OSError, ValueError):
+        return int((point.parent / f".{point.name}.pid").read_text())
+    return None
+
+
 def test_the_epilog_takes_down_a_hung_daemons_mount_and_the_node_stays_in_service(slurm: Slurm, dataset) -> None:
     """The daemon stopped (SIGSTOP) while the job runs: the job's last read waits on it, the job is cancelled,
     the epilog aborts the connection and ends the daemon, and the node is idle again, not drained."""

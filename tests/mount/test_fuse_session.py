@@ -27,7 +27,7 @@ from cloudvolume import CloudVolume
 
 from shardfs.fuse import wire
 from shardfs.fuse.bridge import Bridge
-from shardfs.fuse.mount import FuseMountError, MountOptions, mount, unmount
+from shardfs.fuse.mount import FuseMountError, MountOptions, mount, target_of, unmount
 from shardfs.fuse.session import Session
 from shardfs.fuse.wire import InitFlag, InitFlag2
 from shardfs.source import open_source
@@ -589,9 +589,9 @@ def test_a_descriptor_mounted_by_a_parent_is_served_as_dev_fd_n(volume, tmp_path
 
 def test_dev_fd_n_must_be_an_open_fuse_device(tmp_path) -> None:
     with open(tmp_path / "f", "w") as f, pytest.raises(FuseMountError, match="not a /dev/fuse descriptor"):
-        mount(Path(f"/dev/fd/{f.fileno()}"), MountOptions(fsname="x"))
+        mount(target_of(Path(f"/dev/fd/{f.fileno()}")), MountOptions(fsname="x"))
     with pytest.raises(FuseMountError, match="not an open descriptor"):
-        mount(Path("/dev/fd/999"), MountOptions(fsname="x"))
+        mount(target_of(Path("/dev/fd/999")), MountOptions(fsname="x"))
 
 
 def test_df_shows_the_bytes_the_source_stores(volume, mount) -> None:

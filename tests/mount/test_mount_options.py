@@ -69,7 +69,7 @@ threading.Thread.start = start
 options = {"ro": True, "max_threads": "50", "fsname": source}
 try:
     settings = serve.settings_of(options, Path(point))
-    serve.serve(open_source(Path(source), 1 << 20).tree, 0, Path(point), settings, lambda granted: None)
+    serve.serve(serve.Served(open_source(Path(source), 1 << 20).tree, 0, Path(point), settings), lambda granted: None)
 except RuntimeError as e:
     print(json.dumps({"error": str(e), "mounted": [m.fstype for p, m in mountinfo._mounts() if p == point]}))
 """

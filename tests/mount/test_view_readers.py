@@ -20,6 +20,7 @@ import tensorstore as ts
 import zarr
 
 from tests.support import peers
+from tests.support.n5_readers import neuroglancer_reads
 from tests.support.reading import precomputed
 from tests.support.zarr2 import run
 
@@ -140,15 +141,19 @@ def test_current_ome_zarr_py_reads_the_native_view(ome_images, mount, tmp_path) 
 # Where a voxel is
 
 
-def write_pyramid(root: Path) -> None:
-    """A precomputed image of three scales written by tensorstore, whose voxel_offsets are not multiples of
-    the downsampling: (-5, 3, 7) at 4 x 4 x 40 nm (sharded), then as tensorstore downsamples it by 2 x 2 x 1
-    (8_8_40) and by 4 x 4 x 2 (16_16_80, at (-2, 0, 3))."""
-    peers.write_tensorstore_volume(root, dtype="uint8", data_encoding="raw")
+def write_pyramid(root: Path, dtype: str = "uint8", encoding: str = "raw") -> None:
+    """A precomputed image (or, compressed_segmentation, a segmentation) of three scales written by
+    tensorstore, whose voxel_offsets are not multiples of the downsampling: (-5, 3, 7) at 4 x 4 x 40 nm
+    (sharded), then as tensorstore downsamples it by 2 x 2 x 1 (8_8_40) and by 4 x 4 x 2 (16_16_80, at
+    (-2, 0, 3))."""
+    peers.write_tensorstore_volume(root, dtype=dtype, encoding=encoding, data_encoding="raw")
     base = ts.open({**precomputed(root), "scale_index": 0}).result()
-    down = ts.downsample(base, [4, 4, 2, 1], method="mean")
+    method = "mode" if encoding == "compressed_segmentation" else "mean"
+    down = ts.downsample(base, [4, 4, 2, 1], method=method)
     scale = {"resolution": [16, 16, 80], "size": list(down.shape[:3]), "voxel_offset": list(down.origin[:3]),
-             "chunk_size": [16, 16, 8], "encoding": "raw"}  # fmt: skip
+             "chunk_size": [16, 16, 8], "encoding": encoding}  # fmt: skip
+    if encoding == "compressed_segmentation":
+        scale["compressed_segmentation_block_size"] = [8, 8, 4]
     ts.open({**precomputed(root), "scale_metadata": scale, "open": True, "create": True}).result().write(down).result()
 
 
@@ -239,7 +244,8 @@ def test_tensorstore_n5_and_the_n5_attributes_agree_on_axes_and_resolution(named
     temperature = ts.open({"driver": "n5", "kvstore": {"driver": "file", "path": str(n5 / "temperature")}}).result()
     attributes = json.loads((n5 / "temperature" / "attributes.json").read_text())
     assert temperature.domain.labels == ("lon", "lat", "time") == tuple(attributes["axes"])
-    assert "resolution" not in attributes  # zarr v3 names axes but gives them no units or size
+    # zarr v3 names axes but gives them no units or size: unitless, as Neuroglancer would take nanometres.
+    assert attributes["units"] == ["", "", ""] and attributes["resolution"] == [1, 1, 1]
     # OME-Zarr: names, units and voxel sizes from the image's multiscale, as the writer put them.
     images, _ = ome_images
     n5 = mount(images / "zyx.zarr", "--view", "n5").path
@@ -253,8 +259,9 @@ def test_tensorstore_n5_and_the_n5_attributes_agree_on_axes_and_resolution(named
         units = [(u.multiplier, u.base_unit) for u in level.dimension_units]
         said = list(zip(attributes["resolution"], attributes["units"], strict=True))
         assert units == [(s, "um") for s in scale[::-1]] == said
-        assert attributes["pixelResolution"] == {"unit": "um", "dimensions": scale[::-1]}
         base = multiscale["datasets"][0]["coordinateTransformations"][0]["scale"]
+        # The first level's: Neuroglancer and n5-viewer multiply it by downsamplingFactors.
+        assert attributes["pixelResolution"] == {"unit": "um", "dimensions": base[::-1]}
         factors.append([pytest.approx(s / b) for s, b in zip(scale[::-1], base[::-1], strict=True)])
         assert attributes["downsamplingFactors"] == factors[-1]
     # The image group is a pyramid as n5-viewer and Neuroglancer open one: `scales`, and its first level's axes.
@@ -310,63 +317,15 @@ print(json.dumps([[list(level.shape), int(np.asarray(level).astype("int64").sum(
 """
 
 
-SI_PREFIXES = [
-    "Y",
-    "Z",
-    "E",
-    "P",
-    "T",
-    "G",
-    "M",
-    "k",
-    "h",
-    "da",
-    "",
-    "d",
-    "c",
-    "m",
-    "u",
-    "µ",
-    "n",
-    "p",
-    "f",
-    "a",
-    "z",
-    "y",
-]
-NEUROGLANCER_UNITS = {""} | {prefix + unit for prefix in SI_PREFIXES for unit in ("m", "s", "Hz", "rad/s")}
-
-
-def as_neuroglancer_reads(n5: Path, dataset: str) -> None:
-    """The rules Neuroglancer's n5 source (src/datasource/n5/frontend.ts) applies to a dataset's attributes,
-    merged from the root down as it merges them: every list of one entry per dimension, units it knows,
-    a compression it decodes. Any one broken, it fetches attributes.json and no block."""
-    merged: dict = {}
-    parts = dataset.split("/") if dataset else []
-    for depth in range(len(parts) + 1):
-        path = n5.joinpath(*parts[:depth], "attributes.json")
-        if path.exists():
-            merged.update(json.loads(path.read_text()))
-    rank = len(merged["dimensions"])
-    lists = [merged.get(k) for k in ("resolution", "axes", "units", "downsamplingFactors")]
-    lists += [merged.get("pixelResolution", {}).get("dimensions"), *merged.get("scales", [])]
-    assert all(len(x) == rank for x in lists if x is not None), (dataset, merged)
-    assert set(merged.get("units", [])) <= NEUROGLANCER_UNITS and merged["compression"]["type"] in {
-        "raw",
-        "gzip",
-        "blosc",
-    }
-    assert merged.get("pixelResolution", {}).get("unit", "") in NEUROGLANCER_UNITS
-
-
 def test_the_n5_view_meets_neuroglancers_n5_rules(ome_images, tmp_path, mount) -> None:
-    """A multi-channel precomputed volume (its lists were one entry short: Neuroglancer refused them), an
-    OME-Zarr image, and zarr-python 3's default zstd arrays (which Neuroglancer's n5 source cannot decode)."""
+    """A multi-channel precomputed volume (its lists were one entry short: Neuroglancer refused them), and
+    OME-Zarr images with labels, under zarr-python 3's default zstd (which Neuroglancer's n5 source cannot
+    decode): every dataset, and every multiscale group opened whole."""
     volume = tmp_path / "vol"
     peers.write_tensorstore_volume(volume, dtype="uint16", data_encoding="raw", num_channels=2)
     images, _ = ome_images
     for source in (volume, images / "zyx.zarr", images / "czyx.zarr"):
         n5 = mount(source, "--view", "n5").path
         for dataset in (p.parent.relative_to(n5) for p in n5.rglob("attributes.json")):
-            if "dimensions" in json.loads((n5 / dataset / "attributes.json").read_text()):
-                as_neuroglancer_reads(n5, "" if str(dataset) == "." else str(dataset))
+            if {"dimensions", "scales"} & json.loads((n5 / dataset / "attributes.json").read_text()).keys():
+                neuroglancer_reads(n5, "" if str(dataset) == "." else str(dataset))

@@ -279,7 +279,8 @@ def test_precomputed_volume_in_both_views(tmp_path, mount, dtype, encoding, chan
     n5_attrs = json.loads((n5 / "8_8_40" / "attributes.json").read_text())
     channel = [1] * (channels > 1)  # every list one entry per dimension: Neuroglancer refuses other lengths
     assert n5_attrs["downsamplingFactors"] == [2, 2, 1, *channel]
-    assert n5_attrs["pixelResolution"] == {"unit": "nm", "dimensions": [8, 8, 40, *channel]}
+    # pixelResolution is the first scale's: Neuroglancer and n5-viewer multiply it by downsamplingFactors.
+    assert n5_attrs["pixelResolution"] == {"unit": "nm", "dimensions": [4, 4, 40, *channel]}
     assert n5_attrs["resolution"] == [8, 8, 40, *channel] and n5_attrs["units"] == ["nm"] * 3 + [""] * len(channel)
     assert n5_attrs["axes"] == ["x", "y", "z", *["c"] * len(channel)]
     root = json.loads((n5 / "attributes.json").read_text())
@@ -322,17 +323,17 @@ def test_compresso_scale_written_by_cloud_volume(tmp_path, mount) -> None:
     source = tmp_path / "vol"
     labels = peers.write_cloudvolume_compresso(source)  # (x, y, z) uint64, unsharded
     n5, z2 = mount(source, "--view", "n5").path, mount(source, "--view", "zarr2").path
-    key = next(p.name for p in n5.iterdir() if p.is_dir())
-    np.testing.assert_array_equal(ts_read("n5", n5 / key), labels)
+    (key,) = (p.name for p in z2.iterdir() if p.is_dir())  # the scale's key; in N5 the level s0
+    np.testing.assert_array_equal(ts_read("n5", n5 / "s0"), labels)
     np.testing.assert_array_equal(ts_read("zarr", z2 / key)[0], labels.T)
     # A damaged chunk (cloud-volume gzips compresso files: here the gzip is sound, the compresso inside is
     # not) is EIO for its block alone, logged with its file.
     stored = source / key / "0-16_16-30_8-16.gz"
     stored.write_bytes(gzip.compress(gzip.decompress(stored.read_bytes())[:40]))
     m = mount(source, "--view", "n5")
-    assert_eio(m.path / key / "0" / "1" / "1")
+    assert_eio(m.path / "s0" / "0" / "1" / "1")
     assert "0-16_16-30_8-16" in m.log_text() and "compresso" in m.log_text()
-    assert (m.path / key / "1" / "1" / "1").read_bytes()[:2] == b"\0\0"
+    assert (m.path / "s0" / "1" / "1" / "1").read_bytes()[:2] == b"\0\0"
 
 
 def test_views_refuse_what_they_cannot_show_and_eio_on_corrupt_chunks(tmp_path, mount) -> None:
@@ -370,10 +371,11 @@ def test_a_walk_of_a_view_reads_a_precomputed_scale_once(tmp_path, view: str) ->
     peers.write_tensorstore_volume(source, dtype="uint8", data_encoding="raw", size=(64, 64, 32), chunk=(4, 4, 4),
                                    voxel_offset=(0, 0, 0), extra_unsharded_scale=False)  # fmt: skip
     tree = open_source(source, 64 << 20, view).tree
-    array = tree.providers["4_4_40"].array
+    scale = "s0" if view == "n5" else "4_4_40"  # N5 names a pyramid's levels s0, s1, ...
+    array = tree.providers[scale].array
     reads, stored = [], array.stored
     array.stored = lambda prefix=(): reads.append(prefix) or stored(prefix)
-    files, pending = [], ["4_4_40"]
+    files, pending = [], [scale]
     while pending:
         directory = pending.pop()
         for name, is_dir in tree.listdir(directory):

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from shardfs.fuse.bridge import Bridge
-from shardfs.fuse.mount import MountOptions, mount
+from shardfs.fuse.mount import MountOptions, mount, target_of
 from shardfs.fuse.session import Session
 from shardfs.source import open_source
 
@@ -16,7 +16,7 @@ from shardfs.source import open_source
 def main(args: list[str]) -> int:
     source, mountpoint = args
     tree = open_source(source, 16 << 20).tree
-    fd = mount(Path(mountpoint), MountOptions(fsname=source))
+    fd = mount(target_of(Path(mountpoint)), MountOptions(fsname=source))
     Session(fd, Bridge(tree, 0), threads=4).run()
     return 0
 

@@ -197,10 +197,10 @@ def test_mount_f_shows_the_mount_line_on_the_terminal(raw_volume: tuple[Path, Pa
 
 def test_each_volume_of_a_shared_daemon_has_a_budget_of_its_own() -> None:
     """The CSI daemon serves several tenants' volumes: a thread's volume (the cache it serves, named by
-    csi.daemon's filter, which runs first) has budgets of its own, so one volume's burst of errors never
+    host.daemon's filter, which runs first) has budgets of its own, so one volume's burst of errors never
     silences another's first lines."""
     from shardfs.cache import ByteCache, serving
-    from shardfs.csi.daemon import _Naming
+    from shardfs.host.daemon import _Naming
 
     a, b = ByteCache(1 << 20, 1 << 20), ByteCache(1 << 20, 1 << 20)
     naming, limit = _Naming({a: "/pods/a", b: "/pods/b"}), RateLimit(burst=2, window=10, clock=lambda: 0.0)

@@ -1,15 +1,16 @@
-"""`python -m shardfs.csi.daemon UID GID FD machine|own`: the unprivileged daemon serving a node's volumes.
+"""`python -m shardfs.host.daemon UID GID FD machine|own`: the unprivileged daemon serving a host's mounts (a
+Kubernetes node's volumes, a Slurm job's datasets).
 
-The plugin starts it as root for one thing only: to import from wherever Python lies (an image's /usr/local, a
+The host starts it as root for one thing only: to import from wherever Python lies (an image's /usr/local, a
 pyenv under /root). Then, before it reads anything, it becomes UID:GID with no supplementary groups, no
 capabilities, no_new_privs, and not dumpable, so that another process of the same user (another daemon) cannot
-read its memory or environment, where the publish secret will be. It takes volumes from the socket FD (see
-handoff.py), each with its mounted /dev/fuse descriptor, and serves each as `shardfs mount SOURCE /dev/fd/N -f`
-would, from a thread of its own, with its own cache, decode budget, figures and stats socket (a `Mount`),
-logging to the stderr it shares with the plugin. It ends once the plugin has closed the socket and no volume is
-served any more, or on SIGTERM.
+read its memory or environment, where the publish secret will be. It takes mounts from the socket FD (see
+handoff.py), each a spec with its mounted /dev/fuse descriptor, and serves each as `shardfs mount SOURCE
+/dev/fd/N -f` would (service/daemon.open_mount), from a thread of its own, with its own cache, decode budget,
+figures and stats socket (a `Mount`), logging to the stderr it shares with the host. It ends once the host has
+closed the socket and no mount is served any more, or on SIGTERM.
 
-Volumes share a daemon only if they carry the same publish secret (none, mostly): the secret is set in the
+Mounts share a daemon only if they carry the same publish secret (none, mostly): the secret is set in the
 process's environment, where the AWS and GCS credential chains read it.
 """
 
@@ -25,19 +26,19 @@ import signal
 import socket
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from shardfs.cache import ByteCache, served, serving
 from shardfs.context import Context
-from shardfs.csi import handoff
-from shardfs.csi.volume import Volume
-from shardfs.errors import SourceError, SourceMissing
+from shardfs.errors import SourceError
+from shardfs.fuse.mount import FuseMountError, handed
 from shardfs.fuse.record import Kept, RecordError
+from shardfs.host import handoff
 from shardfs.logs import log_to, log_to_terminal, redact
 from shardfs.service import lifecycle
-from shardfs.service.daemon import Mount, MountError, serve, settings
-from shardfs.source import open_source
-from shardfs.stores.remote import Access
+from shardfs.service.daemon import Mount, MountError, open_mount, serve
+from shardfs.service.outcome import READY, Outcome, Said
 
 log = logging.getLogger("shardfs")
 
@@ -49,23 +50,23 @@ PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 
 
-class _ToPlugin:
-    """Where a fresh connection is kept for the next daemon (a fuse.record Carrier): the plugin, over the
-    socket, which keeps it in its keeper under the volume's target."""
+class _ToHost:
+    """Where a fresh connection is kept for the next daemon (a fuse.record Carrier): the host, over the socket,
+    which keeps it under the mount's target."""
 
     def __init__(self, sock: socket.socket, target: str) -> None:
         self.sock, self.target = sock, target
 
     def keep(self, kept: Kept) -> None:
-        handoff.send(self.sock, handoff.KEEP, self.target, kept.fds)
+        handoff.send(self.sock, handoff.Keep(self.target, kept.fds))
 
-    # A volume's mount is served without signals: its plugin stops it (Control.stop), and lets go of what it
-    # keeps when it unpublishes the volume. No SIGTERM reaches a volume: nothing here is ever asked.
+    # A hosted mount is served without signals: its host stops it (Control.stop), and lets go of what it keeps
+    # when it unpublishes the mount. No SIGTERM reaches a mount: nothing here is ever asked.
     def forget(self) -> None:
-        raise NotImplementedError("a CSI volume's connection is let go by its plugin")
+        raise NotImplementedError("a hosted mount's connection is let go by its host")
 
     def restarting(self) -> bool:
-        raise NotImplementedError("a CSI volume's daemon is never restarted by a signal")
+        raise NotImplementedError("a hosted mount's daemon is never restarted by a signal")
 
 
 def become(uid: int, gid: int) -> None:
@@ -83,8 +84,8 @@ def become(uid: int, gid: int) -> None:
 
 
 class _Naming(logging.Filter):
-    """A record of a volume's work starts with the volume's target: every daemon shares the plugin's stderr. A
-    thread's volume is that of the request it answers (the cache its decodes are counted against, see
+    """A record of a mount's work starts with the mount's target: every daemon shares the host's stderr. A
+    thread's mount is that of the request it answers (the cache its decodes are counted against, see
     cache.serving), or the one it opens and serves."""
 
     def __init__(self, targets: dict[ByteCache, str]) -> None:
@@ -95,45 +96,46 @@ class _Naming(logging.Filter):
         cache = served()
         target = self.targets.get(cache) if cache is not None else None
         if target is not None and getattr(record, "mount", None) != target:  # once, whichever handler asks
-            record.mount = target  # each volume has its own log budgets (logs.RateLimit)
+            record.mount = target  # each mount has its own log budgets (logs.RateLimit)
             record.msg = f"{target}: ".replace("%", "%%") + str(record.msg)  # the message is a %-format
         return True
 
 
 class Daemon:
-    """The volumes this process serves, by target: each a Mount served from a thread of its own."""
+    """The mounts this process serves, by target: each a Mount served from a thread of its own."""
 
     def __init__(self, sock: socket.socket, machine: bool = False) -> None:
-        """machine: whether the node's own cloud identity may sign its volumes' requests (see csi.node.Node)."""
+        """machine: whether the node's own cloud identity may sign its mounts' requests (see host/supervisor.py)."""
         self.sock, self.machine = sock, machine
         self.taken: set[str] = set()  # the targets given to this daemon and not yet ended
         self.mounts: dict[str, Mount] = {}  # of those, the ones served
         self.named: dict[ByteCache, str] = {}  # their targets, by their caches (see _Naming)
-        self.secrets: dict[str, str] | None = None  # the publish secret of the volumes served (all the same)
+        self.secrets: dict[str, str] | None = None  # the publish secret of the mounts served (all the same)
         self._lock = threading.Lock()
-        self.idle = threading.Event()  # no volume served
+        self.idle = threading.Event()  # no mount served
         self.idle.set()
 
     def take(self, message: handoff.Message) -> None:
-        """Serve the volume of a SERVE message, in a thread of its own; anything else is refused."""
+        """Serve the mount of a Serve message, in a thread of its own; anything else is refused."""
         target = message.target
-        if message.kind != handoff.SERVE or len(message.fds) not in (1, 2):
+        if not isinstance(message, handoff.Serve) or len(message.fds) not in (1, 2):
             for fd in message.fds:
                 os.close(fd)
-            handoff.answer(self.sock, target, f"{handoff.FAILED}not a volume to serve ({message.kind})")
+            what = type(message).__name__
+            handoff.answer(self.sock, target, Outcome(Said.FAILED, f"not a mount to serve ({what})"))
             return
         with self._lock:
             self.idle.clear()
             self.taken.add(target)
-        threading.Thread(target=self._serve, args=(message,), name=f"shardfs-volume-{target}", daemon=True).start()
+        threading.Thread(target=self._serve, args=(message,), name=f"shardfs-mount-{target}", daemon=True).start()
 
-    def _serve(self, message: handoff.Message) -> None:
-        target, fds = message.target, message.fds
+    def _serve(self, message: handoff.Serve) -> None:
+        target = message.target
         try:
-            self._answered(target, fds, message.fields.get("volume"))
-        except Exception as e:  # a bug: said to the plugin (a second answer is ignored), never a publish left waiting
+            self._answered(message)
+        except Exception as e:  # a bug: said to the host (a second answer is ignored), never a publish left waiting
             log.error("%s: %s", target, e, exc_info=True, extra={"event": "mount_failed"})
-            handoff.answer(self.sock, target, f"{handoff.FAILED}{redact(str(e))}")
+            handoff.answer(self.sock, target, Outcome(Said.FAILED, redact(str(e))))
         finally:
             with self._lock:
                 self.taken.discard(target)
@@ -143,63 +145,54 @@ class Daemon:
                 if not self.taken:
                     self.idle.set()
 
-    def _answered(self, target: str, fds: list[int], config: object) -> None:
-        """Serve target until its mount ends, having told the plugin READY, or why not."""
+    def _answered(self, message: handoff.Serve) -> None:
+        """Serve the message's target until its mount ends, having told the host READY, or why not."""
+        target, fds, spec, secrets = message.target, message.fds, message.spec, message.secrets
         try:
             kept = Kept.of(fds) if len(fds) == 2 else None  # with its record: a daemon before served it
-            volume = Volume.from_json(config)  # type: ignore[arg-type]
-        except (OSError, ValueError, TypeError, RecordError) as e:
+            mountpoint = handed(fds[0])
+        except (OSError, ValueError, RecordError, FuseMountError) as e:
             for fd in fds:
                 os.close(fd)
-            handoff.answer(self.sock, target, f"{handoff.FAILED}{e}")
+            handoff.answer(self.sock, target, Outcome(Said.FAILED, str(e)))
             return
         with self._lock:
             if self.secrets is None:
-                self.secrets = dict(volume.secrets)
-                os.environ.update(volume.secrets)  # this process's only: the credential chains read them here
-            shared = self.secrets == volume.secrets
-            root = logging.getLogger()  # one log for the process: as verbose as its most verbose volume asks
-            root.setLevel(min(root.level, logging.getLevelName(volume.log_level)))
+                self.secrets = secrets
+                os.environ.update(secrets)  # this process's only: the credential chains read them here
+            shared = self.secrets == secrets
+            root = logging.getLogger()  # one log for the process: as verbose as its most verbose mount asks
+            root.setLevel(min(root.level, logging.getLevelName(spec.service.log_level or "WARNING")))
         if not shared:
             for fd in fds:
                 os.close(fd)
-            handoff.answer(self.sock, target, f"{handoff.FAILED}another publish secret than this daemon's volumes'")
+            handoff.answer(self.sock, target, Outcome(Said.FAILED, "another publish secret than this daemon's mounts'"))
             return
-        access = Access(
-            volume.anonymous, volume.endpoint, volume.region, volume.timeout, None, volume.requester_pays, self.machine
-        )  # fmt: skip
-        context = Context()
-        mountpoint = Path(f"/dev/fd/{fds[0]}")
+        access = replace(spec.reading.access, machine=self.machine)  # the node's call (its argv), not the mount's
+        spec = replace(spec, reading=replace(spec.reading, access=access))
         try:
-            asked = settings(volume.options, mountpoint)
-            source = open_source(
-                volume.source, volume.cache_size, volume.view, volume.max_file_size, access, None, context
-            )
+            mount = open_mount(spec, mountpoint, Context())
         except (SourceError, MountError) as e:
             for fd in fds:
                 os.close(fd)
-            why = (
-                handoff.MISSING if isinstance(e, SourceMissing) else
-                handoff.REFUSED if isinstance(e, SourceError) else handoff.FAILED
-            )  # fmt: skip
-            handoff.answer(self.sock, target, f"{why}{redact(str(e))}")
+            outcome = Outcome.of(e)
+            handoff.answer(self.sock, target, Outcome(outcome.said, redact(outcome.why)))
             return
-        mount = Mount(source.tree, mountpoint, asked, context, source.name, volume.view)
-        serving(source.cache)  # this thread's records name the volume too
+        serving(mount.tree.cache)  # this thread's records name the mount too
         with self._lock:
             self.mounts[target] = mount
-            self.named[source.cache] = target
+            self.named[mount.tree.cache] = target
         try:
             serve(
-                mount, lambda: handoff.answer(self.sock, target, handoff.READY), None,
-                _ToPlugin(self.sock, target), kept, signals=False,
+                mount, lambda: handoff.answer(self.sock, target, READY), None,
+                _ToHost(self.sock, target), kept, signals=False,
             )  # fmt: skip
         except Exception as e:
             log.error("%s: %s", target, e, extra={"event": "mount_failed"})
-            handoff.answer(self.sock, target, f"{handoff.FAILED}{redact(str(e))}")
+            handoff.answer(self.sock, target, Outcome(Said.FAILED, redact(str(e))))
 
     def stop(self) -> None:
-        """Stop serving every volume (SIGTERM): their mounts stay, the plugin's to end or to hand a next daemon."""
+        """Stop serving every mount (SIGTERM): their mounts stay, the host's to end or to hand a next daemon."""
         with self._lock:
             mounts = list(self.mounts.values())
         for mount in mounts:
@@ -215,14 +208,14 @@ def main(argv: list[str]) -> int:
             importlib.import_module(name)
         become(uid, gid)
     except (OSError, ImportError) as e:
-        print(f"shardfs csi daemon: {e}", file=sys.stderr)
+        print(f"shardfs daemon: {e}", file=sys.stderr)
         return 1
     log_to_terminal("WARNING")
     log_to(None, most=LOG_MOST)
     lifecycle.block_signals()  # before obstore's runtime starts a thread
     daemon = Daemon(sock, machine)
     for handler in logging.getLogger().handlers:
-        handler.filters.insert(0, _Naming(daemon.named))  # before the rate limit, which budgets by volume
+        handler.filters.insert(0, _Naming(daemon.named))  # before the rate limit, which budgets by mount
     stopped = threading.Event()
 
     def stop(*_: object) -> None:
@@ -233,12 +226,12 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, stop)
 
     def listen() -> None:
-        for message in handoff.messages(sock, "the plugin"):
+        for message in handoff.messages(sock, "the host"):
             daemon.take(message)
-        daemon.idle.wait()  # the plugin closed its end (a Slurm Prolog ends; a plugin restarts): serve on till then
+        daemon.idle.wait()  # the host closed its end (a Slurm Prolog ends; a plugin restarts): serve on till then
         stopped.set()
 
-    threading.Thread(target=listen, name="shardfs-csi-handoff", daemon=True).start()
+    threading.Thread(target=listen, name="shardfs-handoff", daemon=True).start()
     while not stopped.wait(1.0):  # a timed wait: the signal handlers run between two
         pass
     logging.shutdown()
