@@ -126,7 +126,10 @@ def fill_value(value: Any, dtype: np.dtype) -> Any:
     if isinstance(value, str) and value in ("NaN", "Infinity", "-Infinity") and dtype.kind == "f":
         return float(value.replace("Infinity", "inf"))
     if isinstance(value, bool | int | float) and not (isinstance(value, float) and dtype.kind in "biu"):
-        return dtype.type(value).item()
+        try:
+            return dtype.type(value).item()
+        except OverflowError:  # numpy refuses an integer its type cannot hold
+            raise Unsupported(f"fill_value {value!r} is out of range for {dtype.name}") from None
     raise Unsupported(f"fill_value {value!r} is not a plain number for {dtype.name}")
 
 

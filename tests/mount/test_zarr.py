@@ -266,6 +266,28 @@ def test_malformed_zarr_json(zarr_source, damaged, mount, tmp_path) -> None:
     )
 
 
+@pytest.mark.parametrize("fill", [2**64, -(2**64), -1])
+def test_a_fill_value_its_type_cannot_hold_keeps_the_array_from_the_views_only(
+    zarr_source, damaged, mount, fill
+) -> None:
+    """An integer array whose fill value its type cannot hold (numpy raises OverflowError making one; hypothesis
+    found the mount failing on it): natively every array is served, in a view that array is left out with its
+    reason in `shardfs info`, and every other array is shown."""
+
+    def edit(root: Path) -> None:
+        meta = json.loads((root / "whole_shard_zstd" / "zarr.json").read_text())
+        meta["data_type"], meta["fill_value"] = "uint16" if fill == -1 else "int32", fill
+        (root / "whole_shard_zstd" / "zarr.json").write_text(json.dumps(meta))
+
+    root = damaged(edit)
+    assert_healthy(mount(root).path, zarr_source[1], "whole_shard_zstd")
+    said = [line for line in shardfs("info", root).stdout.splitlines() if "whole_shard_zstd" in line]
+    assert any(f"fill_value {fill} is out of range" in line for line in said), said
+    shown = mount(root, "--view", "zarr2").path
+    assert not (shown / "whole_shard_zstd" / ".zarray").exists()
+    assert all((shown / name / ".zarray").exists() for name in zarr_source[1] if name != "whole_shard_zstd")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Cases a review found
 
