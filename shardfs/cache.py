@@ -162,6 +162,25 @@ class ByteCache:
         return value
 
 
+class Scoped:
+    """One dataset's part of a mount's cache, when a mount shows many (a directory of datasets): its keys kept
+    apart from the others' (each dataset names its files from its own root), under the one budget of all."""
+
+    def __init__(self, cache: ByteCache, scope: str) -> None:
+        self.cache = cache
+        self.scope = scope
+
+    @property
+    def max_value(self) -> int:
+        return self.cache.max_value
+
+    def get_or_make(self, key: Hashable, make: Callable[[], T], keep: Callable[[T], bool] | None = None) -> T:
+        return self.cache.get_or_make(("dataset", self.scope, key), make, keep)
+
+    def get(self, key: Hashable, wait: bool = False) -> object | None:
+        return self.cache.get(("dataset", self.scope, key), wait)
+
+
 _MISSING = object()
 _serving = threading.local()  # the cache of the mount whose request this thread answers (see serving)
 _ANYWHERE = threading.RLock()  # the turn of large values made outside a mount's request (`shardfs cat`)

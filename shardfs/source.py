@@ -4,15 +4,15 @@ for, as one virtual tree."""
 from __future__ import annotations
 
 import errno
-import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
+from shardfs.collection import Collection
 from shardfs.context import Context
 from shardfs.errors import SourceError, SourceMissing
 from shardfs.files import Provider
-from shardfs.formats.plan import Array, Category, Finding
+from shardfs.formats.plan import Array, Category, Finding, Plan
 from shardfs.formats.precomputed import open_precomputed
 from shardfs.formats.zarr import open_zarr
 from shardfs.stores.disk_cache import DiskCache
@@ -25,9 +25,10 @@ from shardfs.tree import Tree
 from shardfs.views import view_of
 
 MARKERS = {"zarr.json": "zarr", "info": "precomputed"}  # a dataset's root metadata file, and its format
-# A directory that is not a dataset is said to hold those of its subdirectories that are, at most HELD of them,
-# found among the first PROBED (by name) of its first LISTED entries: in a bucket a probe costs up to 4 requests.
-HELD, PROBED, LISTED = 5, 10, 1000
+COLLECTION = (
+    "no dataset at the root: its directories are shown as stored, and each one holding a dataset (zarr.json or"
+    " info) is shown as a mount of that dataset would show it, found when first looked up or listed"
+)
 
 
 @dataclass
@@ -74,7 +75,7 @@ def open_source(
         store, name = LocalStore(local, context=context), str(local)
     cache = ByteCache(cache_bytes, max_file_size)
     try:
-        kind = _format(store, name)
+        kind = _kind(store)
     except NoBucket as e:
         raise SourceError(f"{name}: {e.strerror}; check the bucket's name") from None
     except OSError as e:  # the first request of all: what failed is reaching the source, not one file of it
@@ -88,12 +89,24 @@ def open_source(
             else:
                 hint = "it refused these credentials"
         raise SourceError(f"{name}: cannot be reached ({e.strerror}); {hint}") from None
+    if kind is None:
+        if not store.can_list:
+            raise SourceMissing(f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is"
+                                " there, and a web server cannot list what is below it: name a dataset")  # fmt: skip
+        tree = Collection(store, cache, lambda beneath, scoped: _collected(beneath, scoped, view))
+        return Source(name, local, tree, [Finding(COLLECTION, Category.NOTE)], {}, cache, {}, context)
     try:
-        plan = open_zarr(store, cache) if kind == "zarr" else open_precomputed(store, cache)
+        plan, tree = _dataset(store, cache, kind, view)
     except OSError as e:
         if e.errno == errno.ENOENT:
             raise
         raise SourceError(f"{e.filename or name}: cannot be read: {e.strerror}") from None
+    return Source(name, local, tree, plan.report, plan.providers, cache, plan.arrays, context)
+
+
+def _dataset(store: Store, cache: ByteCache, kind: str, view: str) -> tuple[Plan, Tree]:
+    """The dataset of format kind at store's root, planned in view, and its tree."""
+    plan = open_zarr(store, cache) if kind == "zarr" else open_precomputed(store, cache)
     if view != "native":
         plan = view_of(plan, view)
     shown: Store = store
@@ -101,39 +114,24 @@ def open_source(
         marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
         shown = NamedListing(store, plan.directories, plan.found, marker, plan.providers)
         plan.report.append(Finding(UNLISTED, Category.NOTE))
-    tree = Tree(shown, cache, plan.files, plan.providers, view == "native", plan.aliases)
-    return Source(name, local, tree, plan.report, plan.providers, cache, plan.arrays, context)
+    return plan, Tree(shown, cache, plan.files, plan.providers, view == "native", plan.aliases)
 
 
-def _format(store: Store, name: str) -> str:
-    """'zarr' or 'precomputed', from the root metadata file that is there."""
-    if (kind := _kind(store, "")) is not None:
-        return kind
-    raise SourceMissing(
-        f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there{_held(store, name)}"
-    )
-
-
-def _kind(store: Store, directory: str) -> str | None:
-    """The format of the dataset whose root is directory ('' or ending in '/'), or None if it is not one."""
-    return next((kind for marker, kind in MARKERS.items() if store.type_of(f"{directory}{marker}") == "file"), None)
-
-
-def _held(store: Store, name: str) -> str:
-    """`; it holds datasets: a.zarr, vol (...)`: the subdirectories one level down that are datasets, for a
-    directory given as SOURCE that holds some but is none; bounded (see PROBED), and nothing where the store
-    cannot list (HTTP) or a request fails."""
+def _collected(store: Store, cache: ByteCache, view: str) -> Tree:
+    """The tree of a dataset found below a collection's root (collection.Opener): SourceMissing where there is
+    none, SourceError where its metadata cannot be opened, or a file it names is gone or may not be read."""
+    kind = _kind(store)
+    if kind is None:
+        raise SourceMissing(store.where(""))
     try:
-        subdirectories = sorted(entry for entry, is_dir in itertools.islice(store.list(""), LISTED) if is_dir)
-        found = (sub for sub in subdirectories[:PROBED] if _kind(store, f"{sub}/") is not None)
-        held = list(itertools.islice(found, HELD + 1))
-    except OSError:
-        return ""
-    if not held:
-        return ""
-    more = " and more" if len(held) > HELD else ""
-    example = f"{name.rstrip('/')}/{held[0]}"
-    return f"; it holds datasets: {', '.join(held[:HELD])}{more} (give one as SOURCE, such as {example})"
+        return _dataset(store, cache, kind, view)[1]
+    except (FileNotFoundError, PermissionError) as e:
+        raise SourceError(f"{e.filename or store.where('')}: cannot be read: {e.strerror}") from None
+
+
+def _kind(store: Store) -> str | None:
+    """The format of the dataset at the store's root, or None if there is none."""
+    return next((kind for marker, kind in MARKERS.items() if store.type_of(marker) == "file"), None)
 
 
 def _parsed(text: str) -> str | Remote:

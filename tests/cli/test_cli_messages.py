@@ -137,32 +137,22 @@ def test_a_url_missing_a_slash_says_so(kv, tmp_path) -> None:
     assert done.returncode == 0 and "7\n" in done.stdout, done.stderr
 
 
-def test_a_directory_holding_datasets_names_them(kv, tmp_path, monkeypatch) -> None:
-    """/data holding /data/a.zarr and /data/vol/info is no dataset itself: the refusal names those it holds, one
-    level down, locally and in a bucket (the loopback server as GCS), at most five of them."""
+def test_a_directory_holding_datasets_is_shown_whole(kv, tmp_path, monkeypatch) -> None:
+    """/data holding /data/a.zarr and /data/vol/info is no dataset itself, and was refused; now it is shown as
+    stored, each dataset in it unsharded, locally and in a bucket (the loopback server as GCS), as the
+    Neuroglancer URL users paste names it too."""
     data = tmp_path / "bkt" / "data"
     zarr.create_array(data / "a.zarr", shape=(4,), chunks=(2,), dtype="uint8")
     shutil.copytree(kv[0], data / "vol")
     (data / "notes").mkdir()
     (data / "notes" / "a.txt").write_text("not a dataset")
     (data / "README").write_text("")
-    point = tmp_path / "m"
-    point.mkdir()
     for name in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_APPLICATION_CREDENTIALS"):
         monkeypatch.delenv(name, raising=False)
-
-    def refused(source: str | Path, held: str) -> None:
-        with RangeServer(tmp_path).running() as server:
-            remote = ["--endpoint", server.url] if str(source).startswith("gs:") else []
-            done = shardfs("mount", source, point, *remote, check=False)
-        one_line_error(
-            done, 2, f"{source}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is there;"
-            f" it holds datasets: {held} (give one as SOURCE, such as {source}/a.zarr)\n",
-        )  # fmt: skip
-
-    refused(data, "a.zarr, vol")
-    refused("gs://bkt/data", "a.zarr, vol")
-    for n in range(4):
-        zarr.create_group(data / f"z{n}")
-    refused(data, "a.zarr, vol, z0, z1, z2 and more")
-    assert not os.path.ismount(point)
+    with RangeServer(tmp_path).running() as server:
+        for source in (data, "gs://bkt/data", "precomputed://gs://bkt/data"):
+            remote = ["--endpoint", server.url] if "gs:" in str(source) else []
+            assert sorted(shardfs("ls", source, *remote).stdout.split()) == ["README", "a.zarr/", "notes/", "vol/"]
+            listed = shardfs("ls", source, "vol", *remote).stdout.split()
+            assert sorted(listed) == sorted([*map(str, range(40)), "info"])
+            assert shardfs("cat", source, "notes/a.txt", *remote).stdout == "not a dataset"

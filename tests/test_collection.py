@@ -1,0 +1,146 @@
+"""One mount for a whole data directory (issue 43): a directory that is no dataset shows as stored, and every
+dataset below it exactly as a mount of that dataset alone shows it, read by the peers that wrote it, through
+the kernel. Written by tensorstore, cloud-volume, zarr-python and ome-zarr-py; read back by the same."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorstore as ts
+import zarr
+from cloudvolume import CloudVolume
+
+from tests import peers
+from tests.helpers import daemon_of, files_under, peak_and_now_kib, read_ts
+from tests.test_view_readers import assert_every_level, found_nodes, ome_zarr_read, write_ome_images
+
+# Every dataset of the directory, by its path in it: a precomputed image (a sharded scale and an unsharded
+# one), a segmentation with sharded meshes and skeletons, the unsharded copy of the image, a zarr-python
+# hierarchy two directories down, and two OME-Zarr 0.5 images (one with labels).
+DATASETS = ("image", "seg", "unsharded", "labs/2026/brain.zarr", "ome/zyx.zarr", "ome/czyx.zarr")
+OVERHEAD_MIB = 40  # the README's promise beyond --cache-size
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """(the data directory, what its writers wrote): the datasets of DATASETS, plain files, and `broken/`,
+    whose `info` is no JSON."""
+    top = tmp_path_factory.mktemp("lab")
+    root = top / "data"
+    written: dict = {"image": peers.write_tensorstore_volume(root / "image", unsharded_twin=top / "twin")}
+    shutil.copytree(top / "twin", root / "unsharded")
+    written["mesh"] = peers.write_cloudvolume_multires_meshes(root / "seg")
+    written["skeletons"] = peers.write_cloudvolume_skeletons(root / "seg")
+    info = json.loads((root / "seg" / "info").read_text())
+    (root / "seg" / "info").write_text(json.dumps({**info, "mesh": "mesh"}))  # both, as a real segmentation has
+    written["zarr"] = peers.write_zarr_python(root / "labs" / "2026" / "brain.zarr")
+    written["ome"] = write_ome_images(root / "ome")
+    (root / "README").write_text("what is where\n")
+    (root / "notes").mkdir()
+    (root / "notes" / "plan.txt").write_bytes(os.urandom(3000))
+    (root / "broken" / "0").mkdir(parents=True)
+    (root / "broken" / "info").write_text('{"@type": "neuroglancer_multiscale_volume", ')
+    (root / "broken" / "0" / "0-64_0-64_0-64").write_bytes(b"\x01" * 100)
+    return root, written
+
+
+def listing(root: Path) -> list[str]:
+    """`ls -R` of root: every directory and file below it, relative, a directory ending in '/'."""
+    found = []
+    for at, dirs, files in os.walk(root):
+        rel = Path(at).relative_to(root)
+        found += [f"{rel / name}/" for name in dirs] + [str(rel / name) for name in files]
+    return sorted(found)
+
+
+def test_a_data_directory_shows_every_dataset_as_its_own_mount_does(data, mount) -> None:
+    """`ls -R` and every byte of each dataset equal a mount of that dataset alone (the image's also its
+    unsharded copy); plain files and the broken dataset's pass through as stored, the broken one said once in
+    the log; after all of it is read the daemon is within --cache-size + 40 MiB."""
+    root, _ = data
+    m = mount(root)
+    assert listing(m.path / "image") == listing(root / "unsharded")
+    expected = {p for p in listing(root) if not any(p.startswith(f"{d}/") and p != f"{d}/" for d in DATASETS)}
+    for dataset in DATASETS:
+        alone = mount(root / dataset).path
+        assert files_under(m.path / dataset) == files_under(alone), dataset
+        expected |= {f"{dataset}/{p}" for p in listing(alone)}
+    assert listing(m.path) == sorted(expected)
+    for plain in ("notes", "broken"):
+        assert files_under(m.path / plain) == files_under(root / plain), plain
+    assert (m.path / "README").read_bytes() == (root / "README").read_bytes()
+    said = [line for line in m.log_text().splitlines() if "shown as plain files" in line]
+    assert len(said) == 1 and "broken/info" in said[0], said
+    peak_kib, _ = peak_and_now_kib(daemon_of(m.path).pid)
+    assert peak_kib >> 10 <= 64 + OVERHEAD_MIB, f"peak {peak_kib >> 10} MiB"
+
+
+def test_the_peers_read_every_dataset_of_the_directory(data, mount, tmp_path) -> None:
+    """tensorstore and cloud-volume read the image and its unsharded copy, cloud-volume the meshes and
+    skeletons, zarr-python every array of the hierarchy, the current ome-zarr-py both images and the labels:
+    each equal to what its writer wrote."""
+    root, written = data
+    m = mount(root).path
+    np.testing.assert_array_equal(read_ts(m / "image"), written["image"])
+    np.testing.assert_array_equal(CloudVolume(f"file://{m / 'unsharded'}", progress=False)[:, :, :], written["image"])
+    seg, source = CloudVolume(f"file://{m / 'seg'}", progress=False), CloudVolume(f"file://{root / 'seg'}")
+    for segid in written["skeletons"]:
+        got, want = seg.skeleton.get(segid), source.skeleton.get(segid)
+        assert np.array_equal(got.vertices, want.vertices) and np.array_equal(got.edges, want.edges), segid
+    for segid in peers.MESH_IDS:
+        got = np.asarray(seg.mesh.get(segid, lod=0)[segid].vertices, np.float64)
+        want = peers.mesh_expected_vertices(segid, 0)
+        assert np.allclose(np.unique(got.round(3), axis=0), np.unique(want.round(3), axis=0), atol=1e-3), segid
+    group = zarr.open_group(m / "labs" / "2026" / "brain.zarr", mode="r")
+    for name, expected in written["zarr"].items():
+        assert group[name].shards is None, name
+        np.testing.assert_array_equal(group[name][...], expected, err_msg=name)
+    mounted = {name: m / "ome" / name for name in ("zyx.zarr", "czyx.zarr")}
+    kinds, read = ome_zarr_read("current", list(mounted.values()), tmp_path / "read.npz")
+    assert kinds == found_nodes(mounted)
+    assert_every_level(read, mounted, written["ome"])
+
+
+@pytest.mark.parametrize("view", ["zarr2", "n5"])
+def test_a_view_applies_to_each_dataset(data, mount, view, tmp_path) -> None:
+    """--view shows every dataset as a mount of it alone in that view does (ome-zarr-py 0.9 reads the zarr2
+    view's images and labels, tensorstore the N5 view's arrays); what is no dataset is shown as stored."""
+    root, written = data
+    m = mount(root, "--view", view).path
+    for dataset in DATASETS:
+        alone = mount(root / dataset, "--view", view).path
+        assert listing(m / dataset) == listing(alone), dataset
+        assert files_under(m / dataset) == files_under(alone), dataset
+    assert files_under(m / "broken") == files_under(root / "broken")
+    assert (m / "README").read_bytes() == (root / "README").read_bytes()
+    if view == "zarr2":
+        mounted = {name: m / "ome" / name for name in ("zyx.zarr", "czyx.zarr")}
+        kinds, read = ome_zarr_read("0.9", list(mounted.values()), tmp_path / "read.npz")
+        assert kinds == found_nodes(mounted)
+        assert_every_level(read, mounted, written["ome"])
+    else:
+        for name in ("raw", "gzip", "deep/sub/one_d"):
+            got = ts.open({"driver": "n5", "kvstore": f"file://{m / 'labs' / '2026' / 'brain.zarr' / name}"})
+            np.testing.assert_array_equal(got.result().read().result(), written["zarr"][name].T, err_msg=name)
+
+
+def test_a_directory_of_10000_empty_directories_mounts_at_once(tmp_path, mount) -> None:
+    """Nothing is looked at when mounting: the mount returns as soon as one of an empty directory does, and
+    lists the 10,000 directories as stored."""
+    many, empty = tmp_path / "many", tmp_path / "empty"
+    empty.mkdir()
+    for n in range(10_000):
+        (many / f"d{n:05}").mkdir(parents=True)
+    began = time.monotonic()
+    mount(empty)
+    alone = time.monotonic() - began
+    began = time.monotonic()
+    m = mount(many).path
+    assert time.monotonic() - began < alone + 1.0
+    assert sorted(os.listdir(m)) == sorted(os.listdir(many))
