@@ -72,6 +72,18 @@ def check(source: Source, progress: bool, deep: bool = False) -> int:
     return 1 if corrupt_total or undecoded else 0
 
 
+def check_each(source: Source, opened: Callable[[str], Source], progress: bool, deep: bool = False) -> int:
+    """`check` of a source that is a directory of datasets: each dataset it holds (Collection.datasets), opened
+    by opened from its path in it, checked as a source of its own, under a line naming it; 1 if any is corrupt."""
+    status = checked = 0
+    for dataset in source.collection.datasets():  # type: ignore[union-attr]
+        print(f"{dataset}/")
+        status = max(status, check(opened(dataset), progress, deep))
+        checked += 1
+    print(f"{'CORRUPT' if status else 'OK'}: {plural(checked, 'dataset')} checked")
+    return status
+
+
 def decode_all(source: Source, progress: bool, total: int) -> int:
     """Read and decode every chunk of every sharded directory; print each that fails (its path and why),
     and return how many did."""

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from shardfs import __version__, csi, options
-from shardfs.check import check
+from shardfs.check import check, check_each, plural
+from shardfs.collection import LOOKED
 from shardfs.context import Context
 from shardfs.errors import CacheDirRefused, CorruptChunk, ServiceError, SourceError, over_max_file_size
 from shardfs.files import Dir
@@ -42,6 +43,8 @@ from shardfs.service.summary import identity, summary
 from shardfs.source import Source, is_remote
 from shardfs.stores.disk_cache import DiskCache
 from shardfs.stores.remote import Access
+
+SHOWN = 100  # datasets `info` names of a directory of them; the others are counted
 
 
 class Parser(argparse.ArgumentParser):
@@ -228,6 +231,12 @@ def main(argv: list[str] | None = None) -> int:
             ls(source, args.path.strip("/"), args.long)
         elif args.command == "cat":
             cat(source, args.path.strip("/"))
+        elif args.command == "check" and source.collection is not None:
+            within = str(args.source).rstrip("/")
+            return check_each(
+                source, lambda dataset: MountSpec(f"{within}/{dataset}", reading).open_source(context, disk),
+                sys.stderr.isatty(), args.deep,
+            )  # fmt: skip
         elif args.command == "check":
             return check(source, progress=sys.stderr.isatty(), deep=args.deep)
         else:
@@ -374,6 +383,13 @@ def info(source: Source) -> None:
     print(f"source: {source.name}")
     for found in sorted(source.report, key=lambda found: (found.category, str(found))):
         print(f"  {found}")
+    if source.collection is not None:
+        count = 0
+        for count, dataset in enumerate(source.collection.datasets(), 1):
+            if count <= SHOWN:
+                print(f"{dataset}/: dataset")
+        more = f" ({count - SHOWN} not shown)" if count > SHOWN else ""
+        print(f"{plural(count, 'dataset')} found{more}, looking through {LOOKED} directories at most")
     for directory, provider in sorted(source.providers.items()):
         print(f"{directory or '.'}/: {provider.kind}")
         for key, value in provider.describe().items():

@@ -11,8 +11,10 @@ in the log, never as a failed mount.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 
 from cachetools import LRUCache
@@ -28,6 +30,7 @@ log = logging.getLogger("shardfs")
 OPEN = 16  # datasets kept open at once
 DEPTH = 16  # directories below the source where datasets are looked for; deeper ones are plain directories
 VERDICTS = 1 << 20  # bytes of verdicts kept (whether a directory is a dataset); one let go is asked again
+LOOKED = 10_000  # directories `datasets` looks at, at most
 GATES = 64  # datasets opened at once; a directory waits only for another that shares its gate
 
 Opener = Callable[[Store, Scoped], Tree]
@@ -62,6 +65,21 @@ class Collection(Tree):
             return super().listdir(path)
         directory, tree = found
         return tree.listdir(path[len(directory) + 1 :])
+
+    def datasets(self) -> Iterator[str]:
+        """The directories below the root that are datasets (outermost ones), breadth first and by name, for
+        `shardfs info` and `check`: a walk that looks at LOOKED directories at most, within DEPTH."""
+        pending, looked = deque([""]), 0
+        while pending and looked < LOOKED:
+            at = pending.popleft()
+            found = (name for name, is_dir in self.store.list(at) if is_dir)
+            for name in sorted(itertools.islice(found, LOOKED - looked)):
+                looked += 1
+                path = f"{at}/{name}" if at else name
+                if self._dataset(path) is not None:
+                    yield path
+                elif path.count("/") + 1 < DEPTH:
+                    pending.append(path)
 
     def drop_caches(self) -> None:
         """Datasets are opened afresh too: their metadata may have been rewritten with the rest."""

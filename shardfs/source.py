@@ -44,6 +44,11 @@ class Source:
     arrays: dict[str, Array]  # the arrays whose chunks decode to values (`check --deep` decodes them)
     context: Context
 
+    @property
+    def collection(self) -> Collection | None:
+        """The tree, if the source is no dataset but a directory of them (`info` and `check` walk it)."""
+        return self.tree if isinstance(self.tree, Collection) else None
+
 
 def is_remote(text: str | Path) -> bool:
     """Whether a SOURCE argument names a remote source (SourceError if it names nothing shardfs reads)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -23,7 +24,7 @@ from cloudvolume import CloudVolume
 from moto.server import ThreadedMotoServer
 
 from tests import peers
-from tests.conftest import scrape
+from tests.conftest import scrape, shardfs
 from tests.helpers import BUCKET, daemon_of, files_under, free_port, peak_and_now_kib, read_ts, upload
 from tests.test_remote_s3 import KEYS, credentials
 from tests.test_view_readers import assert_every_level, found_nodes, ome_zarr_read, write_ome_images
@@ -218,3 +219,28 @@ def test_a_prefix_of_10000_empty_directories_mounts_at_once(bucket, keys, mount)
     assert 0 < mounting <= 4, mounting
     assert sorted(os.listdir(m)) == [f"d{n:05}" for n in range(10_000)]
     assert 10 <= remote_requests(m) - mounting <= 11, remote_requests(m) - mounting
+
+
+def test_info_and_check_walk_the_datasets_a_directory_holds(data, mount, tmp_path) -> None:
+    """`shardfs info` names each dataset (the broken one is none) and counts them; `check` checks each as a
+    source of its own and fails if one has a corrupt shard; `shardfs list` shows the mount of the directory."""
+    root, _ = data
+    done = shardfs("info", root)
+    assert sorted(line for line in done.stdout.splitlines() if line.endswith(": dataset")) == sorted(
+        f"{dataset}/: dataset" for dataset in DATASETS
+    )
+    assert f"{len(DATASETS)} datasets found" in done.stdout
+    done = shardfs("check", root)
+    walked = sorted(DATASETS, key=lambda d: (d.count("/"), d))  # breadth first, by name
+    assert [line for line in done.stdout.splitlines() if line.endswith("/")] == [f"{d}/" for d in walked]
+    assert done.stdout.endswith(f"OK: {len(DATASETS)} datasets checked\n"), done.stdout
+    damaged = tmp_path / "damaged"
+    shutil.copytree(root / "image", damaged / "image")
+    (damaged / "notes").mkdir()
+    shard = next((damaged / "image" / "4_4_40").glob("*.shard"))
+    with shard.open("r+b") as f:
+        f.write(struct.pack("<QQ", 0, 1 << 40) * 4)  # every minishard index said to end far past the file's end
+    done = shardfs("check", damaged, check=False)
+    assert done.returncode == 1 and "1 corrupt" in done.stdout and "CORRUPT: 1 dataset checked" in done.stdout
+    m = mount(root).path
+    assert any(line.split()[:2] == [str(m), str(root)] for line in shardfs("list").stdout.splitlines())

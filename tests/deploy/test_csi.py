@@ -675,8 +675,8 @@ def test_a_daemon_keeps_nothing_under_a_volume_it_does_not_serve(server, raw_vol
 
 
 def test_local_sources_only_under_the_drivers_local_roots(raw_volume, tmp_path, public_tmp) -> None:
-    """With `--local-root DIR`, a volume may name a dataset under DIR, and nothing else of the node: not a path
-    outside, nor a link under DIR that leads outside. Served over gRPC as kubelet calls it."""
+    """With `--local-root DIR`, a volume may name a dataset under DIR, or DIR itself, and nothing else of the
+    node: not a path outside, nor a link under DIR that leads outside. Served over gRPC as kubelet calls it."""
     source, twin, _ = raw_volume
     root, outside = public_tmp / "datasets", public_tmp / "private"
     root.mkdir()
@@ -711,6 +711,11 @@ def test_local_sources_only_under_the_drivers_local_roots(raw_volume, tmp_path, 
         publish_local(root / "vol")
         name = sorted(os.listdir(twin / "4_4_40"))[2]
         assert (target / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        stub.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id="local", target_path=str(target)))
+        assert not target.exists()
+        publish_local(root)  # the directory of datasets itself (issue 43): shown as stored, the link not at all
+        assert sorted(os.listdir(target)) == ["closed", "vol"]
+        assert (target / "vol" / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
         stub.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id="local", target_path=str(target)))
         assert not target.exists()
     finally:

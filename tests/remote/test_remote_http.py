@@ -171,6 +171,7 @@ def test_unreachable_source_is_refused_in_one_line(tmp_path) -> None:
     with RangeServer(tmp_path).running() as server:  # reachable, but no dataset there
         r = shardfs("ls", f"{server.url}/nothing", check=False)
         assert r.returncode == 2 and "neither 'zarr.json'" in r.stderr and server.url in r.stderr
+        assert r.stderr.count("\n") == 1 and r.stderr.rstrip().endswith("name a dataset"), r.stderr
 
 
 def test_zarr_array_over_http(tmp_path, mount) -> None:
