@@ -25,14 +25,17 @@ from moto.server import ThreadedMotoServer
 
 from tests import peers
 from tests.conftest import scrape, shardfs
-from tests.helpers import BUCKET, daemon_of, files_under, free_port, peak_and_now_kib, read_ts, upload
+from tests.helpers import BUCKET, daemon_of, files_under, free_port, peak_and_now_kib, read_ts, run, upload
 from tests.test_remote_s3 import KEYS, credentials
 from tests.test_view_readers import assert_every_level, found_nodes, ome_zarr_read, write_ome_images
+from tests.test_zarr_draft import READ as READ_DRAFT
+from tests.test_zarr_draft import WRITE as WRITE_DRAFT
 
 # Every dataset of the directory, by its path in it: a precomputed image (a sharded scale and an unsharded
 # one), a segmentation with sharded meshes and skeletons, the unsharded copy of the image, a zarr-python
-# hierarchy two directories down, and two OME-Zarr 0.5 images (one with labels).
-DATASETS = ("image", "seg", "unsharded", "labs/2026/brain.zarr", "ome/zyx.zarr", "ome/czyx.zarr")
+# hierarchy two directories down, two OME-Zarr 0.5 images (one with labels), and the 2022 sharding draft's
+# hierarchy written by zarr-python 2.18.
+DATASETS = ("image", "seg", "unsharded", "labs/2026/brain.zarr", "ome/zyx.zarr", "ome/czyx.zarr", "draft")  # draft last
 OVERHEAD_MIB = 40  # the README's promise beyond --cache-size
 
 
@@ -50,6 +53,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     (root / "seg" / "info").write_text(json.dumps({**info, "mesh": "mesh"}))  # both, as a real segmentation has
     written["zarr"] = peers.write_zarr_python(root / "labs" / "2026" / "brain.zarr")
     written["ome"] = write_ome_images(root / "ome")
+    written["draft"] = top / "draft.npz"
+    run(WRITE_DRAFT, root / "draft", written["draft"])
     (root / "README").write_text("what is where\n")
     (root / "notes").mkdir()
     (root / "notes" / "plan.txt").write_bytes(os.urandom(3000))
@@ -114,19 +119,26 @@ def test_the_peers_read_every_dataset_of_the_directory(data, mount, tmp_path) ->
     kinds, read = ome_zarr_read("current", list(mounted.values()), tmp_path / "read.npz")
     assert kinds == found_nodes(mounted)
     assert_every_level(read, mounted, written["ome"])
+    report = json.loads(run(READ_DRAFT, m / "draft", written["draft"]))
+    assert report and all(array["equal"] and not array["transformers"] for array in report.values()), report
 
 
 @pytest.mark.parametrize("view", ["zarr2", "n5"])
 def test_a_view_applies_to_each_dataset(data, mount, view, tmp_path) -> None:
     """--view shows every dataset as a mount of it alone in that view does (ome-zarr-py 0.9 reads the zarr2
-    view's images and labels, tensorstore the N5 view's arrays); what is no dataset is shown as stored."""
+    view's images and labels, tensorstore the N5 view's arrays); what is no dataset, or none the view can
+    show, is shown as stored."""
     root, written = data
-    m = mount(root, "--view", view).path
-    for dataset in DATASETS:
+    shown = mount(root, "--view", view)
+    m = shown.path
+    for dataset in DATASETS[:-1]:
         alone = mount(root / dataset, "--view", view).path
         assert listing(m / dataset) == listing(alone), dataset
         assert files_under(m / dataset) == files_under(alone), dataset
-    assert files_under(m / "broken") == files_under(root / "broken")
+    for plain in ("broken", "draft"):  # the draft has no other view: a mount of it alone is refused, saying so
+        assert files_under(m / plain) == files_under(root / plain), plain
+    said = [line for line in shown.log_text().splitlines() if "shown as plain files" in line]
+    assert len(said) == 2 and any(f"--view {view} shows zarr v3" in line for line in said), said
     assert (m / "README").read_bytes() == (root / "README").read_bytes()
     if view == "zarr2":
         mounted = {name: m / "ome" / name for name in ("zyx.zarr", "czyx.zarr")}
@@ -194,7 +206,8 @@ def test_a_bucket_prefix_shows_as_the_directory_does(data, bucket, keys, mount, 
     """The uploaded directory, mounted from its prefix and (as `zarr://s3://…`, the form Neuroglancer users
     paste) from the bucket's root, lists and reads as the local directory's mount does; the peers read it."""
     root, written = data
-    m = mount(f"s3://{BUCKET}/lab/data", "--endpoint", bucket).path
+    shown = mount(f"s3://{BUCKET}/lab/data", "--endpoint", bucket)
+    m = shown.path
     local = mount(root).path
     assert listing(m) == listing(local)
     assert files_under(m) == files_under(local)
@@ -206,6 +219,8 @@ def test_a_bucket_prefix_shows_as_the_directory_does(data, bucket, keys, mount, 
     kinds, read = ome_zarr_read("current", list(mounted.values()), tmp_path / "read.npz")
     assert kinds == found_nodes(mounted)
     assert_every_level(read, mounted, written["ome"])
+    said = [line for line in shown.log_text().splitlines() if "shown as plain files" in line]
+    assert len(said) == 1 and "broken/info: not valid JSON" in said[0], said
     whole = mount(f"zarr://s3://{BUCKET}", "--endpoint", bucket).path
     assert sorted(os.listdir(whole)) == ["lab", "many"]
     assert files_under(whole / "lab" / "data" / "seg") == files_under(local / "seg")
