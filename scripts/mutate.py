@@ -49,6 +49,7 @@ TIMED = PROTOCOL + "test_each_timeout_reaches_the_kernel_as_given_to_the_nanosec
 EDGES = "tests/remote/test_remote_edges.py::"
 ODD = "tests/hostile/test_odd_values.py::"
 N5 = "tests/mount/test_view_n5.py::"
+COLLECTION = "tests/mount/test_collection.py::test_a_data_directory_shows_every_dataset_as_its_own_mount_does"
 
 MUTATIONS = [
     Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
@@ -455,6 +456,13 @@ MUTATIONS = [
     Mutation("N5 pixelResolution of one unit over mixed units", "shardfs/views/n5.py",
              "if unit}) <= 1:", "if unit}) <= 2:",
              (N5 + "test_mixed_units_give_no_single_unit_and_levels_keep_their_size",)),
+    Mutation("a dataset in a directory names its files from the directory's root", "shardfs/stores/beneath.py",
+             "path=file.path[len(self.directory) + 1 :]", "path=file.path", (COLLECTION,)),
+    Mutation("datasets in a directory share cache keys", "shardfs/cache.py",
+             'get_or_make(("dataset", self.scope, key)', 'get_or_make(("dataset", key)', (COLLECTION,)),
+    Mutation("the innermost dataset decides", "shardfs/collection.py",
+             "(not itself), DEPTH) + 1):", "(not itself), DEPTH) + 1)[::-1]:",
+             (COLLECTION, "tests/mount/test_collection.py::test_a_view_applies_to_each_dataset[n5]")),
 ]  # fmt: skip
 
 

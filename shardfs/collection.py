@@ -45,7 +45,8 @@ class Collection(Tree):
     def __init__(self, store: Store, cache: ByteCache, open_dataset: Opener) -> None:
         super().__init__(store, cache, {}, {})
         self._open_dataset = open_dataset
-        self._verdicts: LRUCache[str, bool] = LRUCache(VERDICTS, getsizeof=key_cost)
+        # Each verdict is kept with its directory's path, which its size counts (cachetools sizes values only).
+        self._verdicts: LRUCache[str, tuple[str, bool]] = LRUCache(VERDICTS, getsizeof=key_cost)
         self._open: LRUCache[str, Tree] = LRUCache(OPEN)
         self._lock = threading.Lock()  # over the two LRUs, never across I/O
         self._gates = [threading.Lock() for _ in range(GATES)]
@@ -100,21 +101,25 @@ class Collection(Tree):
 
     def _dataset(self, directory: str) -> Tree | None:
         """The opened dataset at directory, opened now if need be; None if it is none, or cannot be opened."""
-        with self._lock:
-            tree, verdict = self._open.get(directory), self._verdicts.get(directory)
-        if tree is not None or verdict is False:
+        known, tree = self._known(directory)
+        if known:
             return tree
         with self._gates[hash(directory) % GATES]:  # one thread opens a given directory; others wait for it
-            with self._lock:
-                tree, verdict = self._open.get(directory), self._verdicts.get(directory)
-            if tree is not None or verdict is False:
+            known, tree = self._known(directory)
+            if known:
                 return tree
             tree = self._opened(directory)
             with self._lock:
-                self._verdicts[directory] = tree is not None
+                self._verdicts[directory] = (directory, tree is not None)
                 if tree is not None:
                     self._open[directory] = tree
             return tree
+
+    def _known(self, directory: str) -> tuple[bool, Tree | None]:
+        """Whether what directory is is known (no dataset, or one open), and its tree if it is one open."""
+        with self._lock:
+            tree, verdict = self._open.get(directory), self._verdicts.get(directory)
+        return tree is not None or (verdict is not None and not verdict[1]), tree
 
     def _opened(self, directory: str) -> Tree | None:
         try:
