@@ -81,6 +81,8 @@ def open_source(
     cache = ByteCache(cache_bytes, max_file_size)
     try:
         kind = _kind(store)
+        # A prefix nothing is under is no directory of datasets but a slip, as a missing local directory is.
+        empty = kind is None and local is None and store.can_list and next(iter(store.list("")), None) is None
     except NoBucket as e:
         raise SourceError(f"{name}: {e.strerror}; check the bucket's name") from None
     except OSError as e:  # the first request of all: what failed is reaching the source, not one file of it
@@ -98,6 +100,8 @@ def open_source(
         if not store.can_list:
             raise SourceMissing(f"{name}: neither 'zarr.json' (zarr v3) nor 'info' (Neuroglancer precomputed) is"
                                 " there, and a web server cannot list what is below it: name a dataset")  # fmt: skip
+        if empty:
+            raise SourceMissing(f"{name}: nothing is there: no dataset ('zarr.json' or 'info'), and nothing below it")
         tree = Collection(store, cache, lambda beneath, scoped: _collected(beneath, scoped, view))
         return Source(name, local, tree, [Finding(COLLECTION, Category.NOTE)], {}, cache, {}, context)
     try:

@@ -8,17 +8,24 @@ import json
 import os
 import shutil
 import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import boto3
 import numpy as np
 import pytest
 import tensorstore as ts
 import zarr
 from cloudvolume import CloudVolume
+from moto.server import ThreadedMotoServer
 
 from tests import peers
-from tests.conftest import shardfs
-from tests.helpers import daemon_of, files_under, peak_and_now_kib, read_ts, run
+from tests.conftest import scrape, shardfs
+from tests.helpers import BUCKET, daemon_of, files_under, free_port, peak_and_now_kib, read_ts, run, upload
+from tests.test_remote_s3 import KEYS, credentials
 from tests.test_view_readers import assert_every_level, found_nodes, ome_zarr_read, write_ome_images
 from tests.test_zarr_draft import READ as READ_DRAFT
 from tests.test_zarr_draft import WRITE as WRITE_DRAFT
@@ -146,6 +153,76 @@ def test_a_view_applies_to_each_dataset(data, mount, view, tmp_path) -> None:
         for name in ("raw", "gzip", "deep/sub/one_d"):
             got = ts.open({"driver": "n5", "kvstore": f"file://{m / 'labs' / '2026' / 'brain.zarr' / name}"})
             np.testing.assert_array_equal(got.result().read().result(), written["zarr"][name].T, err_msg=name)
+
+
+# --- the same in an S3 bucket ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bucket(data: tuple[Path, dict]) -> Iterator[str]:
+    """moto's S3 server on loopback, its endpoint: the data directory uploaded as it is to `lab/data/`, and
+    10,000 empty directories (the console's zero-byte `name/` objects) under `many/`."""
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **credentials())
+        client.create_bucket(Bucket=BUCKET)
+        upload(client, data[0], "lab/data")
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: client.put_object(Bucket=BUCKET, Key=f"many/d{n:05}/", Body=b""), range(10_000)))
+        yield endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in KEYS.items():
+        monkeypatch.setenv(k, v)
+
+
+def remote_requests(point: Path) -> int:
+    """Requests the mount's daemon has sent to its source so far, as `shardfs stats` reads them."""
+    stats = [sys.executable, "-m", "shardfs", "stats", "--prometheus", point]
+    figures = scrape(subprocess.run(stats, check=True, capture_output=True, text=True).stdout)
+    return int(sum(value for (name, _), value in figures.items() if name == "shardfs_remote_requests_total"))
+
+
+def test_a_bucket_prefix_shows_as_the_directory_does(data, bucket, keys, mount, tmp_path) -> None:
+    """The uploaded directory, mounted from its prefix and (as `zarr://s3://…`, the form Neuroglancer users
+    paste) from the bucket's root, lists and reads as the local directory's mount does; the peers read it."""
+    root, written = data
+    shown = mount(f"s3://{BUCKET}/lab/data", "--endpoint", bucket)
+    m = shown.path
+    local = mount(root).path
+    assert listing(m) == listing(local)
+    assert files_under(m) == files_under(local)
+    np.testing.assert_array_equal(read_ts(m / "image"), written["image"])
+    group = zarr.open_group(m / "labs" / "2026" / "brain.zarr", mode="r")
+    for name, expected in written["zarr"].items():
+        np.testing.assert_array_equal(group[name][...], expected, err_msg=name)
+    mounted = {name: m / "ome" / name for name in ("zyx.zarr", "czyx.zarr")}
+    kinds, read = ome_zarr_read("current", list(mounted.values()), tmp_path / "read.npz")
+    assert kinds == found_nodes(mounted)
+    assert_every_level(read, mounted, written["ome"])
+    said = [line for line in shown.log_text().splitlines() if "shown as plain files" in line]
+    assert len(said) == 1 and "broken/info: not valid JSON" in said[0], said
+    whole = mount(f"zarr://s3://{BUCKET}", "--endpoint", bucket).path
+    assert sorted(os.listdir(whole)) == ["lab", "many"]
+    assert files_under(whole / "lab" / "data" / "seg") == files_under(local / "seg")
+
+
+def test_a_prefix_of_10000_empty_directories_mounts_at_once(bucket, keys, mount) -> None:
+    """Mounting sends the requests a dataset's would (its root's markers looked for) and one listing's page
+    (something is there), not one a directory: nothing is crawled. A listing then shows every directory, in
+    requests of a page of keys each."""
+    m = mount(f"s3://{BUCKET}/many", "--endpoint", bucket).path
+    mounting = remote_requests(m)
+    assert 0 < mounting <= 5, mounting
+    assert sorted(os.listdir(m)) == [f"d{n:05}" for n in range(10_000)]
+    assert 10 <= remote_requests(m) - mounting <= 11, remote_requests(m) - mounting
 
 
 def test_info_and_check_walk_the_datasets_a_directory_holds(data, mount, tmp_path) -> None:
