@@ -20,15 +20,19 @@ import pytest
 import tensorstore as ts
 import zarr
 from cloudvolume import CloudVolume
-from moto.server import ThreadedMotoServer
 
-from tests import peers
-from tests.conftest import scrape, shardfs
-from tests.helpers import BUCKET, daemon_of, files_under, free_port, peak_and_now_kib, read_ts, run, upload
-from tests.test_remote_s3 import KEYS, credentials
-from tests.test_view_readers import assert_every_level, found_nodes, ome_zarr_read, write_ome_images
-from tests.test_zarr_draft import READ as READ_DRAFT
-from tests.test_zarr_draft import WRITE as WRITE_DRAFT
+from tests.mount.test_view_readers import assert_every_level, found_nodes, ome_zarr_read, write_ome_images
+from tests.mount.test_zarr_draft import READ as READ_DRAFT
+from tests.mount.test_zarr_draft import WRITE as WRITE_DRAFT
+from tests.remote.test_remote_s3 import KEYS, credentials
+from tests.support import peers
+from tests.support.cli import scrape, shardfs
+from tests.support.cloud import BUCKET, moto_server, upload
+from tests.support.daemons import daemon_of, peak_and_now_kib
+from tests.support.reading import files_under, read_ts
+from tests.support.zarr2 import run
+
+pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
 
 # Every dataset of the directory, by its path in it: a precomputed image (a sharded scale and an unsharded
 # one), a segmentation with sharded meshes and skeletons, the unsharded copy of the image, a zarr-python
@@ -162,19 +166,13 @@ def test_a_view_applies_to_each_dataset(data, mount, view, tmp_path) -> None:
 def bucket(data: tuple[Path, dict]) -> Iterator[str]:
     """moto's S3 server on loopback, its endpoint: the data directory uploaded as it is to `lab/data/`, and
     10,000 empty directories (the console's zero-byte `name/` objects) under `many/`."""
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
+    with moto_server() as endpoint:
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **credentials())
         client.create_bucket(Bucket=BUCKET)
         upload(client, data[0], "lab/data")
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda n: client.put_object(Bucket=BUCKET, Key=f"many/d{n:05}/", Body=b""), range(10_000)))
         yield endpoint
-    finally:
-        server.stop()
 
 
 @pytest.fixture
