@@ -58,8 +58,8 @@ class Listing:
         for name, is_dir in entries:
             if name in (".", ".."):  # every listing's own two, whatever a server names
                 continue
-            names.add(os.fsencode(name) + (b"\1" if is_dir else b"\0"))
-            if len(names) >= LISTED_NAMES or names.nbytes >= LISTED_BYTES or time.monotonic() > until:
+            encoded = os.fsencode(name)
+            if len(names) >= LISTED_NAMES or names.nbytes + len(encoded) > LISTED_BYTES or time.monotonic() > until:
                 complete = False
                 log.warning(
                     "%s: a listing shows at most %d entries, %d bytes of names, listed within %.0f s; this one "
@@ -67,6 +67,7 @@ class Listing:
                     LISTED_BYTES, LISTING_SECONDS, len(names), extra={"event": "listing_bound"},
                 )  # fmt: skip
                 break
+            names.add(encoded, is_dir)
         dirents, starts = bytearray(), array("I")
         last = None
         for item in itertools.chain((b".\1", b"..\1"), names.merged()):
@@ -189,8 +190,8 @@ class _SortedRuns:
     def __len__(self) -> int:
         return len(self._ends) - 1 + len(self._batch)
 
-    def add(self, name: bytes) -> None:
-        self._batch.append(name)
+    def add(self, name: bytes, is_dir: bool) -> None:
+        self._batch.append(name + (b"\1" if is_dir else b"\0"))  # sorted with its type, a file first
         self.nbytes += len(name)
         if len(self._batch) >= RUN:
             self._pack()

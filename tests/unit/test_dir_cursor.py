@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,6 +81,35 @@ def test_a_listing_past_its_bound_keeps_what_it_has_and_says_so(monkeypatch, cap
     assert len(listing) == 2 + 5 and not listing.complete
     assert [r.event for r in caplog.records] == ["listing_bound"]  # type: ignore[attr-defined]
     assert "/endless" in caplog.text
+
+
+@pytest.mark.parametrize("past", [-1, 0, 1], ids=["one below", "at the bound", "one above"])
+@pytest.mark.parametrize("bound", ["LISTED_NAMES", "LISTED_BYTES"])
+def test_each_listing_bound_holds_at_its_value_and_cuts_one_past_it(monkeypatch, caplog, bound, past) -> None:
+    """Six names of 8 bytes against a bound of 6 names or 48 bytes of names: a directory one name (one byte) below
+    it and one at it list whole, saying nothing; one a name (a byte) past it lists up to the bound, and says so."""
+    monkeypatch.setattr(f"shardfs.fuse.listing.{bound}", 6 if bound == "LISTED_NAMES" else 6 * 8)
+    if bound == "LISTED_NAMES":
+        names = [f"name-{i:03d}" for i in range(6 + past)]
+    else:
+        names = [f"name-{i:03d}" for i in range(5)] + ["n" * (8 + past)]
+    listing = Listing.of(((name, False) for name in names), "/d", ino)
+    shown = [listing.entry(i)[0].decode() for i in range(2, len(listing))]
+    assert listing.complete is (past <= 0) and len(caplog.records) == (past > 0), caplog.text
+    assert shown == sorted(names[: 6 if bound == "LISTED_NAMES" else 5 + (past <= 0)])
+
+
+def test_a_listing_costs_the_memory_it_holds() -> None:
+    """What a listing counts against the cache's budget is what it holds as allocated (a grown buffer keeps room
+    spare, an entry's start takes 4 bytes), not its length in entries or bytes."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        listing = Listing.of(((f"name-{i}", False) for i in range(20_000)), "/d", ino)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held * 0.95 <= listing.nbytes <= held * 1.05, (listing.nbytes, held)
 
 
 def test_names_that_are_not_utf8_come_back_as_they_were() -> None:
