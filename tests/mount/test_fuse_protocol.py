@@ -7,6 +7,7 @@ character device other than /dev/fuse."""
 from __future__ import annotations
 
 import errno
+import re
 import subprocess
 from pathlib import Path
 
@@ -132,3 +133,44 @@ def test_dev_fd_n_of_another_character_device_is_refused_in_one_line(raw_volume,
         command = [*SHARDFS, "mount", str(raw_volume[0]), handed]
         done = subprocess.run(command, pass_fds=[fd.fileno()], capture_output=True, text=True, timeout=60)
     one_line_error(done, 2, handed, "not a /dev/fuse descriptor")
+
+
+def test_only_requests_the_kernel_marks_resent_are_counted_resent(raw_volume) -> None:
+    """FUSE_NOTIFY_RESEND puts each request read and not answered back in the queue with FUSE_UNIQUE_RESEND set in
+    its unique: those, and no other, are what shardfs_fuse_resent_requests counts; each is answered under the
+    unique as it was read."""
+    with kernel_socket(raw_volume[0]) as (kernel, session):
+        assert init(kernel, 7, 40, EVERYTHING, wire.InitFlag2.HAS_RESEND)[0] == 0
+        resent = wire.UNIQUE_RESEND
+        for n, unique in enumerate([2, resent | 3, 4, 5, resent | 6, 1 << 62 | 7, resent | 8]):
+            assert ask(kernel, wire.Op.GETATTR, bytes(16), unique, ROOT)[0] == 0  # ask() checks the unique echoed
+            counted = session.metrics.registry.get_sample_value("shardfs_fuse_resent_requests_total")
+            assert counted == [0, 1, 1, 1, 2, 2, 3][n], (n, counted)
+
+
+FUSE_H = Path("/usr/include/linux/fuse.h")  # the kernel's own header (linux-libc-dev, with gcc)
+
+
+def _fuse_h() -> str:
+    assert FUSE_H.exists(), f"{FUSE_H} is missing: scripts/setup installs gcc, which brings it"
+    return FUSE_H.read_text()
+
+
+def test_init_flags_and_opcodes_are_the_bits_and_numbers_of_linux_fuse_h() -> None:
+    """Each INIT flag bit by bit, and each opcode, against the header the kernel is built from: a flag one bit off
+    asks the kernel for something else (WRITEBACK_CACHE for NO_OPEN_SUPPORT), or misreads what it offers. The
+    header of this machine may predate 7.40: what it does not define yet (FUSE_HAS_RESEND, FUSE_STATX) is taken
+    from 7.40's, quoted here."""
+    header = _fuse_h()
+    defined = {name: int(shift) for name, shift in re.findall(r"#define FUSE_(\w+)\s+\(1(?:ULL)? << (\d+)\)", header)}
+    for flag in wire.InitFlag:
+        assert defined[str(flag.name)] == flag.value.bit_length() - 1, flag
+    fuse_7_40 = {"HAS_RESEND": 39}  # linux/fuse.h 7.40: #define FUSE_HAS_RESEND (1ULL << 39)
+    for flag in wire.InitFlag2:
+        assert defined.get(str(flag.name), fuse_7_40[str(flag.name)]) == 32 + flag.value.bit_length() - 1, flag
+    opcodes = {name: int(number) for name, number in re.findall(r"\bFUSE_(\w+)\s*=\s*(\d+),", header)}
+    opcodes.setdefault("STATX", 52)  # 7.39
+    for op in wire.Op:
+        assert opcodes[op.name] == op.value, op
+    assert opcodes.get("NOTIFY_RESEND", 7) == wire.Notify.RESEND  # enum fuse_notify_code, 7.40
+    assert wire.UNIQUE_RESEND == 1 << 63  # 7.40: #define FUSE_UNIQUE_RESEND (1ULL << 63)

@@ -10,10 +10,20 @@ from pathlib import Path
 
 import pytest
 
+from shardfs.fuse import record as record_module
 from shardfs.fuse import wire
 from shardfs.fuse.filesystem import StaleNode
 from shardfs.fuse.nodes import PACKED, Nodes
-from shardfs.fuse.record import COMPACT_AFTER, SPAN_AT, TERMS_LENGTH_AT, Kept, Record, RecordError, Terms
+from shardfs.fuse.record import (
+    COMPACT_AFTER,
+    SPAN_AT,
+    TERMS_AT,
+    TERMS_LENGTH_AT,
+    Kept,
+    Record,
+    RecordError,
+    Terms,
+)
 from shardfs.service import handover
 
 
@@ -124,3 +134,72 @@ def test_what_a_connection_serves_is_stamped_and_read_back() -> None:
     record.stamp(served)
     assert Record(record.fd).serves() == served
     assert json.loads(served) == {"source": "s3://b/vol", "view": "n5", "mountpoint": "/mnt/x"}
+
+
+def test_no_id_is_issued_again_by_a_second_or_third_daemon() -> None:
+    """Each daemon issues ids, then the kernel forgets them highest first, so that the journal is rewritten
+    small while the highest id issued is already dropped: the next daemon, and the one after it, must still
+    issue only ids that no daemon before issued (the kernel may hold any of them yet, in a dentry it revalidates)."""
+    record = Record.new()
+    issued: set[int] = set()
+    name = "d" * 200
+    for daemon in range(3):
+        nodes = Nodes(Unnumbered(), reopened(record))
+        fresh = [nodes.looked_up(f"{daemon}/{name}{i}", None) for i in range(2 * COMPACT_AFTER // 200)]
+        assert not issued & set(fresh), f"daemon {daemon + 1} issued ids issued before"
+        issued |= set(fresh)
+        for nodeid in reversed(fresh[1:]):
+            nodes.forget(nodeid, 1)
+        assert os.fstat(record.fd).st_blocks * 512 < COMPACT_AFTER  # rewritten: the old journal was let go
+
+
+def _reads(fd: int) -> tuple[Terms | None, str | None, dict[int, str]]:
+    """What a next daemon reads of the record at fd."""
+    record = Record(fd)
+    return record.terms(), record.serves(), record.table()
+
+
+def test_a_record_cut_at_any_point_of_any_write_reads_as_before_or_after(monkeypatch) -> None:
+    """A daemon killed in the middle of a change leaves the record as its writes up to some point: each write cut
+    at each byte (a header field whole or not at all: one pwrite of a few bytes within a page, which a kill does
+    not split) must read back as the record before the change or after it, never as terms, a stamp or a table
+    entry that was never written. The changes: INIT's terms, the stamp, ids added and dropped, the journal
+    rewritten (made to happen early here) and the entries after it."""
+    monkeypatch.setattr(record_module, "COMPACT_AFTER", 256)
+    record = Record.new()
+    cuts: list[int] = []
+    write = os.pwrite
+
+    def cut_pwrite(fd: int, data: bytes, offset: int) -> int:
+        if fd == record.fd:
+            for n in range(len(data)) if offset >= TERMS_AT else [0]:
+                image = bytearray(os.pread(fd, max(os.fstat(fd).st_size, offset + n), 0))
+                image[offset : offset + n] = data[:n]
+                copy = os.memfd_create("cut")
+                write(copy, bytes(image), 0)
+                cuts.append(copy)
+        return write(fd, data, offset)
+
+    nodes = Nodes(Unnumbered(), record)
+    changes = [
+        lambda: record.settle(Terms(40, 0x4C0001, 131072, 4096, 256, 1, True, True)),
+        lambda: record.stamp(handover.served("/data", "n5", Path("/mnt"))),
+        *(lambda i=i: nodes.looked_up(f"dir/{i}", None) for i in range(12)),
+        *(lambda i=i: nodes.forget(i, 1) for i in range(13, 3, -1)),  # a rewrite on the way
+        lambda: nodes.looked_up("after the rewrite", None),
+    ]
+    rewritten = False
+    for change in changes:
+        before = _reads(record.fd)
+        start = struct.unpack("=Q", os.pread(record.fd, 8, SPAN_AT))[0]
+        monkeypatch.setattr(os, "pwrite", cut_pwrite)
+        change()
+        monkeypatch.setattr(os, "pwrite", write)
+        after = _reads(record.fd)
+        rewritten |= struct.unpack("=Q", os.pread(record.fd, 8, SPAN_AT))[0] != start
+        assert before != after
+        for copy in cuts:
+            assert _reads(copy) in (before, after)
+            os.close(copy)
+        cuts.clear()
+    assert rewritten
