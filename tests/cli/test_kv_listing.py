@@ -4,10 +4,15 @@ a key twice or in the store's order."""
 
 from __future__ import annotations
 
+import functools
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from shardfs.shards.listing import ListingBudget, Read, in_order
 from tests.support import peers
 from tests.support.cli import shardfs
 from tests.support.datasets import home
@@ -46,3 +51,25 @@ def test_a_shard_holding_another_shards_keys_lists_only_its_own(tmp_path) -> Non
     kept, lost = sorted(set(where.values()))[:2]
     (source / "4_4_40" / lost).write_bytes((source / "4_4_40" / kept).read_bytes())
     assert sorted(ls(source, "4_4_40")) == sorted(name for name, shard in where.items() if shard != lost)
+
+
+def test_reads_in_flight_come_back_in_the_order_asked_while_more_are_still_asked() -> None:
+    """A listing of more index reads than may be in flight at once, finishing in any order, its budget short
+    mid-way: the results come in the order of the reads, those yielded while later reads are still being asked
+    as much as those yielded at the end."""
+    budget = ListingBudget(left=40)
+
+    def cost(i: int) -> int:
+        return 36 if i % 10 == 9 else 4  # one read in ten waits for what the ones before it give back
+
+    def read(i: int) -> int:
+        time.sleep(random.random() / 200)
+        return i
+
+    with ThreadPoolExecutor(8) as pool:
+        reads = (Read(cost(i), functools.partial(read, i), "0.shard") for i in range(100))
+        got = []
+        for i in in_order(pool, 5, reads, budget):
+            got.append(i)
+            budget.refund(cost(i))  # its names listed give back
+    assert got == list(range(100))

@@ -46,6 +46,25 @@ def test_burst_then_silence_then_the_count_of_what_was_dropped() -> None:
     assert limit.filter(second) and not hasattr(second, "suppressed")  # counted once
 
 
+def test_every_window_restarts_the_budget_at_its_end_and_not_a_tick_before() -> None:
+    """A user silenced in one window is heard again in the next, and in each one after: a window starts with the
+    first line at or after the last one's end and lasts `window` seconds, the line one tick before its end
+    dropped, the one at its end let through with the count dropped before it."""
+    now = [0.0]
+    limit = RateLimit(burst=2, window=10, clock=lambda: now[0])
+    start = 0.0
+    for later in (0.0, 0.5, 0.0, 15.0):  # how long after the last window's end the next line comes
+        now[0] = start
+        first = record(logging.ERROR, "eio")
+        assert [limit.filter(first), *(limit.filter(record(logging.ERROR, "eio")) for _ in range(2))] == [
+            True, True, False
+        ]  # fmt: skip
+        assert getattr(first, "suppressed", 0) == (0 if start == 0 else 2), start
+        now[0] = start + 10 - 1e-6
+        assert not limit.filter(record(logging.ERROR, "eio")), start
+        start += 10 + later
+
+
 def test_each_user_has_a_budget_of_their_own_and_budgets_are_bounded(monkeypatch) -> None:
     """The user whose request a thread answers (logs.serving) has a budget of their own: another user's burst
     leaves it whole, and the line names them. Past MAX_WINDOWS budgets, the users beyond share one, until
