@@ -228,6 +228,27 @@ def test_ome_zarr_05_is_read_as_04(zarr_views, mount) -> None:
     np.testing.assert_array_equal(np.asarray(image.data[0]), contents["ome/s0"])
 
 
+def test_an_ome_zarr_image_at_the_root_of_the_mount_is_one(tmp_path, mount) -> None:
+    """An OME-Zarr 0.5 image that is the dataset itself (its group the source's root), its array's chunk keys
+    `.`-separated: the zarr2 view's array takes `/`, as OME-Zarr requires and its readers assume, so that
+    ome-zarr-py reads its pixels from the mount's root as from a nested image."""
+    from ome_zarr.io import parse_url
+    from ome_zarr.reader import Multiscales, Reader
+
+    source = tmp_path / "image.zarr"
+    image = zarr.open_group(source, mode="w", attributes=OME_05)
+    array = image.create_array("s0", shape=(16, 16), dtype="uint8", chunks=(4, 4), shards=(8, 8),
+                               chunk_key_encoding={"name": "v2", "separator": "."})  # fmt: skip
+    data = np.arange(256, dtype="uint8").reshape(16, 16)
+    array[...] = data
+    assert (source / "s0" / "1.1").is_file()  # the shards' keys, `.`-separated
+    mnt = mount(source, "--view", "zarr2").path
+    assert json.loads((mnt / "s0" / ".zarray").read_text())["dimension_separator"] == "/"
+    assert (mnt / "s0" / "3" / "3").is_file() and not (mnt / "s0" / "3.3").exists()
+    found = next(n for n in Reader(parse_url(str(mnt)))() if Multiscales.matches(n.zarr))
+    np.testing.assert_array_equal(np.asarray(found.data[0]), data)
+
+
 def test_tensorstore_zarr3_sharded_in_both_views(tmp_path, mount) -> None:
     source = tmp_path / "ts.zarr"
     array = peers.create_tensorstore_zarr3(source, [37, 29], "uint32", [16, 16], [4, 8])

@@ -319,3 +319,30 @@ def test_a_minishard_whose_chunks_lie_elsewhere_is_read_as_it_is_stored(tmp_path
         m = mount(server.url)
         for key in items:
             assert (m.path / str(key)).read_bytes() == items[key], key
+
+
+def test_minishard_indexes_side_by_side_among_empty_minishards_cost_one_get(tmp_path, mount) -> None:
+    """A shard whose minishards 1, 4 and 6 hold nothing (their index rows empty, as cloud-volume writes them):
+    the five minishard indexes written side by side still come in one GET, the empty rows no gap between them,
+    and a key of an empty minishard is absent for no request at all."""
+    spec = peers.sharding_spec(preshift_bits=0, minishard_bits=3, shard_bits=1, data_encoding="raw")
+    full = (0, 2, 3, 5, 7)
+    items = {key: f"value of {key}".encode() * 3 for key in range(1, 400) if home(spec, key)[1] in full}
+    write_cloudvolume_kv(tmp_path / "kv", spec, items)
+    rows = minishard_rows(tmp_path / "kv" / "0.shard", 3)
+    assert [i for i, (start, stop) in enumerate(rows) if start == stop] == [1, 4, 6], rows
+    one_each = {}
+    for key in items:
+        shard, minishard = home(spec, key)
+        if shard == 0:
+            one_each.setdefault(minishard, key)
+    assert sorted(one_each) == list(full)
+    empty = next(key for key in range(400) if home(spec, key) == (0, 4))
+    with RangeServer(tmp_path / "kv").running() as server:
+        m = mount(server.url)
+        before = counted(server)
+        for key in one_each.values():
+            assert (m.path / str(key)).read_bytes() == items[key]
+        assert read_errno(m.path / str(empty)) == errno.ENOENT
+        cold = counted(server) - before
+    assert cold == Counter({"GET": 2 + len(full)}), cold

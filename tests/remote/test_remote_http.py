@@ -9,6 +9,7 @@ import json
 import os
 import re
 import socket
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,6 +59,11 @@ def test_precomputed_over_http_reads_as_unsharded(volume, server, mount) -> None
     for name in names:
         assert (m.path / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes(), name
     assert json.loads((m.path / "info").read_text()) == json.loads((twin / "info").read_text())
+    for where, _, files in os.walk(m.path):  # a web server says nothing of modes: read bits, never a program
+        assert stat.S_IMODE(os.stat(where).st_mode) == 0o555, where
+        for name in files:
+            path = os.path.join(where, name)
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o444 and not os.access(path, os.X_OK), path
     spec = {"driver": "neuroglancer_precomputed", "kvstore": f"file://{m.path}", "scale_index": 0}
     assert np.array_equal(ts.open(spec).result().read().result(), expected)
     cv = CloudVolume(f"file://{m.path}", mip=0, fill_missing=True, progress=False)
