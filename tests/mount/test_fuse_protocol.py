@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import errno
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from shardfs.fuse import wire
+from shardfs.fuse.mount import FuseMountError
 from shardfs.fuse.serve import settings_of
 from shardfs.service.daemon import fuse_options
 from tests.support.cli import SHARDFS, one_line_error
@@ -174,3 +176,41 @@ def test_init_flags_and_opcodes_are_the_bits_and_numbers_of_linux_fuse_h() -> No
         assert opcodes[op.name] == op.value, op
     assert opcodes.get("NOTIFY_RESEND", 7) == wire.Notify.RESEND  # enum fuse_notify_code, 7.40
     assert wire.UNIQUE_RESEND == 1 << 63  # 7.40: #define FUSE_UNIQUE_RESEND (1ULL << 63)
+
+
+def test_names_of_254_and_255_bytes_are_looked_up_and_256_is_absent_unasked(raw_volume, tmp_path) -> None:
+    """NAME_MAX at its value, one below and one above: files of 254 and 255 bytes' names (the longest Linux
+    holds) are found; a name of 256 is absent, without asking the source (which would answer ENAMETOOLONG, and
+    count it an error: any user could fill the log with that)."""
+    source = tmp_path / "src"
+    shutil.copytree(raw_volume[0], source)
+    for size in (254, 255):
+        (source / ("n" * size)).write_bytes(b"x" * size)
+    with kernel_socket(source) as (kernel, session):
+        assert init(kernel, 7, 40, EVERYTHING)[0] == 0
+        for size in (254, 255):
+            code, reply = lookup(kernel, "n" * size)
+            assert code == 0 and wire.ATTR.unpack_from(reply, wire.ENTRY_OUT.size)[1] == size, size
+        code, reply = lookup(kernel, "n" * 256)
+        assert code == 0 and wire.ENTRY_OUT.unpack_from(reply)[0] == 0  # node id 0: absent, for the negative timeout
+        errors = [s for s in session.metrics.registry.collect() if s.name == "shardfs_errors"]
+        assert not any(sample.value for family in errors for sample in family.samples), errors
+
+
+@pytest.mark.parametrize(
+    ("value", "taken"),
+    [("18446744073709549568", True), ("18446744073709551616", False), ("18446744073709555712", False)],
+    ids=["the largest below 2^64", "2^64", "the next above"],
+)
+def test_the_largest_timeout_is_the_last_below_2_to_the_64(raw_volume, value, taken) -> None:
+    """A timeout is a u64 of seconds to the kernel: 2^64 - 2048 (the largest double below 2^64) is taken and
+    told to the kernel as those seconds; 2^64, and the next double above it, are refused naming the option."""
+    options = fuse_options("src", {"attr_timeout": value})
+    if not taken:
+        with pytest.raises(FuseMountError, match=f"invalid value attr_timeout={value}"):
+            settings_of(options, Path("/m"))
+        return
+    with kernel_socket(raw_volume[0], settings_of(options, Path("/m")).timeouts) as (kernel, _):
+        assert init(kernel, 7, 40, EVERYTHING)[0] == 0
+        code, reply = ask(kernel, wire.Op.GETATTR, bytes(16), 2, ROOT)
+        assert code == 0 and wire.ATTR_OUT.unpack_from(reply)[:2] == (int(value), 0)

@@ -14,6 +14,7 @@ import subprocess
 import time
 import tracemalloc
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import zarr
@@ -22,6 +23,7 @@ import shardfs
 from shardfs.fuse.listing import WORKERS
 from shardfs.service.daemon import REMOTE_THREADS
 from shardfs.shards.listing import LISTING_BLOCK, LISTING_BUDGET
+from shardfs.stores import remote
 from shardfs.stores.location import parse_source
 from shardfs.stores.remote import READS_AT_ONCE, Access, RemoteStore
 from tests.support import peers
@@ -186,6 +188,37 @@ def test_a_listing_that_pages_forever_ends_with_what_it_found(kv_bucket, mount) 
         assert "event=listing_bound" in m.log_text()
         assert memory_mib(pid) < 400
         assert (m.path / "7").read_bytes() == values[7]
+
+
+@pytest.mark.parametrize(("page_seconds", "pages"), [(0.999, 41), (1.0, 40), (1.001, 40)])
+def test_a_walk_lasts_four_timeouts_to_the_page(kv_bucket, monkeypatch, page_seconds, pages) -> None:
+    """A walk over pages of new names forever, each taking page_seconds on the walk's clock, with --timeout 10:
+    it asks until 40 s have gone (four timeouts), the page that ends a hair before them followed by one more."""
+    root, _ = kv_bucket
+    with RangeServer(root).running() as server:
+        server.endless_listing = "objects"
+        store = RemoteStore(parse_source(f"s3://{BUCKET}/kv"), Access(anonymous=True, endpoint=server.url, timeout=10))
+        before = server.lists
+        clock = SimpleNamespace(monotonic=lambda: (server.lists - before) * page_seconds)
+        monkeypatch.setattr(remote, "time", clock)
+        assert len(list(store.list(""))) == 1000 * pages
+        assert server.lists - before == pages
+
+
+@pytest.mark.parametrize(("past", "pages"), [(-1, 3), (0, 3), (1, 4)], ids=["one below", "at", "one above"])
+def test_a_walk_gathers_names_up_to_its_bytes_not_its_objects(kv_bucket, monkeypatch, past, pages) -> None:
+    """Pages of a thousand new names forever, against LISTING_BYTES set to three pages' bytes of names and one
+    byte either side: the walk stops at the page that reaches its bytes."""
+    root, _ = kv_bucket
+    with RangeServer(root).running() as server:
+        server.endless_listing = "objects"
+        store = RemoteStore(parse_source(f"s3://{BUCKET}/kv"), Access(anonymous=True, endpoint=server.url))
+        monkeypatch.setattr(remote, "LISTING_REQUESTS", 1)
+        first = [name for name, _ in store.list("")]  # one page: its names' length
+        assert len(first) == 1000 and len({len(name) for name in first}) == 1
+        monkeypatch.setattr(remote, "LISTING_REQUESTS", 10_000)
+        monkeypatch.setattr(remote, "LISTING_BYTES", 3 * 1000 * len(first[0]) + past)
+        assert len(list(store.list(""))) == 1000 * pages
 
 
 def test_a_mount_over_a_listing_that_pages_forever_finishes(tmp_path, mount) -> None:
