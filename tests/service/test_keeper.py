@@ -240,6 +240,36 @@ def test_a_second_daemon_never_takes_up_a_live_mount(raw_volume, tmp_path, first
         os.kill(keeper_pid, signal.SIGKILL)
 
 
+def test_a_mount_named_through_links_restarts_into_itself_by_any_of_its_names(raw_volume, tmp_path) -> None:
+    """The keeper holds a connection under its mountpoint's real path: mounted through a linked parent, each
+    daemon killed -9 and the next started by another name of the same mountpoint (a link to it, its real path,
+    the linked parent again) takes the connection up: the same mount, its bytes, one entry in the keeper."""
+    source, twin, _ = raw_volume
+    point = tmp_path / "real" / "m"
+    point.mkdir(parents=True)
+    (tmp_path / "parent").symlink_to(tmp_path / "real")
+    (tmp_path / "link").symlink_to(point)
+    path = tmp_path / "keeper.sock"
+    given = tmp_path / "parent" / "m"
+    shardfs("mount", source, given, "--log-file", tmp_path / "log", "-o", f"keeper={path}")
+    keeper_pid = peer_pid(path)
+    device = mountinfo.topmost(point).device
+    name = sorted(p.name for p in (twin / "4_4_40").iterdir())[5]
+    try:
+        for given in (tmp_path / "link", point, tmp_path / "parent" / "m"):
+            os.kill(daemon_of(point), signal.SIGKILL)
+            shardfs("mount", source, given, "--log-file", tmp_path / "log", "-o", f"keeper={path}")
+            assert mountinfo.topmost(point).device == device, given  # taken up, not mounted afresh
+            assert (point / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+            assert keeper.names(path) == [str(point)]
+    finally:
+        with contextlib.suppress(OSError):
+            pid = daemon_of(point)
+            unmount(point, lazy=True)
+            os.kill(pid, signal.SIGKILL)
+        os.kill(keeper_pid, signal.SIGKILL)
+
+
 def test_a_root_mount_never_hands_its_connection_to_another_users_keeper(raw_volume, public_tmp, tmp_path, user,
                                                                          other_user) -> None:  # fmt: skip
     """Another user's keeper listening where root's `-o keeper=SOCKET` points (a shared directory): root's mount
