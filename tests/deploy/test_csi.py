@@ -40,7 +40,7 @@ from shardfs.fuse.mount import MountOptions, connection_of, mount, unmount
 from shardfs.host import handoff, publisher, supervisor
 from shardfs.host.errors import PublishError
 from shardfs.host.publisher import Publisher
-from shardfs.service import mountinfo
+from shardfs.service import mountinfo, stats_socket
 from tests.support.cli import scrape
 from tests.support.daemons import wait_for
 from tests.support.http_server import RangeServer
@@ -176,6 +176,8 @@ def test_missing_fields_are_invalid_arguments(plugin: Plugin) -> None:
         ({"source": "s3://b/x", "endpoint": "http://user:pw@127.0.0.1:9000"}, [], {}, "endpoint: holds a user"),
         ({"source": "https://example.org/x", "cacheSize": "12"}, [], {}, "cacheSize"),
         ({"source": "https://example.org/x", "view": "n6"}, [], {}, "view"),
+        ({"source": "https://example.org/x", "anonymous": "yes"}, [], {}, "anonymous: 'yes' is not true or false"),
+        ({"source": "https://example.org/x", "requesterPays": "1"}, [], {}, "requesterPays: '1' is not true or"),
         ({"source": "https://example.org/x"}, ["no_such_option"], {}, "no_such_option"),
         ({"source": "https://example.org/x"}, ["noexec,subtype=other"], {}, "subtype is the plugin's"),
         ({"source": "https://example.org/x"}, ["auto_unmount"], {}, "auto_unmount"),
@@ -227,6 +229,19 @@ def test_targets_outside_kubelets_directory_are_refused(plugin: Plugin, mount, r
         assert sorted(os.listdir(elsewhere.path)) == sorted(os.listdir(raw_volume[1]))
     finally:
         escape.unlink()
+
+
+def test_a_relative_target_is_refused_as_not_absolute(plugin: Plugin) -> None:
+    """A target_path kubelet would never send, relative (to whatever the plugin's working directory is): refused
+    in one line saying so, for publish and unpublish alike, and nothing made."""
+    relative = os.path.relpath(plugin.pods / "relative", Path.cwd())
+    request = pb.NodePublishVolumeRequest(
+        volume_id="v", target_path=relative, volume_capability=MOUNT, volume_context={"source": "https://example.org/x"}
+    )
+    for call in (lambda: plugin.node.NodePublishVolume(request), lambda: unpublish(plugin, Path(relative))):
+        code, details = refusal(call)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details == f"target_path {relative}: not an absolute path"
+    assert not (plugin.pods / "relative").exists() and not plugin.daemons()
 
 
 def test_block_access_is_refused(plugin: Plugin) -> None:
@@ -782,3 +797,52 @@ def test_daemons_of_different_secrets_cannot_signal_or_relimit_each_other(plugin
         unpublish(plugin, a, "vol-tenant-a")
         # the plugin may still be handing b to its new daemon: ABORTED until then, and retried, as kubelet does
         assert wait_for(lambda: _error_of(lambda: unpublish(plugin, b, "vol-tenant-b")) is None, PATIENCE)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(pair.decode(errors="replace").partition("=")[::2] for pair in pairs if pair)
+
+
+def test_each_secret_has_its_own_daemon_inheriting_nothing_of_the_plugin(plugin: Plugin, server, raw_volume) -> None:
+    """Two volumes with one publish secret share a daemon; a third whose secret differs in its secret key alone
+    (a key id is no secret: another tenant may know it) has its own. A secret rotated since is the same volume:
+    published again, by the same daemon. Each daemon's environment is what the plugin gives it, nothing of the
+    plugin's own (whose credentials would reach every tenant)."""
+    _, twin, _ = raw_volume
+    attributes = {"source": f"precomputed://{server.url}", "timeout": "20"}
+    mine = {"AWS_ACCESS_KEY_ID": "AKIASHARED", "AWS_SECRET_ACCESS_KEY": "mine"}
+    volumes = {plugin.pods / "t-a": mine, plugin.pods / "t-b": mine,
+               plugin.pods / "t-c": {**mine, "AWS_SECRET_ACCESS_KEY": "theirs"}}  # fmt: skip
+    name = sorted(os.listdir(twin / "4_4_40"))[2]
+    try:
+        for target, secrets in volumes.items():
+            publish(plugin, target, attributes, target.name, secrets=secrets)
+        a, b, c = (stats_socket.ask(target)[0] for target in volumes)
+        assert a == b != c and {a, c} == {d.pid for d in plugin.daemons()}
+        publish(plugin, plugin.pods / "t-a", attributes, "t-a", secrets={**mine, "AWS_SECRET_ACCESS_KEY": "rotated"})
+        assert stats_socket.ask(plugin.pods / "t-a")[0] == a
+        for target in volumes:
+            assert (target / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
+        plugins = _environ(plugin.process.pid)
+        for pid in (a, c):
+            given = _environ(pid)
+            assert set(given) <= {"PATH", "LANG", "TMPDIR", "HOME"}, given
+        assert set(plugins) - {"PATH", "LANG", "TMPDIR", "HOME"}  # the plugin had more to give away
+    finally:
+        for target in volumes:
+            unpublish(plugin, target, target.name)
+
+
+def test_unpublish_takes_down_every_mount_stacked_at_the_target(plugin: Plugin, server) -> None:
+    """A shardfs mount made over a published volume's (a retry stacked them), its connection held and never
+    served: unpublish takes both down, the one beneath too, and the target goes."""
+    target = plugin.pods / "stacked"
+    publish(plugin, target, {"source": f"precomputed://{server.url}", "timeout": "20"}, "vol-stacked")
+    held = mount(target, MountOptions(fsname="stacked"))  # nothing may look inside it: INIT is never answered
+    try:
+        assert [point for point, _ in mountinfo.shardfs_mounts()].count(str(target)) == 2
+        unpublish(plugin, target, "vol-stacked")
+        assert str(target) not in [point for point, _ in mountinfo.shardfs_mounts()] and not target.exists()
+    finally:
+        os.close(held)

@@ -475,3 +475,21 @@ def test_a_mount_cut_by_the_prolog_s_timeout_is_told_and_leaves_nothing(node: No
         told = node.job(2, f"shardfs:slow=http://127.0.0.1:{silent.getsockname()[1]}/vol")
     assert told[1] == "print shardfs: slow not mounted: it took over 3 s (this node's SHARDFS_MOUNT_TIMEOUT): the" \
         " source was too slow to answer ", told  # fmt: skip
+
+
+def test_job_7s_epilog_leaves_the_mount_of_job_70_on_the_same_node(node: Node, dataset) -> None:
+    """Jobs 7 and 70 on one node at once, job 7's directory a prefix of job 70's name: job 7's Epilog takes down
+    its own mount and no other; job 70 still reads its dataset, until its own Epilog."""
+    url, twin, _ = dataset
+    name = sorted(os.listdir(twin / "4_4_40"))[1]
+    for job in (7, 70):
+        node.run("shardfs-prolog", job, f"shardfs:vol={url}")
+    try:
+        assert _mounted_under(node.jobs) == [str(node.jobs / "7" / "vol"), str(node.jobs / "70" / "vol")]
+        node.run("shardfs-epilog", 7)
+        assert _mounted_under(node.jobs) == [str(node.jobs / "70" / "vol")] and not (node.jobs / "7").exists()
+        read = as_user(node.user, "sha256sum", node.jobs / "70" / "vol" / "4_4_40" / name)
+        assert read.stdout.split()[:1] == [hashlib.sha256((twin / "4_4_40" / name).read_bytes()).hexdigest()], read
+    finally:
+        node.run("shardfs-epilog", 70)
+    assert not _mounted_under(node.jobs) and not (node.jobs / "70").exists()
