@@ -50,6 +50,16 @@ EDGES = "tests/remote/test_remote_edges.py::"
 ODD = "tests/hostile/test_odd_values.py::"
 N5 = "tests/mount/test_view_n5.py::"
 COLLECTION = "tests/mount/test_collection.py::test_a_data_directory_shows_every_dataset_as_its_own_mount_does"
+IDS = "tests/unit/test_record.py::test_no_id_is_issued_again_by_a_second_or_third_daemon"
+CUT = "tests/unit/test_record.py::test_a_record_cut_at_any_point_of_any_write_reads_as_before_or_after"
+FUSE_H = PROTOCOL + "test_init_flags_and_opcodes_are_the_bits_and_numbers_of_linux_fuse_h"
+LINKED = "tests/service/test_keeper.py::test_a_mount_named_through_links_restarts_into_itself_by_any_of_its_names"
+CSI = "tests/deploy/test_csi.py::"
+TENANTS = CSI + "test_each_secret_has_its_own_daemon_inheriting_nothing_of_the_plugin"
+WALK = "tests/remote/test_remote_bounds.py::"
+WINDOWS = "tests/unit/test_logs.py::test_every_window_restarts_the_budget_at_its_end_and_not_a_tick_before"
+OME_ROOT = "tests/mount/test_views.py::test_an_ome_zarr_image_at_the_root_of_the_mount_is_one"
+CURSOR = "tests/unit/test_dir_cursor.py::"
 
 MUTATIONS = [
     Mutation("SIGHUP keeps shard files open", "shardfs/tree.py", "self.store.forget()", "pass",
@@ -77,8 +87,7 @@ MUTATIONS = [
     Mutation("default log directory 0755", "shardfs/service/daemon.py", 'f"shardfs-{os.getuid()}", 0o700)',
              'f"shardfs-{os.getuid()}", 0o755)', (CONTRACT + "test_the_default_log_directory_is_the_users_alone",)),
     Mutation("detached daemon exits 1 after a clean unmount", "shardfs/service/daemon.py",
-             "os._exit(handover.HANDED_OVER if handed_over else 0)",
-             "os._exit(handover.HANDED_OVER if handed_over else 1)",
+             "carrier, kept) else 0", "carrier, kept) else 1",
              (CONTRACT + "test_the_detached_daemon_exits_0_after_a_clean_unmount_on_sigterm",)),
     Mutation("gzip chunks of raw voxels fetched at lookup", "shardfs/formats/precomputed.py",
              'raw = voxel_bytes if scale.get("encoding", "raw") == "raw" else 0', "raw = 0",
@@ -309,7 +318,7 @@ MUTATIONS = [
              "if self.owner is not None and uid not in (0, self.owner)", "if False",
              ("tests/mount/test_mounting.py::test_allow_root_serves_root_and_refuses_every_other_user",)),
     Mutation("a cut from the minishard batch one byte late", "shardfs/shards/neuroglancer_kv.py",
-             "raw = batch[start - first : stop - first]", "raw = batch[start - first + 1 : stop - first + 1]",
+             "batch[start - first : stop - first]", "batch[start - first + 1 : stop - first + 1]",
              ("tests/remote/test_remote_cold.py::test_minishard_indexes_side_by_side_cost_one_get",)),
     # Listings (issue 27): a walk ends at its bounds, and a listing is made once for every offset.
     Mutation("remote walks without a deadline", "shardfs/stores/remote.py",
@@ -343,8 +352,8 @@ MUTATIONS = [
              "node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)\n        if",
              "node = self.tree.lookup(self.path_of(place))\n        if",
              ("tests/mount/test_fuse_session.py::test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed",)),
-    Mutation("a hand-over unmounts", "shardfs/fuse/serve.py", "            self.handed_over = True\n",
-             "            self.handed_over = True\n            self._take_away()\n",
+    Mutation("a hand-over unmounts", "shardfs/fuse/serve.py", "        self.handed_over = True\n",
+             "        self.handed_over = True\n        self._take_away()\n",
              ("tests/service/test_restart.py::test_a_replaced_daemon_loses_no_request[keeper-hand over]",)),
     # Issue 27: options checked before mount(2), names and log lines bounded per user, fusermount3's escapes.
     Mutation("timeouts unchecked before mount", "shardfs/fuse/serve.py", "if not 0 <= found < TIMEOUT_LIMIT:",
@@ -357,8 +366,8 @@ MUTATIONS = [
     Mutation("names over 255 bytes tried on the source", "shardfs/fuse/session.py",
              "entry = None if len(body) - 1 > NAME_MAX else", "entry = None if False else",
              (OPTIONS + "test_names_too_long_for_linux_are_absent_and_one_users_errors_leave_the_others_logged",)),
-    Mutation("one log budget for every user", "shardfs/logs.py", "key = (record.levelno, _event(record), uid)",
-             "key = (record.levelno, _event(record), None)",
+    Mutation("one log budget for every user", "shardfs/logs.py", "key = (record.levelno, _event(record), uid, mount)",
+             "key = (record.levelno, _event(record), None, mount)",
              (OPTIONS + "test_names_too_long_for_linux_are_absent_and_one_users_errors_leave_the_others_logged",)),
     Mutation("fsname unescaped for fusermount3", "shardfs/fuse/mount.py",
              'return value.replace("\\\\", "\\\\\\\\").replace(",", "\\\\,")', "return value",
@@ -463,6 +472,118 @@ MUTATIONS = [
     Mutation("the innermost dataset decides", "shardfs/collection.py",
              "(not itself), DEPTH) + 1):", "(not itself), DEPTH) + 1)[::-1]:",
              (COLLECTION, "tests/mount/test_collection.py::test_a_view_applies_to_each_dataset[n5]")),
+    # Issue 44, class 1: the restart record (a record cut at any point of a write reads as before or after; no
+    # id is issued twice across daemons) and resend (counted only where the kernel marks it; its bit fuse.h's).
+    Mutation("a rewritten journal forgets the highest id", "shardfs/fuse/record.py",
+             "parts = [ENTRY.pack(self.highest, DROPPED)]", "parts = []", (IDS,)),
+    Mutation("the highest id not read back", "shardfs/fuse/record.py",
+             "            self.highest = max(self.highest, nodeid)\n            if", "            if", (IDS,)),
+    Mutation("a journal's span written before its entry", "shardfs/fuse/record.py",
+             "        os.pwrite(self.fd, entry, self._end)\n        self._end += len(entry)\n"
+             "        os.pwrite(self.fd, SPAN.pack(self._start, self._end), SPAN_AT)",
+             "        os.pwrite(self.fd, SPAN.pack(self._start, self._end + len(entry)), SPAN_AT)\n"
+             "        os.pwrite(self.fd, entry, self._end)\n        self._end += len(entry)", (CUT,)),
+    Mutation("a rewritten journal's span written before its bytes", "shardfs/fuse/record.py",
+             "        os.pwrite(self.fd, data, start)\n        self._start, self._end = start, start + len(data)\n"
+             "        os.pwrite(self.fd, SPAN.pack(self._start, self._end), SPAN_AT)",
+             "        self._start, self._end = start, start + len(data)\n"
+             "        os.pwrite(self.fd, SPAN.pack(self._start, self._end), SPAN_AT)\n"
+             "        os.pwrite(self.fd, data, start)", (CUT,)),
+    Mutation("the terms' length written before the terms", "shardfs/fuse/record.py",
+             "os.pwrite(self.fd, data, at)\n"
+             '        os.pwrite(self.fd, struct.pack("=I", len(data)), length_at)',
+             'os.pwrite(self.fd, struct.pack("=I", len(data)), length_at)\n'
+             "        os.pwrite(self.fd, data, at)",
+             (CUT,)),
+    Mutation("every request counted as resent", "shardfs/fuse/session.py", "if unique & wire.UNIQUE_RESEND:",
+             "if unique:", (PROTOCOL + "test_only_requests_the_kernel_marks_resent_are_counted_resent",)),
+    Mutation("FUSE_HAS_RESEND at bit 38", "shardfs/fuse/wire.py", "HAS_RESEND = 1 << (39 - 32)",
+             "HAS_RESEND = 1 << (38 - 32)", (FUSE_H,)),
+    Mutation("FUSE_PARALLEL_DIROPS at bit 19", "shardfs/fuse/wire.py", "PARALLEL_DIROPS = 1 << 18",
+             "PARALLEL_DIROPS = 1 << 19", (FUSE_H,)),
+    Mutation("FUSE_NO_OPEN_SUPPORT at bit 16", "shardfs/fuse/wire.py", "NO_OPEN_SUPPORT = 1 << 17",
+             "NO_OPEN_SUPPORT = 1 << 16", (FUSE_H,)),
+    # Issue 44, class 2: the keeper names a mount by its real path, however it was named.
+    Mutation("a keeper entry named by the mountpoint as given", "shardfs/service/handover.py",
+             "KeeperCarrier(link, str(mount_name(mountpoint)), serves)", "KeeperCarrier(link, str(mountpoint), serves)",
+             (LINKED,)),
+    Mutation("a linked mountpoint named by its link", "shardfs/service/handover.py",
+             "path = Path(os.path.normpath(path.parent / os.readlink(path)))", "return path",
+             (LINKED,)),
+    Mutation("a mountpoint's linked parent left unresolved", "shardfs/service/handover.py",
+             "path = Path(os.path.realpath(path.parent)) / path.name", "path = Path(os.path.abspath(path))",
+             (LINKED,)),
+    # Issue 44, class 3: CSI isolation and validation.
+    Mutation("a daemon shared by secrets with the same keys", "shardfs/host/supervisor.py",
+             "d.secrets == secrets)", "d.secrets.keys() == secrets.keys())",
+             (TENANTS,)),
+    Mutation("a daemon shared by secrets with the same key id", "shardfs/host/supervisor.py",
+             "d.secrets == secrets)", 'd.secrets.get("AWS_ACCESS_KEY_ID") == secrets.get("AWS_ACCESS_KEY_ID"))',
+             (TENANTS,)),
+    Mutation("a daemon's environment inherits the plugin's", "shardfs/host/supervisor.py",
+             "self.env = {**DAEMON_ENV,", "self.env = {**os.environ, **DAEMON_ENV,",
+             (TENANTS,)),
+    Mutation("a relative target_path accepted", "shardfs/csi/server.py", "if not os.path.isabs(target_path):",
+             "if False:", (CSI + "test_a_relative_target_is_refused_as_not_absolute",)),
+    Mutation("a take-down stops after one stacked mount", "shardfs/host/publisher.py", "for _ in range(16):",
+             "for _ in range(1):", (CSI + "test_unpublish_takes_down_every_mount_stacked_at_the_target",)),
+    Mutation("a boolean attribute takes any word for false", "shardfs/options.py",
+             "    if text.lower() not in TRUE_FALSE:", '    return text.lower() == "true"\n    if False:',
+             (CSI + "test_a_volume_that_cannot_work_is_refused_naming_what",)),
+    Mutation("a rotated secret taken for another volume", "shardfs/host/publisher.py",
+             "known.spec != spec:", "known.spec != spec or known.secrets != secrets:",
+             (TENANTS,)),
+    # Issue 44, class 4: a job's Epilog ends its own mounts, not those of a job whose id it prefixes.
+    Mutation("an Epilog ends the mounts of every job its id prefixes", "shardfs/slurm.py",
+             'point.startswith(f"{args.job_dir}/")', "point.startswith(str(args.job_dir))",
+             ("tests/deploy/test_slurm.py::test_job_7s_epilog_leaves_the_mount_of_job_70_on_the_same_node",)),
+    # Issue 44, class 5: bounds at their edges.
+    Mutation("a listing's bytes of names counted in names", "shardfs/fuse/listing.py", "self.nbytes += len(name)",
+             "self.nbytes += 1", (CURSOR + "test_each_listing_bound_holds_at_its_value_and_cuts_one_past_it",)),
+    Mutation("a walk's bytes of names counted in objects", "shardfs/stores/remote.py",
+             'self.nbytes += sum(len(meta["path"]) for meta in page)', "self.nbytes += len(page)",
+             (WALK + "test_a_walk_gathers_names_up_to_its_bytes_not_its_objects",)),
+    Mutation("a walk's deadline one --timeout", "shardfs/stores/remote.py", "LISTING_TIMEOUTS = 4",
+             "LISTING_TIMEOUTS = 1",
+             (WALK + "test_a_walk_lasts_four_timeouts_to_the_page",)),
+    Mutation("a walk's deadline five --timeout", "shardfs/stores/remote.py", "LISTING_TIMEOUTS = 4",
+             "LISTING_TIMEOUTS = 5",
+             (WALK + "test_a_walk_lasts_four_timeouts_to_the_page",)),
+    Mutation("a 255-byte name refused", "shardfs/fuse/session.py", "len(body) - 1 > NAME_MAX",
+             "len(body) - 1 >= NAME_MAX",
+             (PROTOCOL + "test_names_of_254_and_255_bytes_are_looked_up_and_256_is_absent_unasked",)),
+    Mutation("a 256-byte name looked up", "shardfs/fuse/session.py", "len(body) - 1 > NAME_MAX",
+             "len(body) - 1 > NAME_MAX + 1",
+             (PROTOCOL + "test_names_of_254_and_255_bytes_are_looked_up_and_256_is_absent_unasked",)),
+    Mutation("a timeout of 2^64 s accepted", "shardfs/fuse/serve.py", "if not 0 <= found < TIMEOUT_LIMIT:",
+             "if not 0 <= found <= TIMEOUT_LIMIT:",
+             (PROTOCOL + "test_the_largest_timeout_is_the_last_below_2_to_the_64",)),
+    Mutation("a listing's memory counted as its length", "shardfs/fuse/listing.py",
+             "return sys.getsizeof(self.dirents) + sys.getsizeof(self.starts)",
+             "return len(self.dirents) + len(self.starts)", (CURSOR + "test_a_listing_costs_the_memory_it_holds",)),
+    Mutation("a log window restarts without its count", "shardfs/logs.py", "w.start, w.count = now, 0", "w.start = now",
+             (WINDOWS,)),
+    Mutation("a log window restarts once and never again", "shardfs/logs.py", "w.start, w.count = now, 0",
+             "w.count = 0", (WINDOWS,)),
+    Mutation("a log window one tick long", "shardfs/logs.py", "if now - w.start >= self.window:",
+             "if now - w.start > self.window:",
+             (WINDOWS,)),
+    # Issue 44, class 6: view metadata.
+    Mutation("an OME-Zarr image at the root not found", "shardfs/views/zarr2.py",
+             'above = [""] + [path[:i]', "above = [path[:i]", (OME_ROOT,)),
+    Mutation("an OME-Zarr 0.5 image not found as one", "shardfs/views/zarr2.py",
+             'OME_KEYS = ("ome", "multiscales",', 'OME_KEYS = ("multiscales",',
+             (OME_ROOT,)),
+    # Issue 44, class 7: files never executable, minishard batches of full rows only, a listing's order kept.
+    Mutation("remote files shown executable", "shardfs/fuse/bridge.py",
+             "mode = owner.mode if file_type == stat.S_IFDIR else owner.mode & 0o444", "mode = owner.mode",
+             ("tests/remote/test_remote_http.py::test_precomputed_over_http_reads_as_unsharded",)),
+    Mutation("a minishard batch counts empty rows", "shardfs/shards/neuroglancer.py",
+             "used = rows[rows[:, 1] != rows[:, 0]]\n    if len(used) < 2", "used = rows\n    if len(used) < 2",
+             ("tests/remote/test_remote_cold.py::test_minishard_indexes_side_by_side_among_empty_minishards_cost_one_get",)),
+    Mutation("a listing's reads yielded newest first while more are asked", "shardfs/shards/listing.py",
+             "popleft().result()\n            budget", "pop().result()\n            budget",
+             ("tests/cli/test_kv_listing.py::test_reads_in_flight_come_back_in_the_order_asked_while_more_are_still_asked",)),
 ]  # fmt: skip
 
 
