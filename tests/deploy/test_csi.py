@@ -348,14 +348,20 @@ def test_unpublish_of_a_hung_daemon_aborts_and_never_hangs(plugin: Plugin, serve
         reader = subprocess.Popen(["cat", str(target / "4_4_40" / name)], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE)  # fmt: skip
         waited = wait_for(lambda: _waiting_on(target, reader.pid) or reader.poll() is not None, PATIENCE)
-        assert waited and reader.poll() is None, f"the reader never waited on the daemon: {reader.stderr.read()!r}"
+        ended = reader.poll()
+        assert waited and ended is None, (
+            f"the reader never waited on the daemon (pid {daemon.pid}, {daemon.status()}): it ended {ended}, saying"
+            f" {reader.stderr.read() if ended is not None else b''!r}; mounted: {mountinfo.exactly_at(str(target))}"
+        )
         done = threading.Event()
         thread = threading.Thread(target=lambda: (unpublish(plugin, target, "vol-hung"), done.set()), daemon=True)
         thread.start()
         assert done.wait(PATIENCE), "unpublish hung"
-    finally:  # else the later tests' volumes would go to this stopped daemon
+    finally:  # else the later tests' volumes would go to this stopped daemon, or find it serving
         with contextlib.suppress(psutil.Error):
             daemon.resume()
+        if mountinfo.exactly_at(str(target)) is not None:
+            unpublish(plugin, target, "vol-hung")
     assert reader.wait(PATIENCE) != 0
     assert mountinfo.exactly_at(str(target)) is None and not target.exists()
     assert daemon.wait(PATIENCE) is not None or not daemon.is_running()
