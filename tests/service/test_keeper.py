@@ -210,17 +210,23 @@ def test_a_keeper_mount_survives_restarts_after_its_socket_has_aged(raw_volume, 
         path.unlink(missing_ok=True)
 
 
+def linked_mountpoint(tmp_path: Path) -> tuple[Path, Path]:
+    """A mountpoint `real/m` with two more names, `parent/m` (a linked parent) and `link` (a link to it), and
+    where a keeper of its own listens."""
+    point = tmp_path / "real" / "m"
+    point.mkdir(parents=True)
+    (tmp_path / "parent").symlink_to(tmp_path / "real")
+    (tmp_path / "link").symlink_to(point)
+    return point, tmp_path / "keeper.sock"
+
+
 @pytest.mark.parametrize("first", ["real", "link"])
 def test_a_second_daemon_never_takes_up_a_live_mount(raw_volume, tmp_path, first) -> None:
     """A second `shardfs mount -o keeper` of a mount a daemon serves, by its path, through a linked parent or as
     a link to it, is refused, however the first was named: two daemons on one connection would show each
     other's directories."""
     source, twin, _ = raw_volume
-    point = tmp_path / "real" / "m"
-    point.mkdir(parents=True)
-    (tmp_path / "parent").symlink_to(tmp_path / "real")
-    (tmp_path / "link").symlink_to(point)
-    path = tmp_path / "keeper.sock"
+    point, path = linked_mountpoint(tmp_path)
     given_first = point if first == "real" else tmp_path / "link"
     shardfs("mount", source, given_first, "--log-file", tmp_path / "log", "-o", f"keeper={path}")
     keeper_pid = peer_pid(path)
@@ -245,11 +251,7 @@ def test_a_mount_named_through_links_restarts_into_itself_by_any_of_its_names(ra
     daemon killed -9 and the next started by another name of the same mountpoint (a link to it, its real path,
     the linked parent again) takes the connection up: the same mount, its bytes, one entry in the keeper."""
     source, twin, _ = raw_volume
-    point = tmp_path / "real" / "m"
-    point.mkdir(parents=True)
-    (tmp_path / "parent").symlink_to(tmp_path / "real")
-    (tmp_path / "link").symlink_to(point)
-    path = tmp_path / "keeper.sock"
+    point, path = linked_mountpoint(tmp_path)
     given = tmp_path / "parent" / "m"
     shardfs("mount", source, given, "--log-file", tmp_path / "log", "-o", f"keeper={path}")
     keeper_pid = peer_pid(path)
