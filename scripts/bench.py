@@ -125,6 +125,7 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
     from shardfs.logs import log_to
     from shardfs.service.daemon import Mount, fuse_options, serve, settings
     from shardfs.stores.protocol import Owner
+    from shardfs.tree import Located
 
     owner = Owner(os.getuid(), os.getgid(), 0o555)
     zeros = bytes(1 << 20)
@@ -147,14 +148,6 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
         def drop_caches(self) -> None:
             """Nothing is cached (SIGHUP)."""
 
-        def lookup(self, path: str) -> object:
-            if path in dirs:
-                return directory
-            try:
-                return files[path]
-            except KeyError:
-                raise FileNotFoundError(path) from None
-
         def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
             return ((name, f"{path}/{name}".lstrip("/") in dirs) for name in sorted(dirs[path]))
 
@@ -164,17 +157,25 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
         # df: nothing stored; one read at a time, as from a disk (no read-ahead)
         store = type("NoStore", (), {"sizes": staticmethod(lambda: iter(())), "reads_at_once": 1})()
 
-        def key_of(self, path: str) -> tuple[int, int] | None:
+        def locate(self, path: str) -> Located:
+            return Located(path, None)
+
+        def child(self, parent: Located, name: str) -> Located | tuple[int, int]:
+            path = f"{parent.path}/{name}" if parent.path else name
             number = numbers.get(path)
-            return None if number is None else (0, number)
+            return Located(path, None) if number is None else (0, number)
 
         def path_of(self, directory: int, number: int) -> str | None:
             return paths[number] if directory == 0 and number < len(paths) else None
 
-        def file_of(self, directory: int, number: int) -> object:
-            path = self.path_of(directory, number)
+        def node(self, place: Located | tuple[int, int]) -> object:
+            if isinstance(place, Located):
+                if place.path in dirs:
+                    return directory
+                raise FileNotFoundError(place.path)
+            path = self.path_of(*place)
             if path is None:
-                raise FileNotFoundError(number)
+                raise FileNotFoundError(place)
             return files[path]
 
     log_to(None)

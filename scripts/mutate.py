@@ -312,7 +312,7 @@ MUTATIONS = [
              ("tests/remote/test_remote_concurrency.py::test_sixteen_remote_reads_are_in_flight_at_once",)),
     # Issue 21 (the own FUSE session and its cold path): each new place a wrong byte or a lost bound could hide.
     Mutation("a chunk's node id names the next chunk", "shardfs/fuse/nodes.py",
-             "PACKED | found[0] << self._shift | found[1]", "PACKED | found[0] << self._shift | found[1] + 1",
+             "PACKED | number << self._shift | key", "PACKED | number << self._shift | key + 1",
              ("tests/mount/test_fuse_session.py::test_ls_l_of_131072_chunks_grows_the_daemon_by_directories_not_files",)),
     Mutation("allow_root serves every user", "shardfs/fuse/session.py",
              "if self.owner is not None and uid not in (0, self.owner)", "if False",
@@ -349,7 +349,7 @@ MUTATIONS = [
              (RESTART,)),
     # The session as a bridge: a held chunk's id leads to its key, never through its name.
     Mutation("a held chunk found through its name", "shardfs/fuse/bridge.py",
-             "node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)\n        if",
+             "node = self.tree.node(place)\n        if",
              "node = self.tree.lookup(self.path_of(place))\n        if",
              ("tests/mount/test_fuse_session.py::test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed",)),
     Mutation("a hand-over unmounts", "shardfs/fuse/serve.py", "        self.handed_over = True\n",

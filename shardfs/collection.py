@@ -24,7 +24,7 @@ from shardfs.errors import SourceError, SourceMissing
 from shardfs.files import Node
 from shardfs.stores.beneath import Beneath
 from shardfs.stores.protocol import Store
-from shardfs.tree import Tree
+from shardfs.tree import Located, Place, Tree
 
 log = logging.getLogger("shardfs")
 OPEN = 16  # datasets kept open at once
@@ -51,14 +51,16 @@ class Collection(Tree):
         self._lock = threading.Lock()  # over the two LRUs, never across I/O
         self._gates = [threading.Lock() for _ in range(GATES)]
 
-    def lookup(self, path: str) -> Node:
+    def node(self, place: Place) -> Node:
         """A dataset's root is its source directory (the plain tree's node), so only the directories above
-        path are asked whether they are datasets: a file's lookup asks nothing of the file."""
-        found = self._dataset_of(path, itself=False)
+        place are asked whether they are datasets: a file's lookup asks nothing of the file. A collection
+        numbers nothing (no providers of its own): every place is a path."""
+        assert isinstance(place, Located), place
+        found = self._dataset_of(place.path, itself=False)
         if found is None:
-            return super().lookup(path)
+            return super().node(place)
         directory, tree = found
-        return tree.lookup(path[len(directory) + 1 :])
+        return tree.lookup(place.path[len(directory) + 1 :])
 
     def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
         found = self._dataset_of(path, itself=True)

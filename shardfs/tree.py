@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from shardfs.cache import LARGE_VALUE, ByteCache
 from shardfs.files import BytesFile, Dir, Node, Provider, RangeFile
@@ -17,6 +18,21 @@ from shardfs.stores.protocol import Store
 
 def _holds_bytes(node: Node) -> bool:
     return getattr(node, "nbytes", 0) > 0
+
+
+Numbered = tuple[int, int]  # (number of a provider's directory, key of a file below it): `Tree.child`
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """A path with the provider directory nearest above it, found once: a name in it is then found with no walk
+    up the path (`Tree.child`), as go-fuse's bridge asks the parent inode, not a path."""
+
+    path: str
+    number: int | None  # of the provider directory nearest above path (`Tree.numbered`); None if none holds it
+
+
+Place = Located | Numbered  # where a node is: a numbered file's key, or a path located
 
 
 class Tree:
@@ -43,7 +59,7 @@ class Tree:
         # Directory numbers of the providers, the same on every mount of the same metadata.
         self.numbered = sorted(providers)
         self._numbers = {directory: number for number, directory in enumerate(self.numbered)}
-        self._last: tuple[str | tuple[int, int] | None, Node | None] = (None, None)  # see lookup
+        self._last: tuple[Place | None, Node | None] = (None, None)  # see node
         # Overlay entries by parent directory, including the ancestors that the source may lack.
         self._overlay: dict[str, set[str]] = defaultdict(set)
         for path in (*files, *providers):
@@ -53,35 +69,31 @@ class Tree:
                 path = parent
 
     def lookup(self, path: str) -> Node:
-        """The node at path; FileNotFoundError if there is none. The last one is kept apart, since a read
-        mostly follows the lookup of its file. Of the others only those holding bytes are kept, in the cache,
-        decoded once for every read: a chunk that is a range of its shard or is decoded when read, a file
-        passed through, a directory, are found again from the cached indexes and the store's open files for
-        less than keeping them costs (about 1 KiB each, for as many files as the kernel looked up)."""
-        path = self._named(path)
-        last = self._last
-        if last[0] == path and last[1] is not None:
-            return last[1]
-        node = self.files.get(path) or self.cache.get_or_make(("node", path), lambda: self._lookup(path), _holds_bytes)
-        return self._kept(path, node)
+        """The node at path; FileNotFoundError if there is none."""
+        return self.node(self.locate(path))
 
-    def file_of(self, number: int, key: int) -> Node:
-        """The file `key_of` gave (number, key) for, found from its key with no name made or parsed; kept as
-        `lookup` keeps nodes. FileNotFoundError if there is none."""
-        numbered = (number, key)
+    def node(self, place: Place) -> Node:
+        """The node at place; FileNotFoundError if there is none. A numbered file is found from its key with
+        no name made or parsed. The last node is kept apart, since a read mostly follows the lookup of its file.
+        Of the others only those holding bytes are kept, in the cache, decoded once for every read: a chunk
+        that is a range of its shard or is decoded when read, a file passed through, a directory, are found
+        again from the cached indexes and the store's open files for less than keeping them costs (about
+        1 KiB each, for as many files as the kernel looked up)."""
         last = self._last
-        if last[0] == numbered and last[1] is not None:
+        if last[0] == place and last[1] is not None:
             return last[1]
-        if not 0 <= number < len(self.numbered):
-            raise FileNotFoundError(f"directory {number}")
-        provider = self.providers[self.numbered[number]]
-        node = self.cache.get_or_make(("node", number, key), lambda: provider.file_of(key), _holds_bytes)
-        return self._kept(numbered, node)
-
-    def _kept(self, found: str | tuple[int, int], node: Node) -> Node:
-        """node, found at found, kept apart as the last one found."""
+        if isinstance(place, Located):
+            node = self.files.get(place.path) or self.cache.get_or_make(
+                ("node", place.path), lambda: self._lookup(place), _holds_bytes
+            )
+        else:
+            number, key = place
+            if not 0 <= number < len(self.numbered):
+                raise FileNotFoundError(f"directory {number}")
+            provider = self.providers[self.numbered[number]]
+            node = self.cache.get_or_make(("node", number, key), lambda: provider.file_of(key), _holds_bytes)
         if getattr(node, "nbytes", 0) <= LARGE_VALUE:  # a large one is the cache's alone to keep or let go
-            self._last = (found, node)
+            self._last = (place, node)
         return node
 
     def drop_caches(self) -> None:
@@ -100,11 +112,12 @@ class Tree:
             head = head.rpartition("/")[0]
         return path
 
-    def _lookup(self, path: str) -> Node:
+    def _lookup(self, place: Located) -> Node:
+        path = place.path
         if not path or path in self._overlay or path in self.providers:
             return Dir(self.store.owner(path))
-        provider, rel = self._provider_of(path)
-        if provider is not None:
+        if place.number is not None:
+            provider, rel = self._within(place.number, path)
             node = provider.child(rel)
             if node is not None:
                 return node
@@ -114,35 +127,41 @@ class Tree:
             raise FileNotFoundError(path)
         return self._source(path)
 
-    def _provider_of(self, path: str) -> tuple[Provider | None, str]:
-        """The provider whose directory holds path, nearest first, and path relative to it."""
-        directory, rel = self._directory_of(path)
-        return (None, path) if directory is None else (self.providers[directory], rel)
-
-    def _directory_of(self, path: str) -> tuple[str | None, str]:
-        """The directory of the provider that holds path, nearest first, and path relative to it."""
+    def locate(self, path: str) -> Located:
+        """path (its alias's directory, if it is one) with the provider directory nearest above it, found by
+        walking up the path once."""
+        path = self._named(path)
         parent = path
         while parent:
             parent, _, _ = parent.rpartition("/")
-            if parent in self.providers:
-                return parent, path[len(parent) + 1 :] if parent else path
-        return None, path
+            if parent in self._numbers:
+                return Located(path, self._numbers[parent])
+        return Located(path, None)
 
-    def key_of(self, path: str) -> tuple[int, int] | None:
-        """(number of a provider's directory, key) naming path below it (a chunk): the two give the path back
-        (`path_of`), so nothing need be kept to find it again, and the same on every mount of the same
-        metadata, and `file_of` finds the file from them alone. None for a path no provider numbers
-        (directories, metadata, files passed through), or that the overlay shows, since its node is the
-        overlay's whatever its name."""
-        path = self._named(path)
-        directory, rel = self._directory_of(path)
-        if directory is None or path in self.files:
-            return None
-        key = self.providers[directory].key_of(rel)
-        return None if key is None else (self._numbers[directory], key)
+    def child(self, parent: Located, name: str) -> Place:
+        """Where name in directory parent is, with no walk up: a chunk's (number of its provider's directory,
+        key), which give its path back (`path_of`) and its file (`node`), the same on every mount of the same
+        metadata, so nothing need be kept to find it again; else its path located. A name the overlay shows
+        is located whatever its provider would make of it, since its node is the overlay's."""
+        path = f"{parent.path}/{name}" if parent.path else name
+        if self.aliases and self._named(path) != path:  # an alias: found where it names, walked up once
+            located = self.locate(path)
+        else:
+            located = Located(path, self._numbers.get(parent.path, parent.number))
+        if located.number is not None and located.path not in self.files:
+            provider, rel = self._within(located.number, located.path)
+            key = provider.key_of(rel)
+            if key is not None:
+                return located.number, key
+        return located
+
+    def _within(self, number: int, path: str) -> tuple[Provider, str]:
+        """The provider of directory number, and path relative to that directory."""
+        directory = self.numbered[number]
+        return self.providers[directory], path[len(directory) + 1 :] if directory else path
 
     def path_of(self, number: int, key: int) -> str | None:
-        """The path `key_of` gave (number, key) for; None if it gave none."""
+        """The path `child` gave (number, key) for; None if it gave none."""
         if not 0 <= number < len(self.numbered):
             return None
         directory = self.numbered[number]
@@ -168,7 +187,11 @@ class Tree:
         for name in sorted(overlay):
             child = f"{path}/{name}" if path else name
             yield name, child not in self.files
-        provider, rel = (self.providers[path], "") if path in self.providers else self._provider_of(path)
+        if path in self.providers:
+            provider, rel = self.providers[path], ""
+        else:
+            number = self.locate(path).number
+            provider, rel = (None, path) if number is None else self._within(number, path)
         if provider is not None:
             yield from provider.entries(rel)
         if not self.passthrough:

@@ -1,7 +1,8 @@
 """The bridge: the virtual tree served as a `Filesystem` (filesystem.py), by node id.
 
 It owns the node ids (nodes.py): a numbered file's id is its key, so a request for a chunk goes from its id
-to its node with no name made or parsed; any other id names a path in the table. Tree nodes become
+to its node with no name made or parsed; any other id names a path in the table, located (its provider found)
+once, so a LOOKUP goes from its parent's node and the name to the child's with no walk up the path. Tree nodes become
 attributes, directories listings, and exceptions errno, each error logged with the path it concerns and
 counted. The session above it knows no path; the tree below it knows no FUSE.
 """
@@ -25,12 +26,12 @@ from shardfs.errors import CorruptChunk, over_max_file_size
 from shardfs.files import Dir
 from shardfs.fuse.filesystem import BLOCK_SIZE, Attributes, Entry, FuseError, Usage, count, error
 from shardfs.fuse.listing import Listing
-from shardfs.fuse.nodes import Nodes, Place
+from shardfs.fuse.nodes import Nodes
 from shardfs.fuse.readahead import ReadAhead
 from shardfs.fuse.record import Record
 from shardfs.metrics import Metrics
 from shardfs.stores.protocol import Owner
-from shardfs.tree import Tree
+from shardfs.tree import Located, Place, Tree
 
 log = logging.getLogger("shardfs")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -97,7 +98,7 @@ def log_request(
     fields: dict[str, object] = {"event": "request", "op": op, "path": "/" + path}
     if isinstance(answer, bytes):
         fields["bytes"] = len(answer)
-    if code or (answer is None and op == "getattr"):  # getattr's None: absent
+    if code or (answer is None and op in ("lookup", "getattr")):  # their None: absent
         fields["errno"] = errno.errorcode.get(code or errno.ENOENT, code)
     fields["store_reads"] = int(metrics.store_reads.mine() - reads)
     fields["us"] = round((time.perf_counter() - start) * 1e6)
@@ -180,21 +181,19 @@ class Bridge:
 
     # The protocol: by node id.
     def lookup(self, parent: int, name: bytes) -> Entry | None:
-        directory = self.nodes.path(parent)
-        path = f"{directory}/{name.decode(*FS_ENCODING)}" if directory else name.decode(*FS_ENCODING)
-        found = self.tree.key_of(path)
-        attributes = self._attributes(path if found is None else found)
+        place = self.tree.child(self.nodes.located(parent), name.decode(*FS_ENCODING))
+        attributes = self._looked_up(place)
         if attributes is None:
             return None
-        if found is not None:
-            self.read_ahead.looked_up(*found)
-        return self.nodes.looked_up(path, found), attributes
+        if not isinstance(place, Located):
+            self.read_ahead.looked_up(*place)
+        return self.nodes.looked_up(place), attributes
 
     def forget(self, node: int, lookups: int) -> None:
         self.nodes.forget(node, lookups)
 
     def getattr(self, node: int) -> Attributes:
-        attributes = self._attributes(self.nodes.place(node))
+        attributes = self._getattr(self.nodes.place(node))
         if attributes is None:
             raise FuseError(errno.ENOENT)
         return attributes
@@ -207,21 +206,21 @@ class Bridge:
         return self._read(self.nodes.place(node), offset, size)
 
     def opendir(self, node: int) -> None:
-        self._opendir(self.nodes.path(node))
+        self._opendir(self.nodes.located(node))
 
     def listed(self, node: int) -> Listing | None:
-        return self.tree.cache.get(("listing", self.nodes.path(node)))  # type: ignore[return-value]
+        return self.tree.cache.get(("listing", self.nodes.located(node).path))  # type: ignore[return-value]
 
     def listing(self, node: int) -> Listing:
         """Made within its bounds; EIO if it cannot be made."""
-        path = self.nodes.path(node)
+        directory = self.nodes.located(node)
+        path = directory.path
         start_request(self.request_limit, self.tree.cache)
         start, reads, code = time.perf_counter(), self.metrics.store_reads.mine(), 0
-        prefix = f"{path}/" if path else ""
         ino = self.nodes.ino
 
         def make() -> Listing:
-            return Listing.of(self.tree.listdir(path), "/" + path, lambda name: ino(prefix + name))
+            return Listing.of(self.tree.listdir(path), "/" + path, lambda name: ino(directory, name))
 
         try:
             return self.tree.cache.get_or_make(("listing", path), make)
@@ -240,8 +239,8 @@ class Bridge:
     # What a node's place holds.
     def path_of(self, place: Place) -> str:
         """The path of a place, for log lines."""
-        if isinstance(place, str):
-            return place
+        if isinstance(place, Located):
+            return place.path
         return self.tree.path_of(*place) or f"{place}"
 
     def _mode(self, file_type: int, owner: Owner) -> tuple[int, int, int, int]:
@@ -255,12 +254,11 @@ class Bridge:
         gid = owner.gid if shown.gid is None else shown.gid
         return file_type | mode, 2 if file_type == stat.S_IFDIR else 1, uid, gid
 
-    @errors_to_errno("getattr")
     def _attributes(self, place: Place) -> Attributes | None:
         """The attributes of the node at place, or None if there is none: a negative entry for the kernel
         to keep. A numbered file is found by its key, anything else by its path."""
         try:
-            node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)
+            node = self.tree.node(place)
         except (FileNotFoundError, NotADirectoryError):
             return None
         if isinstance(node, Dir):
@@ -273,13 +271,16 @@ class Bridge:
         fields = (size, (size + 511) // 512, sec, sec, sec, nsec, nsec, nsec, mode, nlink, uid, gid, 0, BLOCK_SIZE, 0)
         return _attributes(Attributes, fields)
 
+    _looked_up = errors_to_errno("lookup")(_attributes)  # LOOKUP and GETATTR ask the same, timed apart
+    _getattr = errors_to_errno("getattr")(_attributes)
+
     @errors_to_errno("read")
     def _read(self, place: Place, offset: int, size: int) -> bytes:
         if offset == 0:
             self.metrics.files_read.inc()
-            if not isinstance(place, str):  # a numbered file's first bytes: what follows may be next
+            if not isinstance(place, Located):  # a numbered file's first bytes: what follows may be next
                 self.read_ahead.read(*place)
-        node = self.tree.lookup(place) if isinstance(place, str) else self.tree.file_of(*place)
+        node = self.tree.node(place)
         if isinstance(node, Dir):
             raise error(self.metrics, errno.EISDIR)
         data = node.read(offset, size)
@@ -287,8 +288,8 @@ class Bridge:
         return data
 
     @errors_to_errno("opendir")
-    def _opendir(self, path: str) -> None:
+    def _opendir(self, place: Located) -> None:
         """A directory handle holds nothing: its listing is the directory's (`listed`), and an offset is
         all the kernel needs to resume it."""
-        if not isinstance(self.tree.lookup(path), Dir):
+        if not isinstance(self.tree.node(place), Dir):
             raise error(self.metrics, errno.ENOTDIR)

@@ -153,8 +153,8 @@ class Record:
         self._live += ENTRY.size + len(name)
         self.highest = max(self.highest, nodeid)
 
-    def dropped(self, nodeid: int, path: str, live: dict[int, str]) -> None:
-        """nodeid (of path) is gone from the table; live is the table as it is now, for a rewrite."""
+    def dropped(self, nodeid: int, path: str, live: dict[str, int]) -> None:
+        """nodeid (of path) is gone from the table; live is the table as it is now (path → id), for a rewrite."""
         self._append(ENTRY.pack(nodeid, DROPPED))
         self._live -= ENTRY.size + len(os.fsencode(path))
         if self._end - self._start > max(COMPACT_AFTER, 2 * self._live):
@@ -165,9 +165,9 @@ class Record:
         self._end += len(entry)
         os.pwrite(self.fd, SPAN.pack(self._start, self._end), SPAN_AT)
 
-    def _rewrite(self, live: dict[int, str]) -> None:
+    def _rewrite(self, live: dict[str, int]) -> None:
         parts = [ENTRY.pack(self.highest, DROPPED)]  # keeps the highest id known, so that none is reused
-        for nodeid, path in live.items():
+        for path, nodeid in live.items():
             if not path:  # the root: its id is fixed, never journalled
                 continue
             name = os.fsencode(path)

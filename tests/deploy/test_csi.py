@@ -530,7 +530,7 @@ def test_one_daemon_serves_two_volumes_each_with_its_own_figures(plugin: Plugin,
     assert not a.exists() and plugin.daemons() == [daemon]
     name = sorted(os.listdir(twin / "4_4_40"))[1]
     assert (b / "4_4_40" / name).read_bytes() == (twin / "4_4_40" / name).read_bytes()
-    lookups = ("shardfs_fuse_op_seconds_count", frozenset({("op", "getattr")}))  # LOOKUP asks the attributes
+    lookups = ("shardfs_fuse_op_seconds_count", frozenset({("op", "lookup")}))
     before = figures(b).get(lookups, 0)
     assert not (b / "4_4_40" / "no-such-chunk").exists()  # a name the kernel never saw: asked of the daemon
     assert figures(b)[lookups] > before

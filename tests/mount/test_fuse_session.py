@@ -5,10 +5,12 @@ one directory, FORGET storms, INTERRUPT, unmounting with requests in flight, err
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import errno
 import itertools
+import json
 import os
 import random
 import resource
@@ -226,6 +228,33 @@ def test_a_held_chunk_is_read_from_its_node_id_with_no_name_made_or_parsed(many,
                 assert os.fstat(fd).st_size == sizes[name]
             finally:
                 os.close(fd)
+
+
+def test_a_lookup_goes_from_its_parents_node_with_no_walk_up_the_path(many, tmp_path) -> None:
+    """LOOKUP asks the parent's node, which knows its provider: once the directory is looked up, no path is
+    walked up to find a provider again (Tree.locate), for a chunk, a name that is not there or the rewritten
+    metadata, and LOOKUP is counted under its own label, not GETATTR's."""
+    source, twin = many
+    m = tmp_path / "m"
+    names = sorted(p.name for p in (twin / "4_4_40").iterdir())
+    with served(source, m) as session:
+        assert (m / "4_4_40").is_dir()
+        tree = session.filesystem.tree
+
+        def walked(path: str) -> None:
+            raise AssertionError(f"a path walked up for a lookup: {path}")
+
+        tree.locate = walked  # type: ignore[method-assign]
+        assert [(m / "4_4_40" / name).stat().st_size for name in names[:50]] == [
+            (twin / "4_4_40" / name).stat().st_size for name in names[:50]
+        ]
+        assert not (m / "4_4_40" / "0-1_0-1_0-1").exists() and not (m / "4_4_40" / "nope").exists()
+        assert json.loads((m / "info").read_bytes()) == json.loads((twin / "info").read_bytes())
+        answered: collections.Counter[str] = collections.Counter()
+        for key, value in session.filesystem.metrics.tally.totals().items():  # (histogram, op, bucket): count
+            if isinstance(key, tuple) and key[0] == "shardfs_fuse_op_seconds" and key[2] != "sum":
+                answered[key[1]] += int(value)
+        assert answered["lookup"] >= 53 and answered["getattr"] < 53
 
 
 def test_listing_of_thousands_resumes_where_each_page_ended(many, tmp_path) -> None:

@@ -134,7 +134,8 @@ def test_names_attributes_and_absences_are_kept_by_the_kernel(volume, mount) -> 
     time.sleep(1.5 * DEFAULT_TIMEOUT)  # not a timing assertion: waits out what the defaults would keep
     before = op_counts(m.path)
     assert chunk.stat().st_size == size and not missing.exists()
-    assert op_counts(m.path).get("getattr", 0) == before.get("getattr", 0)
+    after = op_counts(m.path)
+    assert [after.get(op, 0) for op in ("lookup", "getattr")] == [before.get(op, 0) for op in ("lookup", "getattr")]
 
 
 def test_metrics_listen_on_loopback_by_default(volume, mount) -> None:

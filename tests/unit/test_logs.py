@@ -178,7 +178,7 @@ def test_debug_logs_a_line_per_request_and_nothing_else(raw_volume: tuple[Path, 
     seen = requests(m.log_text())
     read = next(r for r in seen if r[:2] == ("read", f"/4_4_40/{name}"))
     assert read[2] == str(size) and int(read[4]) >= 1 and int(read[5]) > 0, read
-    assert next(r for r in seen if r[1] == "/nope")[:4] == ("getattr", "/nope", None, "ENOENT")
+    assert next(r for r in seen if r[1] == "/nope")[:4] == ("lookup", "/nope", None, "ENOENT")
     assert {"opendir", "readdir"} <= {r[0] for r in seen if r[1] == "/4_4_40"}
     lines = m.log_text().splitlines()
     assert all(line.startswith("time=") for line in lines), lines

@@ -25,6 +25,7 @@ from shardfs.fuse.record import (
     Terms,
 )
 from shardfs.service import handover
+from shardfs.tree import Located
 
 
 class Unnumbered:
@@ -33,8 +34,11 @@ class Unnumbered:
     def __init__(self) -> None:
         self.numbered: list[str] = []
 
-    def key_of(self, path: str) -> tuple[int, int] | None:
-        return None
+    def locate(self, path: str) -> Located:
+        return Located(path, None)
+
+    def child(self, parent: Located, name: str) -> Located:
+        return Located(f"{parent.path}/{name}".lstrip("/"), None)
 
     def path_of(self, number: int, key: int) -> str | None:
         return None
@@ -53,7 +57,7 @@ def test_terms_and_table_read_back_by_the_next_daemon() -> None:
     record.added(2, "a")
     record.added(3, "a/ünï code\nname")
     record.added(4, "b")
-    record.dropped(2, "a", {3: "a/ünï code\nname", 4: "b"})
+    record.dropped(2, "a", {"a/ünï code\nname": 3, "b": 4})
     after = reopened(record)
     assert after.terms() == terms
     assert after.table() == {3: "a/ünï code\nname", 4: "b"}
@@ -64,28 +68,28 @@ def test_terms_and_table_read_back_by_the_next_daemon() -> None:
 def test_table_ids_survive_into_the_next_daemons_table() -> None:
     record = Record.new()
     nodes = Nodes(Unnumbered(), record)
-    ids = {path: nodes.looked_up(path, None) for path in ("s0", "s0/info", "s1")}
+    ids = {path: nodes.looked_up(Located(path, None)) for path in ("s0", "s0/info", "s1")}
     nodes.forget(ids["s1"], 1)  # dropped: the kernel holds it no more
     restored = Nodes(Unnumbered(), reopened(record))
-    assert restored.path(ids["s0"]) == "s0" and restored.path(ids["s0/info"]) == "s0/info"
+    assert restored.located(ids["s0"]).path == "s0" and restored.located(ids["s0/info"]).path == "s0/info"
     with pytest.raises(StaleNode):
-        restored.path(ids["s1"])
-    fresh = restored.looked_up("s2", None)
+        restored.located(ids["s1"])
+    fresh = restored.looked_up(Located("s2", None))
     assert fresh not in ids.values() and not fresh & PACKED  # never an id the kernel may still hold
-    assert restored.looked_up("s0", None) == ids["s0"]  # the same path, the same id
+    assert restored.looked_up(Located("s0", None)) == ids["s0"]  # the same path, the same id
     restored.forget(ids["s0"], 1)  # its count from before is unknown: kept, not dropped
-    assert restored.path(ids["s0"]) == "s0"
+    assert restored.located(ids["s0"]).path == "s0"
     restored.forget(123456, 7)  # an id never issued: harmless
-    assert restored.path(wire.ROOT_ID) == ""
+    assert restored.located(wire.ROOT_ID).path == ""
 
 
 def test_a_journal_of_dropped_ids_is_rewritten_and_its_pages_given_back() -> None:
     record = Record.new()
     nodes = Nodes(Unnumbered(), record)
     name = "d" * 200
-    kept = nodes.looked_up("kept", None)
+    kept = nodes.looked_up(Located("kept", None))
     for i in range(2 * COMPACT_AFTER // 200):
-        nodes.forget(nodes.looked_up(f"{name}{i}", None), 1)
+        nodes.forget(nodes.looked_up(Located(f"{name}{i}", None)), 1)
     assert reopened(record).table() == {kept: "kept"}
     assert os.fstat(record.fd).st_blocks * 512 < COMPACT_AFTER  # the old journal's pages were punched out
 
