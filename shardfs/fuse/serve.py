@@ -28,7 +28,7 @@ from pathlib import Path
 from shardfs.fuse.bridge import Bridge, Shown
 from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, Target, is_busy, mount, unmount
 from shardfs.fuse.record import Carrier, Kept, Record
-from shardfs.fuse.session import Session, Timeouts
+from shardfs.fuse.session import Serving, Session, Timeouts
 from shardfs.metrics import Metrics
 from shardfs.tree import Tree
 
@@ -306,10 +306,8 @@ def serve(
 
     bridge = Bridge(served.tree, served.mtime_ns, settings.shown, record, metrics, settings.read_ahead)
     try:
-        session = Session(
-            fd, bridge, settings.threads, settings.timeouts, settings.kernel_cache, ready, owner=settings.owner,
-            debug=settings.debug, record=record, kept=kept is not None, metrics=metrics,
-        )  # fmt: skip
+        serving = Serving(settings.threads, settings.timeouts, settings.kernel_cache, settings.owner, settings.debug)
+        session = Session(fd, bridge, serving, ready, record, kept is not None, metrics)
         control._bind(session, take_away, carrier)
         handlers = {
             signal.SIGTERM: control.terminate,

@@ -71,36 +71,47 @@ class Timeouts:
     negative: float = 86400.0
 
 
+@dataclass(frozen=True)
+class Serving:
+    """How a session serves, as the mount's options ask. threads: requests answered at once. kernel_cache: pages
+    kept across opens where an OPEN is asked (no no_open). owner (`allow_root`): only that user's and root's
+    requests are served, others answered EACCES, and every open is asked for (no no_open) so that a page
+    cached for root is not read by another user. debug: every request and answer logged at DEBUG."""
+
+    threads: int = 10
+    timeouts: Timeouts = Timeouts()
+    kernel_cache: bool = True
+    owner: int | None = None
+    debug: bool = False
+
+
 def _split(seconds: float) -> tuple[int, int]:
     whole = int(seconds)
     return whole, int((seconds - whole) * 1e9)
 
 
 class Session:
-    """Serves a filesystem on an open /dev/fuse fd until the filesystem is unmounted. on_ready runs once INIT
-    is answered: the mount then answers requests (`granted_text` says on what terms). owner (`allow_root`):
-    only that user's and root's requests are served, others answered EACCES, and every open is asked for
-    (no no_open) so that a page cached for root is not read by another user. debug: every request and
-    answer logged at DEBUG. record: where INIT's terms are kept for the next daemon.
-    kept: fd is a connection a daemon before served (its record given): INIT's terms are restored, not
-    waited for, and what that daemon read and never answered is asked for again. metrics: the mount's, where
-    its requests are counted."""
+    """Serves a filesystem on an open /dev/fuse fd until the filesystem is unmounted, as serving says. on_ready
+    runs once INIT is answered: the mount then answers requests (`granted_text` says on what terms). record:
+    where INIT's terms are kept for the next daemon. kept: fd is a connection a daemon before served (its
+    record given): INIT's terms are restored, not waited for, and what that daemon read and never answered is
+    asked for again. metrics: the mount's, where its requests are counted."""
 
     def __init__(
-        self, fd: int, filesystem: Filesystem, threads: int = 10, timeouts: Timeouts | None = None,
-        kernel_cache: bool = True, on_ready: Callable[[], None] | None = None, owner: int | None = None,
-        debug: bool = False, record: Record | None = None, kept: bool = False, metrics: Metrics | None = None,
+        self, fd: int, filesystem: Filesystem, serving: Serving = Serving(),
+        on_ready: Callable[[], None] | None = None, record: Record | None = None, kept: bool = False,
+        metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
         self.fd = fd
         self.metrics = metrics or Metrics()
-        self.owner = owner
-        self.debug = debug
+        self.owner = serving.owner
+        self.debug = serving.debug
         self.filesystem = filesystem
-        self.threads = threads
+        self.threads = serving.threads
         self.record = record
         self.kept = kept
         self.listings = ListingWorkers()
-        self.kernel_cache = kernel_cache
+        self.kernel_cache = serving.kernel_cache
         self.on_ready = on_ready
         self.no_open = False  # until INIT says whether the kernel takes ENOSYS for OPEN as "none needed"
         self.granted = InitFlag(0)
@@ -110,7 +121,7 @@ class Session:
         self._lock = threading.Lock()
         self._running = 0
         self.minor = 0
-        timeouts = timeouts or Timeouts()
+        timeouts = serving.timeouts
         self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.attr))
         self._attr_valid = _split(timeouts.attr)
         self._negative = _split(timeouts.negative) if timeouts.negative > 0 else None

@@ -30,7 +30,7 @@ from cloudvolume import CloudVolume
 from shardfs.fuse import wire
 from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.mount import FuseMountError, MountOptions, mount, target_of, unmount
-from shardfs.fuse.session import Session
+from shardfs.fuse.session import Serving, Session
 from shardfs.fuse.wire import InitFlag, InitFlag2
 from shardfs.source import open_source
 from tests.support import peers
@@ -81,7 +81,7 @@ def served(source: str | Path, mountpoint: Path, threads: int = 16, read_only: b
     mountpoint.mkdir(exist_ok=True)
     fd = mount(mountpoint, MountOptions(fsname=str(source), read_only=read_only, allow_other=True))
     ready = threading.Event()
-    session = Session(fd, Bridge(tree, 0), threads, on_ready=ready.set)
+    session = Session(fd, Bridge(tree, 0), Serving(threads), on_ready=ready.set)
     runner = threading.Thread(target=session.run, name="session")
     runner.start()
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.mount import MountOptions, mount, target_of
-from shardfs.fuse.session import Session
+from shardfs.fuse.session import Serving, Session
 from shardfs.source import open_source
 
 
@@ -17,7 +17,7 @@ def main(args: list[str]) -> int:
     source, mountpoint = args
     tree = open_source(source, 16 << 20).tree
     fd = mount(target_of(Path(mountpoint)), MountOptions(fsname=source))
-    Session(fd, Bridge(tree, 0), threads=4).run()
+    Session(fd, Bridge(tree, 0), Serving(threads=4)).run()
     return 0
 
 

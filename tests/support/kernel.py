@@ -11,7 +11,7 @@ from pathlib import Path
 
 from shardfs.fuse import wire
 from shardfs.fuse.bridge import Bridge
-from shardfs.fuse.session import Session, Timeouts
+from shardfs.fuse.session import Serving, Session, Timeouts
 from shardfs.source import open_source
 
 
@@ -20,7 +20,8 @@ def kernel_socket(volume_root: Path, timeouts: Timeouts | None = None) -> Iterat
     """A session whose "device" is one end of a packet socket pair: the test plays a kernel this machine
     does not run (older, newer), request by request, and reads what the kernel would be told."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    session = Session(theirs.fileno(), Bridge(open_source(volume_root, 1 << 20).tree, 0), 1, timeouts)
+    bridge = Bridge(open_source(volume_root, 1 << 20).tree, 0)
+    session = Session(theirs.fileno(), bridge, Serving(1, timeouts or Timeouts()))
     runner = threading.Thread(target=session.run)
     runner.start()
     try:
