@@ -63,7 +63,7 @@ class Precomputed(Plan):
         self.directories |= part.directories
         self.found |= part.found
         if why:
-            self.report.append(Finding(f"{directory}: served as stored: {why}"))
+            self.report.append(Finding(why, Category.REFUSED))  # as zarr files an array it cannot present
             self.directories.add(directory)
             log.warning("%s; served as it is stored", why, extra={"event": "served_as_stored", "path": path})
 

@@ -244,6 +244,19 @@ def test_refused_arrays_are_listed_not_checked(zarr_source, damaged) -> None:
     assert lines[-1].endswith(", 0 corrupt, 2 not checked (served as stored)")
 
 
+def test_a_precomputed_directory_served_as_stored_is_listed_not_checked(tmp_path) -> None:
+    """As a zarr array shardfs cannot present: a mesh directory whose info cannot be read is served as stored,
+    counted as not checked, and the rest of the dataset checked."""
+    peers.write_cloudvolume_multires_meshes(tmp_path / "src")
+    (tmp_path / "src" / "mesh" / "info").write_text("{not json")
+    code, lines, _ = run_check(tmp_path / "src")
+    assert code == 0  # served as stored, not corrupt
+    refused = [line for line in lines if line.startswith("not checked: ")]
+    assert len(refused) == 1 and "mesh/info" in refused[0], lines
+    assert not any(line.startswith("mesh/") for line in lines)
+    assert lines[-1].endswith(", 0 corrupt, 1 not checked (served as stored)")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # The progress bar: on a terminal only, and never in the report
 
