@@ -66,12 +66,12 @@ class Provider(Protocol):
         path. Raises FileNotFoundError if it does not exist."""
 
     def prefetch(self, keys: list[int]) -> list[Fetch]:
-        """How to fetch the files of keys ahead of their reads (fuse/readahead.py), in groups that run apart;
+        """How to fetch the files of keys ahead of their reads (fs/readahead.py), in groups that run apart;
         none where nothing is worth fetching ahead (a source's own files, read as they are asked for)."""
 
     def position_of(self, key: int) -> tuple[int, ...] | None:
         """Where key's chunk lies on its array's grid (a volume's, an array's), or None where keys name no grid
-        position (segment ids): a viewer reads chunks next to those it read (fuse/readahead.py)."""
+        position (segment ids): a viewer reads chunks next to those it read (fs/readahead.py)."""
 
     def key_at(self, position: tuple[int, ...]) -> int | None:
         """The key of the chunk at a grid position, or None off the grid."""

@@ -2,7 +2,7 @@
 
 INIT happens once per connection, so a daemon that adopts a kept descriptor restores what was negotiated
 (`Terms`) instead of waiting for an INIT that never comes. And the kernel goes on holding node ids across
-the restart: a chunk file's id names its key (fuse/nodes.py), but a table id (a directory, metadata,
+the restart: a chunk file's id names its key (fs/nodes.py), but a table id (a directory, metadata,
 a file passed through) means only what the table said, so the table is journalled here as it changes and
 rebuilt from the journal by the next daemon.
 

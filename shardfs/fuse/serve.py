@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardfs.fuse.bridge import Bridge, Shown
+from shardfs.fs.bridge import Bridge, Shown
 from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, Target, is_busy, mount, unmount
 from shardfs.fuse.record import Carrier, Kept, Record
 from shardfs.fuse.session import Serving, Session, Timeouts

@@ -23,7 +23,7 @@ from shardfs.stores.protocol import ByteRange, Store, StoredFile
 log = logging.getLogger("shardfs")
 
 SHOWN = 3  # problems spelled out per shard; the rest are counted, since one bad minishard may hold thousands
-# Read-ahead (fuse/readahead.py): keys' ranges of one shard read in one request where no more than GAP bytes lie
+# Read-ahead (fs/readahead.py): keys' ranges of one shard read in one request where no more than GAP bytes lie
 # between two of them, up to MOST bytes a request (a few round trips' worth of bytes at 100 MB/s: a request
 # is then mostly transfer, not waiting). Those between are read and not kept: at most GAP a key.
 PREFETCH_GAP = 64 << 10

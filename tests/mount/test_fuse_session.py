@@ -27,8 +27,8 @@ import pytest
 import tensorstore as ts
 from cloudvolume import CloudVolume
 
+from shardfs.fs.bridge import Bridge
 from shardfs.fuse import wire
-from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.mount import FuseMountError, MountOptions, mount, target_of, unmount
 from shardfs.fuse.session import Serving, Session
 from shardfs.fuse.wire import InitFlag, InitFlag2

@@ -1,4 +1,4 @@
-"""Read-ahead across files (shardfs/fuse/readahead.py): a directory's files read in its listing's order, by
+"""Read-ahead across files (shardfs/fs/readahead.py): a directory's files read in its listing's order, by
 one process through the kernel, have the next ones fetched before they are asked for; counted at a loopback
 server. Random reads fetch nothing ahead; a fetch ahead that fails is no reader's error; `-o read_ahead=0`
 turns it off."""

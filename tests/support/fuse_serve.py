@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from shardfs.fuse.bridge import Bridge
+from shardfs.fs.bridge import Bridge
 from shardfs.fuse.mount import MountOptions, mount, target_of
 from shardfs.fuse.session import Serving, Session
 from shardfs.source import open_source

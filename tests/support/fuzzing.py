@@ -73,7 +73,7 @@ def _alarm(signum: int, frame: object) -> None:
 
 
 def attempt(what: str, op: Callable[[], T]) -> T | Failed:
-    """Run op under the wall-clock bound; map its exception as fuse/bridge.py does. ENOENT and EIO are the only
+    """Run op under the wall-clock bound; map its exception as fs/bridge.py does. ENOENT and EIO are the only
     errnos corrupt data may give; any other exception propagates and fails the test."""
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, OP_SECONDS)

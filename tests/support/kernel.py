@@ -9,8 +9,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from shardfs.fs.bridge import Bridge
 from shardfs.fuse import wire
-from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.session import Serving, Session, Timeouts
 from shardfs.source import open_source
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from shardfs.fs.bridge import Bridge
 from shardfs.fuse import wire
-from shardfs.fuse.bridge import Bridge
 from shardfs.fuse.listing import Listing, ListingWorkers
 from shardfs.source import open_source
 from tests.support import peers

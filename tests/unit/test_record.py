@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from shardfs.fs.nodes import PACKED, Nodes
 from shardfs.fuse import record as record_module
 from shardfs.fuse import wire
 from shardfs.fuse.filesystem import StaleNode
-from shardfs.fuse.nodes import PACKED, Nodes
 from shardfs.fuse.record import (
     COMPACT_AFTER,
     SPAN_AT,
@@ -149,7 +149,7 @@ def test_no_id_is_issued_again_by_a_second_or_third_daemon() -> None:
     name = "d" * 200
     for daemon in range(3):
         nodes = Nodes(Unnumbered(), reopened(record))
-        fresh = [nodes.looked_up(f"{daemon}/{name}{i}", None) for i in range(2 * COMPACT_AFTER // 200)]
+        fresh = [nodes.looked_up(Located(f"{daemon}/{name}{i}", None)) for i in range(2 * COMPACT_AFTER // 200)]
         assert not issued & set(fresh), f"daemon {daemon + 1} issued ids issued before"
         issued |= set(fresh)
         for nodeid in reversed(fresh[1:]):
@@ -188,9 +188,9 @@ def test_a_record_cut_at_any_point_of_any_write_reads_as_before_or_after(monkeyp
     changes = [
         lambda: record.settle(Terms(40, 0x4C0001, 131072, 4096, 256, 1, True, True)),
         lambda: record.stamp(handover.served("/data", "n5", Path("/mnt"))),
-        *(lambda i=i: nodes.looked_up(f"dir/{i}", None) for i in range(12)),
+        *(lambda i=i: nodes.looked_up(Located(f"dir/{i}", None)) for i in range(12)),
         *(lambda i=i: nodes.forget(i, 1) for i in range(13, 3, -1)),  # a rewrite on the way
-        lambda: nodes.looked_up("after the rewrite", None),
+        lambda: nodes.looked_up(Located("after the rewrite", None)),
     ]
     rewritten = False
     for change in changes:

@@ -24,10 +24,10 @@ from typing import Any, TypeVar
 from shardfs.codecs import start_request
 from shardfs.errors import CorruptChunk, over_max_file_size
 from shardfs.files import Dir
+from shardfs.fs.nodes import Nodes
+from shardfs.fs.readahead import ReadAhead
 from shardfs.fuse.filesystem import BLOCK_SIZE, Attributes, Entry, FuseError, Usage, count, error
 from shardfs.fuse.listing import Listing
-from shardfs.fuse.nodes import Nodes
-from shardfs.fuse.readahead import ReadAhead
 from shardfs.fuse.record import Record
 from shardfs.metrics import Metrics
 from shardfs.stores.protocol import Owner
