@@ -2,7 +2,7 @@
 
 The session (session.py) speaks the kernel's protocol: it reads requests, settles what the kernel is granted,
 packs answers and decides what waits in which thread. What a node is, what it holds and which id names it is
-the filesystem's (bridge.py, over the virtual tree): the session knows no path and no format. A node id is
+the filesystem's (fs/bridge.py, over the virtual tree): the session knows no path and no format. A node id is
 the kernel's from the LOOKUP that answered it until FORGET counts down that LOOKUP; the root's is always
 `wire.ROOT_ID`, never looked up and never forgotten.
 """

@@ -75,7 +75,7 @@ class Record:
     """A connection's record on a memfd (see the module's docstring). Not thread-safe: its three writers never
     write at once. The hand-over stamps what it serves before a session starts (service/handover.py), the
     session settles INIT's terms before answering INIT, the kernel's first request (session.py), and only then
-    can the node table journal its ids, under its own lock (nodes.py)."""
+    can the node table journal its ids, under its own lock (fs/nodes.py)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
