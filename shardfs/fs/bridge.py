@@ -1,10 +1,10 @@
-"""The bridge: the virtual tree served as a `Filesystem` (filesystem.py), by node id.
+"""The bridge: the virtual tree served as a `Filesystem` (fuse/filesystem.py), by node id.
 
 It owns the node ids (nodes.py): a numbered file's id is its key, so a request for a chunk goes from its id
 to its node with no name made or parsed; any other id names a path in the table, located (its provider found)
-once, so a LOOKUP goes from its parent's node and the name to the child's with no walk up the path. Tree nodes become
-attributes, directories listings, and exceptions errno, each error logged with the path it concerns and
-counted. The session above it knows no path; the tree below it knows no FUSE.
+once, so a LOOKUP goes from its parent's node and the name to the child's with no walk up the path. Tree
+nodes become attributes, directories listings, and exceptions errno, each error logged with the path it
+concerns and counted. The session above it knows no path; the tree below it knows no FUSE.
 """
 
 from __future__ import annotations
