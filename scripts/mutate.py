@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -591,12 +592,22 @@ MUTATIONS = [
 
 
 def copy_tree(where: Path) -> Path:
-    """A copy of the repository's files; the virtual environments (large, and not mutated) are linked."""
+    """A copy of the repository's files, with an interpreter of its own: a venv whose only path entries are the
+    copy, then the project's installed packages. Daemons started `python -I` (the CSI and Slurm hosts'), which
+    ignore PYTHONPATH, then run the copy's shardfs too, not the editable install's."""
     tree = where / "tree"
     shutil.copytree(REPO, tree, ignore=SKIP)
-    for venv in (".venv", ".venv-zarr2"):
-        (tree / venv).symlink_to(REPO / venv)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", tree / ".venv"], check=True)
+    paths = subprocess.run([python(tree), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    installed = sysconfig.get_paths()["purelib"]  # the project's venv; its .pth files (the editable) are not read
+    Path(paths, "shardfs-mutated.pth").write_text(f"{tree}\n{installed}\n")
+    (tree / ".venv-zarr2").symlink_to(REPO / ".venv-zarr2")
     return tree
+
+
+def python(tree: Path) -> Path:
+    return tree / ".venv" / "bin" / "python"
 
 
 def apply(tree: Path, mutation: Mutation) -> None:
@@ -612,13 +623,13 @@ def apply(tree: Path, mutation: Mutation) -> None:
 def pytest(tree: Path, tests: list[str], *extra: str) -> subprocess.CompletedProcess[str]:
     """The tests, run in tree with tree's shardfs first on the path (the daemon inherits it)."""
     env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, *tests]
+    command = [python(tree), "-m", "pytest", "-q", "-p", "no:cacheprovider", *extra, *tests]
     return subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
 
 
 def imports_from(tree: Path) -> Path:
     env = dict(os.environ, PYTHONPATH=str(tree))
-    done = subprocess.run([sys.executable, "-c", "import shardfs; print(shardfs.__file__)"], cwd=tree, env=env,
+    done = subprocess.run([python(tree), "-c", "import shardfs; print(shardfs.__file__)"], cwd=tree, env=env,
                           capture_output=True, text=True, check=True)  # fmt: skip
     return Path(done.stdout.strip())
 
