@@ -230,3 +230,29 @@ def test_directory_handles_held_by_another_user_cost_the_daemon_no_descriptor(
         assert as_user(user, "ls", m.path / "notes").stdout.split() == sorted(os.listdir(notes))
     finally:
         holder.communicate(timeout=60)
+
+
+def test_a_directory_of_datasets_opens_each_no_wider_than_its_source(public_tmp, mount, user) -> None:
+    """A mount of a directory holding datasets (not itself one): a dataset under a 0700 directory is closed to
+    another user through every name below it, an open one reads; a link to a dataset outside is not shown,
+    to root either, and nothing through it resolves."""
+    lab = public_tmp / "lab"
+    peers.write_tensorstore_volume(lab / "open" / "vol")
+    peers.write_tensorstore_volume(lab / "closed" / "vol")
+    (lab / "closed").chmod(0o700)
+    outside = public_tmp / "outside"
+    peers.write_tensorstore_volume(outside / "vol")
+    (lab / "linked").symlink_to(outside / "vol")
+    m = mount(lab, "-o", "allow_other", under=public_tmp)
+
+    chunk = sorted(os.listdir(m.path / "open" / "vol" / "4_4_40"))[0]
+    read = as_user(user, "cat", m.path / "open" / "vol" / "4_4_40" / chunk)
+    assert read.returncode == 0, read.stderr
+    closed = m.path / "closed" / "vol"
+    assert sorted(os.listdir(closed / "4_4_40")) == sorted(os.listdir(m.path / "open" / "vol" / "4_4_40"))
+    assert denied(as_user(user, "ls", m.path / "closed"))
+    assert denied(as_user(user, "cat", closed / "info"))
+    assert denied(as_user(user, "cat", closed / "4_4_40" / chunk))
+    assert sorted(os.listdir(m.path)) == ["closed", "open"]
+    for name in ("linked", "linked/info", f"linked/4_4_40/{chunk}"):
+        assert not (m.path / name).exists()
