@@ -4,7 +4,9 @@ for, as one virtual tree."""
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from shardfs.cache import DEFAULT_MAX_VALUE, ByteCache
@@ -139,8 +141,15 @@ def _collected(store: Store, cache: ByteCache, view: str) -> Tree:
 
 
 def _kind(store: Store) -> str | None:
-    """The format of the dataset at the store's root, or None if there is none."""
-    return next((kind for marker, kind in MARKERS.items() if store.type_of(marker) == "file"), None)
+    """The format of the dataset at the store's root, or None if there is none. Where reads wait on a network,
+    every marker is asked for at once (one HEAD each, in one round trip), not one after the other: most
+    directories of a bucket hold neither. A marker that is a prefix, not an object, is none."""
+    pool = store.reads()
+    asked: list[Callable[[], bool]] = [
+        partial(store.is_file, marker) if pool is None else pool.submit(store.is_file, marker).result
+        for marker in MARKERS
+    ]
+    return next((kind for kind, there in zip(MARKERS.values(), asked, strict=True) if there()), None)
 
 
 def _parsed(text: str) -> str | Remote:

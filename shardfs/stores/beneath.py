@@ -55,6 +55,9 @@ class Beneath:
     def type_of(self, path: str) -> str | None:
         return self.store.type_of(self._full(path))
 
+    def is_file(self, path: str) -> bool:
+        return self.store.is_file(self._full(path))
+
     def owner(self, path: str) -> Owner:
         return self.store.owner(self._full(path))
 

@@ -212,6 +212,9 @@ class LocalStore:
             return None
         return "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else None
 
+    def is_file(self, path: str) -> bool:
+        return self.type_of(path) == "file"
+
     def owner(self, path: str) -> Owner:
         found = self.type_of(path)
         if found == "file":

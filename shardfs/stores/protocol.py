@@ -176,6 +176,10 @@ class Store(Protocol):
     def type_of(self, path: str) -> str | None:
         """'file', 'dir', or None for anything else (absent, a link, a device)."""
 
+    def is_file(self, path: str) -> bool:
+        """Whether type_of would say 'file', asking no more than that: a bucket is not also asked whether path
+        is a prefix (a metadata file's probe costs one request, not two)."""
+
     def owner(self, path: str) -> Owner:
         """Who may read the node that stands for path: a file or directory as the source has it, an
         absent one as its nearest directory. Narrowed by every directory on the way."""

@@ -460,17 +460,22 @@ class RemoteStore:
     def type_of(self, path: str) -> str | None:
         if not path.strip("/"):
             return "dir"
-        if not is_key(path):
-            return None
-        try:
-            self.open(path)
+        if self.is_file(path):
             return "file"
-        except FileNotFoundError:
-            pass
-        if not self.can_list:
+        if not self.can_list or not is_key(path):
             return None
         walk = Walk(self, path, "list", page=1, seconds=self.access.timeout)  # a lookup waits one request's time
         return "dir" if any(walk.pages(f"{path.strip('/')}/", None)) else None
+
+    def is_file(self, path: str) -> bool:
+        """One HEAD (none if remembered): an object of that name. A prefix of that name is none."""
+        if not path.strip("/"):
+            return False
+        try:
+            self.open(path)
+            return True
+        except FileNotFoundError:
+            return False
 
     def owner(self, path: str) -> Owner:
         return self._owner

@@ -10,6 +10,7 @@ import shutil
 import struct
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +30,7 @@ from tests.support import peers
 from tests.support.cli import scrape, shardfs
 from tests.support.cloud import BUCKET, moto_server, upload
 from tests.support.daemons import daemon_of, peak_and_now_kib
+from tests.support.http_server import RangeServer
 from tests.support.reading import files_under, read_ts
 from tests.support.zarr2 import run
 
@@ -43,6 +45,7 @@ DATASETS = (
     "draft",  # last: the views leave it out
 )
 OVERHEAD_MIB = 40  # the README's promise beyond --cache-size
+WIDE = 12  # plain directories of the bucket's `wide/`
 
 
 @pytest.fixture(scope="module")
@@ -164,14 +167,21 @@ def test_a_view_applies_to_each_dataset(data, mount, view, tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def bucket(data: tuple[Path, dict]) -> Iterator[str]:
-    """moto's S3 server on loopback, its endpoint: the data directory uploaded as it is to `lab/data/`, and
-    10,000 empty directories (the console's zero-byte `name/` objects) under `many/`."""
+    """moto's S3 server on loopback, its endpoint: the data directory uploaded as it is to `lab/data/`,
+    10,000 empty directories (the console's zero-byte `name/` objects) under `many/`, and under `wide/` WIDE
+    directories of a file each and `prefixes/`, whose `zarr.json` and `info` are prefixes, not objects."""
     with moto_server() as endpoint:
         client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **credentials())
         client.create_bucket(Bucket=BUCKET)
         upload(client, data[0], "lab/data")
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda n: client.put_object(Bucket=BUCKET, Key=f"many/d{n:05}/", Body=b""), range(10_000)))
+        for key in (
+            *(f"wide/d{n:02}/notes.txt" for n in range(WIDE)),
+            "wide/prefixes/zarr.json/c",
+            "wide/prefixes/info/c",
+        ):
+            client.put_object(Bucket=BUCKET, Key=key, Body=b"{}")
         yield endpoint
 
 
@@ -181,11 +191,16 @@ def keys(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(k, v)
 
 
-def remote_requests(point: Path) -> int:
-    """Requests the mount's daemon has sent to its source so far, as `shardfs stats` reads them."""
+def remote_requests(point: Path) -> Counter[str]:
+    """Requests the mount's daemon has sent to its source so far, by kind (head, get, list), as `shardfs stats`
+    reads them."""
     stats = [sys.executable, "-m", "shardfs", "stats", "--prometheus", point]
     figures = scrape(subprocess.run(stats, check=True, capture_output=True, text=True).stdout)
-    return int(sum(value for (name, _), value in figures.items() if name == "shardfs_remote_requests_total"))
+    sent: Counter[str] = Counter()
+    for (name, labels), value in figures.items():
+        if name == "shardfs_remote_requests_total":
+            sent[dict(labels)["request"]] += int(value)
+    return sent
 
 
 def test_a_bucket_prefix_shows_as_the_directory_does(data, bucket, keys, mount, tmp_path) -> None:
@@ -217,10 +232,53 @@ def test_a_prefix_of_10000_empty_directories_mounts_at_once(bucket, keys, mount)
     (something is there), not one a directory: nothing is crawled. A listing then shows every directory, in
     requests of a page of keys each."""
     m = mount(f"s3://{BUCKET}/many", "--endpoint", bucket).path
-    mounting = remote_requests(m)
-    assert 0 < mounting <= 5, mounting
+    mounting = remote_requests(m).total()
+    assert remote_requests(m) == Counter(head=2, list=1), remote_requests(m)  # before: 2 HEADs and 3 LISTs
     assert sorted(os.listdir(m)) == [f"d{n:05}" for n in range(10_000)]
-    assert 10 <= remote_requests(m) - mounting <= 11, remote_requests(m) - mounting
+    assert 10 <= remote_requests(m).total() - mounting <= 11, remote_requests(m).total() - mounting
+
+
+def test_a_bucket_directory_is_judged_by_one_head_a_metadata_name(bucket, keys, mount) -> None:
+    """Whether a directory of a bucket is a dataset costs a HEAD of its `zarr.json` and one of its `info`, and no
+    listing: an object of that name is metadata, a prefix of that name is not (`prefixes/` is a plain directory).
+    Counted as the daemon sends them, for `ls` of each of WIDE+1 directories of a fresh mount: each one's lookup
+    (a HEAD and a one-key LIST), judgement (two HEADs; before, a HEAD and a LIST for each name) and listing."""
+    mounted = mount(f"s3://{BUCKET}/wide", "--endpoint", bucket)
+    m = mounted.path
+    names = os.listdir(m)
+    before = remote_requests(m)
+    shown = {name: sorted(os.listdir(m / name)) for name in names}
+    spent = remote_requests(m) - before
+    assert shown == {**{f"d{n:02}": ["notes.txt"] for n in range(WIDE)}, "prefixes": ["info", "zarr.json"]}
+    assert "shown as plain files" not in mounted.log_text()  # no dataset there, not even a broken one
+    assert spent == Counter(head=3 * (WIDE + 1), list=3 * (WIDE + 1)), spent  # before: 3 and 5 each
+
+
+def test_a_deep_path_judges_each_directory_above_it_by_heads_alone(data, bucket, keys, mount) -> None:
+    """A chunk four directories down, looked up in a fresh mount, costs for each directory above it its lookup
+    (a HEAD, and a LIST where it is no object) and its judgement (two HEADs; before, a LIST too where a name was
+    no object), then the dataset's info and the chunk (three GETs)."""
+    root, _ = data
+    scale = next(p for p in sorted((root / "unsharded").iterdir()) if p.is_dir())
+    chunk = next(p for p in sorted(scale.iterdir()) if p.is_file())
+    m = mount(f"s3://{BUCKET}/lab/data", "--endpoint", bucket).path
+    before = remote_requests(m)
+    assert (m / "labs" / "2025" / "image" / scale.name / chunk.name).stat().st_size > 0
+    spent = remote_requests(m) - before
+    assert spent == Counter(head=9, list=3, get=3), spent  # before: 9, 8 and 3
+
+
+def test_the_metadata_names_of_a_directory_are_asked_for_at_once(tmp_path, mount) -> None:
+    """The two HEADs that judge a directory are in flight together, at a server that takes 0.2 s an answer: a
+    judgement waits one round trip, not two."""
+    (tmp_path / BUCKET / "top" / "plain").mkdir(parents=True)
+    (tmp_path / BUCKET / "top" / "plain" / "notes.txt").write_text("what is where\n")
+    with RangeServer(tmp_path, latency=0.2).running() as server:
+        m = mount(f"s3://{BUCKET}/top", "--endpoint", server.url, "--anonymous").path
+        assert os.listdir(m / "plain") == ["notes.txt"]
+        for name in ("zarr.json", "info"):
+            assert server.requests[("HEAD", f"{BUCKET}/top/plain/{name}")] == 1, server.requests
+        assert server.most_in_flight == 2
 
 
 def test_info_and_check_walk_the_datasets_a_directory_holds(data, mount, tmp_path) -> None:
