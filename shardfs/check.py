@@ -76,7 +76,9 @@ def check_each(source: Source, opened: Callable[[str], Source], progress: bool, 
     """`check` of a source that is a directory of datasets: each dataset it holds (Collection.datasets), opened
     by opened from its path in it, checked as a source of its own, under a line naming it; 1 if any is corrupt."""
     status = checked = 0
-    for dataset in source.collection.datasets():  # type: ignore[union-attr]
+    for dataset, what in source.collection.datasets():  # type: ignore[union-attr]
+        if not isinstance(what, str):
+            continue  # no dataset opens there: its files are served as stored (`info` says why)
         print(f"{dataset}/")
         status = max(status, check(opened(dataset), progress, deep))
         checked += 1

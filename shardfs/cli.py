@@ -384,12 +384,15 @@ def info(source: Source) -> None:
     for found in sorted(source.report, key=lambda found: (found.category, str(found))):
         print(f"  {found}")
     if source.collection is not None:
-        count = 0
-        for count, dataset in enumerate(source.collection.datasets(), 1):
-            if count <= SHOWN:
-                print(f"{dataset}/: dataset")
-        more = f" ({count - SHOWN} not shown)" if count > SHOWN else ""
-        print(f"{plural(count, 'dataset')} found{more}, looking through {LOOKED} directories at most")
+        found = broken = 0
+        for dataset, what in source.collection.datasets():
+            broken += isinstance(what, SourceError)
+            found += isinstance(what, str)
+            if found + broken <= SHOWN:
+                print(f"{dataset}/: {what}" if isinstance(what, str) else f"{dataset}/: shown as plain files: {what}")
+        more = f" ({found + broken - SHOWN} not shown)" if found + broken > SHOWN else ""
+        cannot = f" and {broken} that cannot be opened (shown as plain files)" if broken else ""
+        print(f"{plural(found, 'dataset')} found{cannot}{more}, looking through {LOOKED} directories at most")
     for directory, provider in sorted(source.providers.items()):
         print(f"{directory or '.'}/: {provider.kind}")
         for key, value in provider.describe().items():

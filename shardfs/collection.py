@@ -6,7 +6,7 @@ it is first looked up, or it is listed, and the verdict is kept, bounded. The ou
 a dataset's root its own tree answers everything (an OME-Zarr's labels, a precomputed image's meshes). A few
 opened datasets are kept, least recently used let go and opened again when wanted; their caches share the
 mount's one budget (cache.Scoped). A directory whose metadata cannot be opened shows as plain files, said once
-in the log, never as a failed mount.
+in the log (and by `shardfs info`), never as a failed mount.
 """
 
 from __future__ import annotations
@@ -34,17 +34,19 @@ LOOKED = 10_000  # directories `datasets` looks at, at most
 GATES = 64  # datasets opened at once; a directory waits only for another that shares its gate
 
 Opener = Callable[[Store, Scoped], Tree]
+Examiner = Callable[[Store, Scoped], str]  # what the dataset at a store's root is, in a few words; raises as Opener
 
 
 class Collection(Tree):
     """The store passed through as a tree with no overlay, but where a directory is a dataset, its own tree.
     open_dataset: the tree of the dataset at a store's root, in the mount's view; SourceMissing if there is none
     there, SourceError if it cannot be opened (it is then shown as plain files); any other error is the
-    lookup's (a network's: the next lookup tries again)."""
+    lookup's (a network's: the next lookup tries again). examine: what that dataset is, for `datasets`."""
 
-    def __init__(self, store: Store, cache: ByteCache, open_dataset: Opener) -> None:
+    def __init__(self, store: Store, cache: ByteCache, open_dataset: Opener, examine: Examiner) -> None:
         super().__init__(store, cache, {}, {})
         self._open_dataset = open_dataset
+        self._examine = examine
         # Each verdict is kept with its directory's path, which its size counts (cachetools sizes values only).
         self._verdicts: LRUCache[str, tuple[str, bool]] = LRUCache(VERDICTS, getsizeof=key_cost)
         self._open: LRUCache[str, Tree] = LRUCache(OPEN)
@@ -69,9 +71,11 @@ class Collection(Tree):
         directory, tree = found
         return tree.listdir(path[len(directory) + 1 :])
 
-    def datasets(self) -> Iterator[str]:
-        """The directories below the root that are datasets (outermost ones), breadth first and by name, for
-        `shardfs info` and `check`: a walk that looks at LOOKED directories at most, within DEPTH."""
+    def datasets(self) -> Iterator[tuple[str, str | SourceError]]:
+        """The directories below the root that hold a dataset (outermost ones), breadth first and by name, each
+        with what it is (examine's words) or why it cannot be opened (the mount shows it as plain files, and
+        so the walk goes on below it), for `shardfs info` and `check`: a walk that looks at LOOKED directories at
+        most, within DEPTH. Each is examined afresh: the datasets the mount keeps open are neither used nor let go."""
         pending, looked = deque([""]), 0
         while pending and looked < LOOKED:
             at = pending.popleft()
@@ -79,9 +83,16 @@ class Collection(Tree):
             for name in sorted(itertools.islice(found, LOOKED - looked)):
                 looked += 1
                 path = f"{at}/{name}" if at else name
-                if self._dataset(path) is not None:
-                    yield path
-                elif path.count("/") + 1 < DEPTH:
+                what: str | SourceError | None
+                try:
+                    what = self._examine(Beneath(self.store, path), Scoped(self.cache, path))
+                except SourceMissing:
+                    what = None
+                except SourceError as e:
+                    what = e
+                if what is not None:
+                    yield path, what
+                if not isinstance(what, str) and path.count("/") + 1 < DEPTH:
                     pending.append(path)
 
     def drop_caches(self) -> None:

@@ -104,7 +104,10 @@ def open_source(
                                 " there, and a web server cannot list what is below it: name a dataset")  # fmt: skip
         if empty:
             raise SourceMissing(f"{name}: nothing is there: no dataset ('zarr.json' or 'info'), and nothing below it")
-        tree = Collection(store, cache, lambda beneath, scoped: _collected(beneath, scoped, view))
+        tree = Collection(
+            store, cache, lambda beneath, scoped: _found(beneath, scoped, view)[1],
+            lambda beneath, scoped: _found(beneath, scoped, view)[0].what,
+        )  # fmt: skip
         return Source(name, local, tree, [Finding(COLLECTION, Category.NOTE)], {}, cache, {}, context)
     try:
         plan, tree = _dataset(store, cache, kind, view)
@@ -119,7 +122,9 @@ def _dataset(store: Store, cache: ByteCache, kind: str, view: str) -> tuple[Plan
     """The dataset of format kind at store's root, planned in view, and its tree."""
     plan = open_zarr(store, cache) if kind == "zarr" else open_precomputed(store, cache)
     if view != "native":
-        plan = view_of(plan, view)
+        viewed = view_of(plan, view)
+        viewed.what = plan.what  # what the source is, whatever it is shown as
+        plan = viewed
     shown: Store = store
     if not store.can_list and view == "native":
         marker = "zarr.json" if kind == "zarr" else ""  # a precomputed dataset names every directory it has
@@ -128,14 +133,15 @@ def _dataset(store: Store, cache: ByteCache, kind: str, view: str) -> tuple[Plan
     return plan, Tree(shown, cache, plan.files, plan.providers, view == "native", plan.aliases)
 
 
-def _collected(store: Store, cache: ByteCache, view: str) -> Tree:
-    """The tree of a dataset found below a collection's root (collection.Opener): SourceMissing where there is
-    none, SourceError where its metadata cannot be opened, or a file it names is gone or may not be read."""
+def _found(store: Store, cache: ByteCache, view: str) -> tuple[Plan, Tree]:
+    """The plan and tree of a dataset found below a collection's root (its collection.Opener takes the tree, its
+    Examiner what the plan says it is): SourceMissing where there is none, SourceError where its metadata cannot
+    be opened, or a file it names is gone or may not be read."""
     kind = _kind(store)
     if kind is None:
         raise SourceMissing(store.where(""))
     try:
-        return _dataset(store, cache, kind, view)[1]
+        return _dataset(store, cache, kind, view)
     except (FileNotFoundError, PermissionError) as e:
         raise SourceError(f"{e.filename or store.where('')}: cannot be read: {e.strerror}") from None
 

@@ -153,3 +153,4 @@ class Plan:
     # Other names of shown directories, found by lookup and never listed, so a walk or a copy takes each once:
     # the N5 view's pyramid levels under their source names.
     aliases: dict[str, str] = field(default_factory=dict)
+    what: str = ""  # the dataset at the root, in a few words (`shardfs info` of a directory of datasets names it)

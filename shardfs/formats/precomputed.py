@@ -24,6 +24,13 @@ from shardfs.stores.protocol import Store
 
 log = logging.getLogger("shardfs")
 
+# An info's @type in the user's words (a volume's are its `type` and what it holds).
+WHAT = {
+    "neuroglancer_multilod_draco": "multi-resolution meshes",
+    "neuroglancer_legacy_mesh": "meshes (legacy)",
+    "neuroglancer_skeletons": "skeletons",
+    "neuroglancer_annotations_v1": "annotations",
+}
 VOXEL_BYTES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "uint32": 4, "int32": 4, "uint64": 8, "int64": 8,
                "float32": 4, "float64": 8}  # fmt: skip
 
@@ -98,6 +105,8 @@ class Precomputed(Plan):
         else:
             raise SourceError(f"{where}: field '@type' is {kind!r}, not a precomputed kind shardfs knows")
         self.report.append(Finding(f"{directory or '.'}: {kind}"))
+        if not directory:
+            self.what = _what(kind, info)
         self.directories.add(directory)
         handler(info, directory, where)
         if self.unsharded:
@@ -251,3 +260,12 @@ def open_precomputed(store: Store, cache: ByteCache) -> Precomputed:
     plan = Precomputed(store, cache, format="precomputed")
     plan.add_info("", required=True)
     return plan
+
+
+def _what(kind: str, info: dict) -> str:
+    """The dataset whose root info is of kind, in a few words: `precomputed segmentation with mesh and skeletons`."""
+    if kind == "neuroglancer_multiscale_volume":
+        volume = info.get("type") if isinstance(info.get("type"), str) else "volume"
+        parts = [key for key in ("mesh", "skeletons") if key in info]
+        kind = f"{volume} with {' and '.join(parts)}" if parts else f"{volume}"
+    return f"precomputed {WHAT.get(kind, kind)}"

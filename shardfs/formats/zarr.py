@@ -35,6 +35,7 @@ from shardfs.shards.zarr_kv import ZarrKV
 from shardfs.stores.protocol import Store
 
 log = logging.getLogger("shardfs")
+OME_KINDS = {"multiscales": "image", "plate": "plate", "well": "well", "labels": "labels"}  # by the key that says so
 
 
 @dataclass
@@ -86,11 +87,13 @@ class ZarrPlan(Plan):
             node_type = meta.get("node_type")
             if not isinstance(meta.get("attributes", {}), dict):
                 raise SourceError(f"{where}: field 'attributes' must be an object")
+            if node_type not in ("group", "array"):
+                raise SourceError(f"{where}: field 'node_type' must be 'group' or 'array', not {node_type!r}")
+            if root:
+                self.what = _what(node_type, meta.get("attributes") or {})
             if node_type == "array":
                 self._array(directory, meta, where)
                 return []
-            if node_type != "group":
-                raise SourceError(f"{where}: field 'node_type' must be 'group' or 'array', not {node_type!r}")
         except SourceError as e:
             self.refuse(e, root)
             return []
@@ -239,3 +242,12 @@ def open_zarr(store: Store, cache: ByteCache) -> ZarrPlan:
     plan = ZarrPlan(store, cache, format="zarr")
     plan.walk()
     return plan
+
+
+def _what(node_type: str, attributes: dict) -> str:
+    """The hierarchy whose root is of node_type, in a few words: `zarr v3 array`, `OME-Zarr 0.5 image`."""
+    ome = attributes.get("ome")
+    if node_type == "group" and isinstance(ome, dict):
+        kind = next((word for key, word in OME_KINDS.items() if key in ome), "group")
+        return f"OME-Zarr {ome.get('version', '(no version)')} {kind}"
+    return f"zarr v3 {node_type}"

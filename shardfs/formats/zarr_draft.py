@@ -25,7 +25,8 @@ DRAFT_FORMAT = "https://purl.org/zarr/spec/protocol/core/3.0"
 def walk_draft(plan: ZarrPlan) -> None:
     """The 2022 sharding storage transformer draft (zarr-python 2.14-2.18): metadata at
     meta/root/<path>.array.json, shards at data/root/<path>/c<i>/<j>, index at the end, no checksum."""
-    plan.report.append(Finding(".: zarr v3 draft hierarchy (2022 sharding storage transformer)"))
+    plan.what = "zarr v3 draft hierarchy (2022 sharding storage transformer)"
+    plan.report.append(Finding(f".: {plan.what}"))
     plan.format = "zarr draft"
     for path in files_below(plan.store, "meta"):
         if path.endswith(".array.json"):

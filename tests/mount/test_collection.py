@@ -281,15 +281,42 @@ def test_the_metadata_names_of_a_directory_are_asked_for_at_once(tmp_path, mount
         assert server.most_in_flight == 2
 
 
+# What `shardfs info` says each dataset of the data directory is.
+FORMATS = {
+    "image": "precomputed image",
+    "seg": "precomputed segmentation with mesh and skeletons",
+    "unsharded": "precomputed image",
+    "labs/2026/brain.zarr": "zarr v3 group",
+    "labs/2025/image": "precomputed image",
+    "ome/zyx.zarr": "OME-Zarr 0.5 image",
+    "ome/czyx.zarr": "OME-Zarr 0.5 image",
+    "draft": "zarr v3 draft hierarchy (2022 sharding storage transformer)",
+}
+
+
 def test_info_and_check_walk_the_datasets_a_directory_holds(data, mount, tmp_path) -> None:
-    """`shardfs info` names each dataset (the broken one is none) and counts them; `check` checks each as a
-    source of its own and fails if one has a corrupt shard; `shardfs list` shows the mount of the directory."""
+    """`shardfs info` names each dataset with its format, and the broken one with why it is shown as plain files
+    (its file and what is wrong), and counts them; `check` checks each dataset as a source of its own and fails
+    if one has a corrupt shard; `shardfs list` shows the mount of the directory."""
     root, _ = data
+    assert list(FORMATS) == list(DATASETS)
     done = shardfs("info", root)
-    assert sorted(line for line in done.stdout.splitlines() if line.endswith(": dataset")) == sorted(
-        f"{dataset}/: dataset" for dataset in DATASETS
-    )
-    assert f"{len(DATASETS)} datasets found" in done.stdout
+    said = dict(line.split("/: ", 1) for line in done.stdout.splitlines() if "/: " in line)
+    assert said.pop("broken").startswith(f"shown as plain files: {root}/broken/info: not valid JSON ("), done.stdout
+    assert said == FORMATS, done.stdout
+    assert f"{len(DATASETS)} datasets found and 1 that cannot be opened (shown as plain files)," in done.stdout
+    more = tmp_path / "more"
+    for part in ("mesh", "skeletons"):  # each a dataset of its own, out of the segmentation
+        shutil.copytree(root / "seg" / part, more / part)
+    peers.write_tensorstore_annotations(more / "points")
+    peers.create_tensorstore_zarr3(more / "array.zarr", [8, 8], "uint8", [4, 4], [2, 2])
+    said = dict(line.split("/: ", 1) for line in shardfs("info", more).stdout.splitlines() if "/: " in line)
+    assert said == {
+        "mesh": "precomputed multi-resolution meshes",
+        "skeletons": "precomputed skeletons",
+        "points": "precomputed annotations",
+        "array.zarr": "zarr v3 array",
+    }
     done = shardfs("check", root)
     walked = sorted(DATASETS, key=lambda d: (d.count("/"), d))  # breadth first, by name
     assert [line for line in done.stdout.splitlines() if line.endswith("/")] == [f"{d}/" for d in walked]
