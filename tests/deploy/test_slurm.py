@@ -2,8 +2,9 @@
 this machine, on loopback ports; proctrack/linuxproc and task/none, as no cgroup controller is ours to use),
 the Prolog, Epilog and TaskProlog installed as slurm.conf names them, and jobs submitted with sbatch as an
 unprivileged user that ask for a dataset on a loopback web server in their comment, read it with
-cloud-volume and end; two jobs on the node at once; an epilog whose mount's daemon hangs; a dataset that
-cannot be mounted. After each job nothing stays mounted and the node stays in service."""
+cloud-volume and end; a job that asks for a directory of datasets; two jobs on the node at once; an epilog whose
+mount's daemon hangs; a dataset that cannot be mounted. After each job nothing stays mounted and the node stays
+in service."""
 
 from __future__ import annotations
 
@@ -250,6 +251,41 @@ def test_a_job_reads_its_dataset_and_the_epilog_leaves_nothing(slurm: Slurm, dat
     # The site's own Prolog, Epilog and TaskProlog ran too, chained as the README says.
     assert (out / f"{job}.site-prolog").exists() and (out / f"{job}.site-epilog").exists()
     assert (out / f"{job}.site-task-prolog").read_text() == "ran\n"
+
+
+def test_a_job_asking_for_a_directory_of_datasets_reads_a_chunk_below_it(slurm: Slurm, raw_volume) -> None:
+    """A job's source may be a directory that is no dataset (issue 43): mounted through the Prolog and the host as
+    a dataset is, it shows its plain directory as stored and the volume two directories down unsharded, every
+    chunk equal to the unsharded twin's (`cmp`, as the job's user); the Epilog leaves nothing mounted."""
+    source, twin, _ = raw_volume
+    public = Path(tempfile.mkdtemp(prefix="shardfs-slurm-lab-", dir="/tmp"))
+    try:
+        shutil.copytree(source, public / "lab" / "em" / "vol")
+        shutil.copytree(twin, public / "twin")
+        (public / "lab" / "notes").mkdir()
+        (public / "lab" / "notes" / "plan.txt").write_text("what is where\n")
+        subprocess.run(["chmod", "-R", "a+rX", public], check=True)  # the job's user reads it, as its daemon does
+        script = f"""\
+            ls "$SHARDFS_DIR/lab" "$SHARDFS_DIR/lab/notes"
+            cd {public / "twin"}
+            n=0
+            for chunk in $(find . -type f ! -name info); do
+                cmp "$chunk" "$SHARDFS_DIR/lab/em/vol/$chunk" || exit 1
+                n=$((n + 1))
+            done
+            echo "$n chunks equal"
+        """
+        job = slurm.submit(script, f"shardfs:lab={public / 'lab'}")
+        assert slurm.ended(job) == "COMPLETED", slurm.output(job)
+        output = slurm.output(job).split()
+        chunks = sum(1 for p in twin.rglob("*") if p.is_file() and p.name != "info")
+        assert output[:-3] == [f"{slurm.jobs / str(job)}/lab:", "em", "notes", f"{slurm.jobs / str(job)}/lab/notes:",
+                               "plan.txt"], output  # fmt: skip
+        assert output[-3:] == [str(chunks), "chunks", "equal"] and chunks > 1, output
+        assert not _mounted_under(slurm.jobs) and not (slurm.jobs / str(job)).exists()
+        assert slurm.node_state() == "idle"
+    finally:
+        shutil.rmtree(public)
 
 
 def test_salloc_s_shell_has_no_shardfs_dir_but_its_steps_do(slurm: Slurm, dataset) -> None:
