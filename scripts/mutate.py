@@ -51,6 +51,7 @@ EDGES = "tests/remote/test_remote_edges.py::"
 ODD = "tests/hostile/test_odd_values.py::"
 N5 = "tests/mount/test_view_n5.py::"
 COLLECTION = "tests/mount/test_collection.py::test_a_data_directory_shows_every_dataset_as_its_own_mount_does"
+INFO = "tests/mount/test_collection.py::test_info_and_check_walk_the_datasets_a_directory_holds"
 IDS = "tests/unit/test_record.py::test_no_id_is_issued_again_by_a_second_or_third_daemon"
 CUT = "tests/unit/test_record.py::test_a_record_cut_at_any_point_of_any_write_reads_as_before_or_after"
 FUSE_H = PROTOCOL + "test_init_flags_and_opcodes_are_the_bits_and_numbers_of_linux_fuse_h"
@@ -476,6 +477,17 @@ MUTATIONS = [
     Mutation("the innermost dataset decides", "shardfs/collection.py",
              "(not itself), DEPTH) + 1):", "(not itself), DEPTH) + 1)[::-1]:",
              (COLLECTION, "tests/mount/test_collection.py::test_a_view_applies_to_each_dataset[n5]")),
+    Mutation("a directory's metadata names asked one after the other", "shardfs/source.py",
+             "partial(store.is_file, marker) if pool is None else pool.submit(store.is_file, marker).result",
+             "partial(store.is_file, marker)",
+             ("tests/mount/test_collection.py::test_the_metadata_names_of_a_directory_are_asked_for_at_once",)),
+    Mutation("a prefix named like a metadata file taken for one", "shardfs/source.py",
+             "pool.submit(store.is_file, marker).result", "pool.submit(store.type_of, marker).result",
+             ("tests/mount/test_collection.py::test_a_bucket_directory_is_judged_by_one_head_a_metadata_name",)),
+    Mutation("a dataset that cannot be opened taken for no dataset", "shardfs/collection.py",
+             "                    what = e\n", "                    what = None\n", (INFO,)),
+    Mutation("an OME-Zarr image named a zarr v3 group", "shardfs/formats/zarr.py",
+             'if node_type == "group" and isinstance(ome, dict):', "if False:", (INFO,)),
     # Issue 44, class 1: the restart record (a record cut at any point of a write reads as before or after; no
     # id is issued twice across daemons) and resend (counted only where the kernel marks it; its bit fuse.h's).
     Mutation("a rewritten journal forgets the highest id", "shardfs/fuse/record.py",
