@@ -223,7 +223,7 @@ def test_a_bucket_prefix_shows_as_the_directory_does(data, bucket, keys, mount, 
     said = [line for line in shown.log_text().splitlines() if "shown as plain files" in line]
     assert len(said) == 1 and "broken/info: not valid JSON" in said[0], said
     whole = mount(f"zarr://s3://{BUCKET}", "--endpoint", bucket).path
-    assert sorted(os.listdir(whole)) == ["lab", "many"]
+    assert sorted(os.listdir(whole)) == ["lab", "many", "wide"]
     assert files_under(whole / "lab" / "data" / "seg") == files_under(local / "seg")
 
 
