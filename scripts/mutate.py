@@ -91,7 +91,7 @@ MUTATIONS = [
              "carrier, kept) else 0", "carrier, kept) else 1",
              (CONTRACT + "test_the_detached_daemon_exits_0_after_a_clean_unmount_on_sigterm",)),
     Mutation("gzip chunks of raw voxels fetched at lookup", "shardfs/formats/precomputed.py",
-             'raw = voxel_bytes if scale.get("encoding", "raw") == "raw" else 0', "raw = 0",
+             'raw = voxel_bytes if grid.encoding == "raw" else 0', "raw = 0",
              ("tests/remote/test_remote_http.py::test_gzip_chunks_of_raw_voxels_are_stated_without_their_data",)),
     Mutation("no 2x decode bound on volume chunks", "shardfs/formats/precomputed.py",
              "limit = min(2 * math.prod(naming.chunk) * voxel_bytes + 65536, self.cache.max_value)",
