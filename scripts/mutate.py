@@ -88,7 +88,7 @@ MUTATIONS = [
     Mutation("default log directory 0755", "shardfs/service/daemon.py", 'f"shardfs-{os.getuid()}", 0o700)',
              'f"shardfs-{os.getuid()}", 0o755)', (CONTRACT + "test_the_default_log_directory_is_the_users_alone",)),
     Mutation("detached daemon exits 1 after a clean unmount", "shardfs/service/daemon.py",
-             "carrier, kept) else 0", "carrier, kept) else 1",
+             "carrier, taken_up) else 0", "carrier, taken_up) else 1",
              (CONTRACT + "test_the_detached_daemon_exits_0_after_a_clean_unmount_on_sigterm",)),
     Mutation("gzip chunks of raw voxels fetched at lookup", "shardfs/formats/precomputed.py",
              'raw = voxel_bytes if grid.encoding == "raw" else 0', "raw = 0",
@@ -420,7 +420,7 @@ MUTATIONS = [
              "if not stat.S_ISCHR(st.st_mode) or st.st_rdev != FUSE_DEVICE:", "if not stat.S_ISCHR(st.st_mode):",
              (PROTOCOL + "test_dev_fd_n_of_another_character_device_is_refused_in_one_line[/dev/null]",)),
     # Issue 42: a host keeps each connection for the next daemon of a CSI volume or a Slurm job's dataset.
-    Mutation("a kept connection taken for ended", "shardfs/host/held.py", "if held and _ended(held[0]):",
+    Mutation("a held connection taken for ended", "shardfs/host/held.py", "if held and _ended(held[0]):",
              "if held:", ("tests/deploy/test_slurm.py::test_a_jobs_daemon_killed_is_replaced_and_the_job_reads_on",)),
     # Issue 33, class 4: remote edges.
     Mutation("401 taken for a failure", "shardfs/stores/remote.py",

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from shardfs.fs.bridge import Bridge, Shown
 from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, Target, is_busy, mount, unmount
-from shardfs.fuse.record import Carrier, Kept, Record
+from shardfs.fuse.record import Carrier, Connection, Record
 from shardfs.fuse.session import Serving, Session, Timeouts
 from shardfs.metrics import Metrics
 from shardfs.tree import Tree
@@ -254,28 +254,28 @@ class Served:
 
 
 def serve(
-    served: Served, on_ready: Callable[[str], None], carrier: Carrier | None = None, kept: Kept | None = None,
+    served: Served, on_ready: Callable[[str], None], carrier: Carrier | None = None, taken_up: Connection | None = None,
     control: Control | None = None, signals: bool = True, in_use: Callable[[Path], str] | None = None,
 ) -> bool:  # fmt: skip
     """Mount and serve until unmounted, SIGTERM or SIGINT; FuseMountError if the mount cannot be made.
     on_ready is told what the kernel granted, once the mount answers. The options were checked before
     mount(2) (settings_of); whatever fails after it (a thread that cannot start) takes the mount away before it
     is raised, so that no dead mount is left behind. carrier: where the connection is kept for the next daemon;
-    kept: the connection taken from it, served instead of mounting. control: how the mount is stopped from
-    elsewhere; signals: whether SIGTERM and SIGINT stop it and SIGUSR2 hands it over (then this runs in the main
-    thread). in_use: who uses the mount, in words (service/holders.py), for Ctrl-C to say.
+    taken_up: the connection a daemon before left there, served instead of mounting. control: how the mount is
+    stopped from elsewhere; signals: whether SIGTERM and SIGINT stop it and SIGUSR2 hands it over (then this runs
+    in the main thread). in_use: who uses the mount, in words (service/holders.py), for Ctrl-C to say.
     True if the mount was handed over, False if it ended."""
     mountpoint, settings, metrics = served.mountpoint, served.settings, served.metrics
     settings.say_ignored()
     record = None
-    if kept is not None:
-        fd, record = kept.fd, kept.record
+    if taken_up is not None:
+        fd, record = taken_up.fd, taken_up.record
     else:
         fd = mount(mountpoint, settings.mount)
         if carrier is not None:
             record = Record.new()
             try:
-                carrier.keep(Kept(fd, record))
+                carrier.keep(Connection(fd, record))
             except Exception as e:  # the mount still serves; it just ends with this daemon
                 log.error("the mount is not restart-safe: %s", e, extra={"event": "handover"})
                 carrier = None
@@ -307,7 +307,7 @@ def serve(
     bridge = Bridge(served.tree, served.mtime_ns, settings.shown, record, metrics, settings.read_ahead)
     try:
         serving = Serving(settings.threads, settings.timeouts, settings.kernel_cache, settings.owner, settings.debug)
-        session = Session(fd, bridge, serving, ready, record, kept is not None, metrics)
+        session = Session(fd, bridge, serving, ready, record, taken_up is not None, metrics)
         control._bind(session, take_away, carrier)
         handlers = {
             signal.SIGTERM: control.terminate,
