@@ -365,7 +365,8 @@ MUTATIONS = [
              (OPTIONS + "test_a_timeout_the_kernel_cannot_take_is_refused_before_anything_is_mounted"
               "[attr_timeout=nan]",)),
     Mutation("a failure after mount(2) leaves the mount", "shardfs/fuse/serve.py",
-             "    except BaseException:\n        take_away()", "    except BaseException:\n        pass",
+             "        except BaseException:\n            take_away()",
+             "        except BaseException:\n            pass",
              (OPTIONS + "test_a_failure_after_mount_takes_the_mount_away",)),
     Mutation("names over 255 bytes tried on the source", "shardfs/fuse/session.py",
              "entry = None if len(body) - 1 > NAME_MAX else", "entry = None if False else",

@@ -28,6 +28,7 @@ from cysystemd.daemon import Notification
 from shardfs.cache import return_freed_memory
 from shardfs.context import Context
 from shardfs.errors import ServiceError, SourceError
+from shardfs.fs import serve as fs_serve
 from shardfs.fuse import mount as fuse_mount
 from shardfs.fuse import serve as fuse_serve
 from shardfs.fuse.mount import FuseMountError, Handed, Target, connection_of
@@ -296,7 +297,7 @@ def serve(
         raise MountError(str(e)) from None
     figures_of.watch_cache(tree.cache)
     try:
-        served = fuse_serve.Served(tree, mount.mtime_ns, mountpoint, mount.settings, figures_of)
+        served = fs_serve.served(tree, mount.mtime_ns, mountpoint, mount.settings, figures_of)
         handed_over = fuse_serve.serve(served, ready, carrier, taken_up, mount.control, signals, holders.said)
     except FuseMountError as e:
         raise MountError(str(e)) from None
