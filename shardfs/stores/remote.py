@@ -40,6 +40,7 @@ from obstore.store import GCSStore, HTTPStore, S3Store
 from shardfs.cache import key_cost
 from shardfs.context import Context
 from shardfs.errors import SourceError
+from shardfs.options import DEFAULT_TIMEOUT
 from shardfs.stores import credentials
 from shardfs.stores.disk_cache import DiskCache
 from shardfs.stores.location import Remote
@@ -47,7 +48,6 @@ from shardfs.stores.protocol import ByteRange, Owner, Range, StoreChanged, Store
 
 log = logging.getLogger("shardfs")
 
-DEFAULT_TIMEOUT = 30.0
 READS_AT_ONCE = 64  # requests a listing keeps in flight: its round trips overlap, within a bound
 # One paginated walk (a directory's listing, `df`'s count) ends, with what it has, at the first of these: a
 # server that answers "more to come" forever, with objects or without, is then one more slow listing.
