@@ -15,13 +15,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from shardfs.logs import DEBUG_BURST
-from shardfs.stores.remote import DEFAULT_TIMEOUT
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MIN_CACHE = 64 << 10  # below it, a size is a slip (`--cache-size 512` for 512M): every read would decode again
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 VIEWS = ("native", "n5", "zarr2")
 DEFAULT_METRICS_HOST = "127.0.0.1"
+DEFAULT_TIMEOUT = 30.0  # --timeout: the most one remote request may take, retries included
 TRUE_FALSE = {"true": True, "false": False}
 
 

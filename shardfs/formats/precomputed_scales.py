@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -16,6 +15,7 @@ from shardfs.files import BytesFile, File, RangeFile
 from shardfs.formats.encodings import decode_precomputed
 from shardfs.formats.plan import Array
 from shardfs.formats.precomputed_dirs import chunk_file
+from shardfs.formats.precomputed_info import Grid, Scale, Volume
 from shardfs.formats.precomputed_names import VolumeChunks
 from shardfs.shards.kv import Fetch
 from shardfs.shards.neuroglancer_kv import NeuroglancerKV
@@ -28,31 +28,36 @@ class VolumeScale:
     the memory order of a raw precomputed chunk, so raw chunks need no reordering anywhere."""
 
     store: Store
-    directory: str
     naming: VolumeChunks
     kv: NeuroglancerKV | None  # None: an unsharded scale, one source file per chunk
-    data_type: str
-    channels: int
-    scale: dict[str, Any]
+    volume: Volume
+    scale: Scale  # one with a grid
     chunk_limit: int  # the most one chunk may decode to
+    directory: str = field(init=False)
+    grid: Grid = field(init=False)
+    channels: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        assert self.scale.grid is not None, self.scale
+        self.directory, self.grid, self.channels = self.scale.directory, self.scale.grid, self.volume.channels
 
     def array(self) -> Array:
         lead = (self.channels,) if self.channels > 1 else ()
         return Array(
             shape=(*lead, *self.naming.size[::-1]),
             chunks=(*lead, *self.naming.chunk[::-1]),
-            dtype=np.dtype(self.data_type).newbyteorder("<"),
+            dtype=np.dtype(self.volume.data_type).newbyteorder("<"),
             fill_value=0,
             attributes={},
             compressor=None,
-            opaque=self.scale.get("encoding", "raw") != "raw",
+            opaque=self.grid.encoding != "raw",
             clipped=True,
             chunk=self.chunk,
             stored=self.stored,
             narrows=False,
             decode=self.decode,
             owner=self.store.owner(self.directory),
-            multiscale={"resolution": self.scale.get("resolution", [1, 1, 1]), "voxel_offset": self.naming.offset},
+            multiscale={"resolution": list(self.grid.resolution), "voxel_offset": self.naming.offset},
             prefetch=self.prefetch,
         )
 
@@ -98,6 +103,6 @@ class VolumeScale:
     def decode(self, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
         x, y, z = shape[::-1][:3]
         decoded = decode_precomputed(
-            data, self.scale.get("encoding", "raw"), (x, y, z, self.channels), np.dtype(self.data_type), self.scale
+            data, self.grid.encoding, (x, y, z, self.channels), np.dtype(self.volume.data_type), self.scale.document
         )
         return decoded.reshape(shape)

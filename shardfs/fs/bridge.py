@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from shardfs.codecs import start_request
@@ -29,6 +28,7 @@ from shardfs.fs.readahead import ReadAhead
 from shardfs.fuse.filesystem import BLOCK_SIZE, Attributes, Entry, FuseError, Usage, count, error
 from shardfs.fuse.listing import Listing
 from shardfs.fuse.record import Record
+from shardfs.fuse.serve import Shown
 from shardfs.metrics import Metrics
 from shardfs.stores.protocol import Owner
 from shardfs.tree import Located, Place, Tree
@@ -145,28 +145,18 @@ class StoredBytes:
             log.warning("df: the source's size could not be counted: %s", e, extra={"event": "statfs"})
 
 
-@dataclass(frozen=True)
-class Shown:
-    """libfuse's `-o uid=N,gid=N,umask=M`: every node shown with that owner, group, or permission bits
-    `0777 & ~M` in place of its source's (None: the source's)."""
-
-    uid: int | None = None
-    gid: int | None = None
-    umask: int | None = None
-
-
 class Bridge:
     """The tree as a `Filesystem`: node ids to the tree's nodes and back (see the module's docstring).
     record: where the node table is journalled for the next daemon, and restored from. metrics: the mount's,
     where its answers are counted."""
 
     def __init__(
-        self, tree: Tree, mtime_ns: int, shown: Shown = Shown(), record: Record | None = None,
+        self, tree: Tree, mtime_ns: int, shown: Shown | None = None, record: Record | None = None,
         metrics: Metrics | None = None, read_ahead: int = 0,
     ) -> None:  # fmt: skip
         self.tree = tree
         self.metrics = metrics or Metrics()
-        self.shown = shown
+        self.shown = Shown() if shown is None else shown
         self.nodes = Nodes(tree, record)
         self.request_limit = REQUEST_FILES * tree.cache.max_value  # decoded bytes one request may make
         self._times = (*divmod(mtime_ns, 1_000_000_000),)

@@ -189,14 +189,15 @@ class Record:
 
 
 @dataclass(frozen=True)
-class Kept:
-    """A connection between daemons: its /dev/fuse descriptor and its record."""
+class Connection:
+    """A FUSE connection as it passes between daemons (kept by a `Carrier`, taken up by the next daemon): its
+    /dev/fuse descriptor and its record."""
 
     fd: int
     record: Record
 
     @classmethod
-    def of(cls, fds: list[int]) -> Kept:
+    def of(cls, fds: list[int]) -> Connection:
         """The connection handed over as [/dev/fuse, record] (both made close-on-exec); RecordError if the
         descriptors are not that."""
         if len(fds) != 2:
@@ -216,7 +217,7 @@ class Kept:
 class Carrier(Protocol):
     """Where a connection waits between daemons: systemd's file-descriptor store, a keeper."""
 
-    def keep(self, kept: Kept) -> None: ...
+    def keep(self, connection: Connection) -> None: ...
 
     def forget(self) -> None:
         """Let go of the connection kept: the mount is ending for good (a stop)."""

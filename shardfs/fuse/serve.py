@@ -1,4 +1,4 @@
-"""A tree mounted and served by shardfs's own session, with libfuse's `-o` options.
+"""A filesystem mounted and served by shardfs's own session, with libfuse's `-o` options.
 
 Options become mount(2) data, kernel timeouts or session settings, with the meanings libfuse 3.14 gave them.
 Its options that change nothing here are accepted (and named in the log at INFO, with why); one that cannot
@@ -22,15 +22,15 @@ import math
 import os
 import signal
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shardfs.fs.bridge import Bridge, Shown
+from shardfs.fuse.filesystem import Filesystem
 from shardfs.fuse.mount import VFS_FLAGS, FuseMountError, MountOptions, Target, is_busy, mount, unmount
-from shardfs.fuse.record import Carrier, Kept, Record
+from shardfs.fuse.record import Carrier, Connection, Record
 from shardfs.fuse.session import Serving, Session, Timeouts
 from shardfs.metrics import Metrics
-from shardfs.tree import Tree
 
 log = logging.getLogger("shardfs")
 
@@ -64,6 +64,16 @@ REFUSED = {
     "modules": "libfuse's stacked modules (subdir, iconv) are not part of shardfs's own FUSE session",
 }
 CONTEXTS = ("context", "fscontext", "defcontext", "rootcontext")  # SELinux labels, handed to the kernel as given
+
+
+@dataclass(frozen=True)
+class Shown:
+    """libfuse's `-o uid=N,gid=N,umask=M`: every node shown with that owner, group, or permission bits
+    `0777 & ~M` in place of its source's (None: the source's)."""
+
+    uid: int | None = None
+    gid: int | None = None
+    umask: int | None = None
 
 
 @dataclass(frozen=True)
@@ -243,39 +253,39 @@ class Control:
 
 @dataclass(frozen=True)
 class Served:
-    """What a session serves and where: a tree at a target (its files' mtime, mtime_ns), with the settings its
-    options asked for, counted in metrics (the mount's own)."""
+    """What a session serves and where: a filesystem at a target, with the settings its options asked for,
+    counted in metrics (the mount's own). The filesystem is made once the connection's record is known (a new
+    one, or the one taken up), and closed when the mount ends (fs/serve.py makes it over a tree)."""
 
-    tree: Tree
-    mtime_ns: int
+    filesystem: Callable[[Record | None], AbstractContextManager[Filesystem]]
     mountpoint: Target
     settings: Settings
     metrics: Metrics = field(default_factory=Metrics)
 
 
 def serve(
-    served: Served, on_ready: Callable[[str], None], carrier: Carrier | None = None, kept: Kept | None = None,
+    served: Served, on_ready: Callable[[str], None], carrier: Carrier | None = None, taken_up: Connection | None = None,
     control: Control | None = None, signals: bool = True, in_use: Callable[[Path], str] | None = None,
 ) -> bool:  # fmt: skip
     """Mount and serve until unmounted, SIGTERM or SIGINT; FuseMountError if the mount cannot be made.
     on_ready is told what the kernel granted, once the mount answers. The options were checked before
     mount(2) (settings_of); whatever fails after it (a thread that cannot start) takes the mount away before it
     is raised, so that no dead mount is left behind. carrier: where the connection is kept for the next daemon;
-    kept: the connection taken from it, served instead of mounting. control: how the mount is stopped from
-    elsewhere; signals: whether SIGTERM and SIGINT stop it and SIGUSR2 hands it over (then this runs in the main
-    thread). in_use: who uses the mount, in words (service/holders.py), for Ctrl-C to say.
+    taken_up: the connection a daemon before left there, served instead of mounting. control: how the mount is
+    stopped from elsewhere; signals: whether SIGTERM and SIGINT stop it and SIGUSR2 hands it over (then this runs
+    in the main thread). in_use: who uses the mount, in words (service/holders.py), for Ctrl-C to say.
     True if the mount was handed over, False if it ended."""
     mountpoint, settings, metrics = served.mountpoint, served.settings, served.metrics
     settings.say_ignored()
     record = None
-    if kept is not None:
-        fd, record = kept.fd, kept.record
+    if taken_up is not None:
+        fd, record = taken_up.fd, taken_up.record
     else:
         fd = mount(mountpoint, settings.mount)
         if carrier is not None:
             record = Record.new()
             try:
-                carrier.keep(Kept(fd, record))
+                carrier.keep(Connection(fd, record))
             except Exception as e:  # the mount still serves; it just ends with this daemon
                 log.error("the mount is not restart-safe: %s", e, extra={"event": "handover"})
                 carrier = None
@@ -304,29 +314,28 @@ def serve(
         with contextlib.suppress(OSError, FuseMountError):
             unmount(mountpoint, lazy=True)
 
-    bridge = Bridge(served.tree, served.mtime_ns, settings.shown, record, metrics, settings.read_ahead)
-    try:
-        serving = Serving(settings.threads, settings.timeouts, settings.kernel_cache, settings.owner, settings.debug)
-        session = Session(fd, bridge, serving, ready, record, kept is not None, metrics)
-        control._bind(session, take_away, carrier)
-        handlers = {
-            signal.SIGTERM: control.terminate,
-            signal.SIGINT: functools.partial(control.stop, say_users=True),
-            signal.SIGUSR2: control.hand_over,
-        }
-        previous = {}
-        if signals:
-            previous = {sig: signal.signal(sig, lambda *_, do=do: do()) for sig, do in handlers.items()}
+    serving = Serving(settings.threads, settings.timeouts, settings.kernel_cache, settings.owner, settings.debug)
+    with served.filesystem(record) as filesystem:
         try:
-            session.run()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-    except BaseException:
-        take_away()
-        raise
-    finally:
-        bridge.close()
-        if session is None or session.ended:  # else a thread still reads it: the number must not name another file
-            os.close(fd)
+            session = Session(fd, filesystem, serving, ready, record, taken_up is not None, metrics)
+            control._bind(session, take_away, carrier)
+            handlers = {
+                signal.SIGTERM: control.terminate,
+                signal.SIGINT: functools.partial(control.stop, say_users=True),
+                signal.SIGUSR2: control.hand_over,
+            }
+            previous = {}
+            if signals:
+                previous = {sig: signal.signal(sig, lambda *_, do=do: do()) for sig, do in handlers.items()}
+            try:
+                session.run()
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+        except BaseException:
+            take_away()
+            raise
+        finally:  # one a thread still reads (the session not ended) stays open: its number must name no other file
+            if session is None or session.ended:
+                os.close(fd)
     return control.handed_over

@@ -93,13 +93,13 @@ def _split(seconds: float) -> tuple[int, int]:
 class Session:
     """Serves a filesystem on an open /dev/fuse fd until the filesystem is unmounted, as serving says. on_ready
     runs once INIT is answered: the mount then answers requests (`granted_text` says on what terms). record:
-    where INIT's terms are kept for the next daemon. kept: fd is a connection a daemon before served (its
+    where INIT's terms are kept for the next daemon. taken_up: fd is a connection a daemon before served (its
     record given): INIT's terms are restored, not waited for, and what that daemon read and never answered is
     asked for again. metrics: the mount's, where its requests are counted."""
 
     def __init__(
         self, fd: int, filesystem: Filesystem, serving: Serving = Serving(),
-        on_ready: Callable[[], None] | None = None, record: Record | None = None, kept: bool = False,
+        on_ready: Callable[[], None] | None = None, record: Record | None = None, taken_up: bool = False,
         metrics: Metrics | None = None,
     ) -> None:  # fmt: skip
         self.fd = fd
@@ -109,7 +109,7 @@ class Session:
         self.filesystem = filesystem
         self.threads = serving.threads
         self.record = record
-        self.kept = kept
+        self.taken_up = taken_up
         self.listings = ListingWorkers()
         self.kernel_cache = serving.kernel_cache
         self.on_ready = on_ready
@@ -136,10 +136,10 @@ class Session:
 
     def run(self) -> None:
         """Serve until unmounted (returns once every thread has ended) or stopped."""
-        terms = self.record.terms() if self.kept and self.record is not None else None
+        terms = self.record.terms() if self.taken_up and self.record is not None else None
         if terms is not None:
             self._restore(terms)
-        elif self.kept:  # the daemon before died before answering INIT: if it had read it, it comes again
+        elif self.taken_up:  # the daemon before died before answering INIT: if it had read it, it comes again
             self._resend(quiet=True)
         self._running = self.threads
         # Every thread is made before any reads the device: the mount is ready (INIT answered) only once the
@@ -314,9 +314,9 @@ class Session:
     def granted_text(self) -> str:
         """What INIT settled, for the mount's log line: `FUSE 7.40, granted ASYNC_READ|..., no_open, 10 threads`."""
         granted = "|".join(flag.name or "" for flag in InitFlag if flag in self.granted) or "nothing"
-        kept = ", a kept connection taken up" if self.kept else ""
+        taken_up = ", a kept connection taken up" if self.taken_up else ""
         no_open = ", no_open" if self.no_open else ""
-        return f"FUSE 7.{self.minor}, granted {granted}{no_open}, {self.threads} threads{kept}"
+        return f"FUSE 7.{self.minor}, granted {granted}{no_open}, {self.threads} threads{taken_up}"
 
     def _lookup(self, unique: int, nodeid: int, body: memoryview) -> None:
         # A name longer than NAME_MAX (the kernel passes up to 1,024 bytes) is absent without asking the source,

@@ -33,7 +33,7 @@ from shardfs.cache import ByteCache, served, serving
 from shardfs.context import Context
 from shardfs.errors import SourceError
 from shardfs.fuse.mount import FuseMountError, handed
-from shardfs.fuse.record import Kept, RecordError
+from shardfs.fuse.record import Connection, RecordError
 from shardfs.host import handoff
 from shardfs.logs import log_to, log_to_terminal, redact
 from shardfs.service import lifecycle
@@ -57,8 +57,8 @@ class _ToHost:
     def __init__(self, sock: socket.socket, target: str) -> None:
         self.sock, self.target = sock, target
 
-    def keep(self, kept: Kept) -> None:
-        handoff.send(self.sock, handoff.Keep(self.target, kept.fds))
+    def keep(self, connection: Connection) -> None:
+        handoff.send(self.sock, handoff.Keep(self.target, connection.fds))
 
     # A hosted mount is served without signals: its host stops it (Control.stop), and lets go of what it keeps
     # when it unpublishes the mount. No SIGTERM reaches a mount: nothing here is ever asked.
@@ -149,7 +149,7 @@ class Daemon:
         """Serve the message's target until its mount ends, having told the host READY, or why not."""
         target, fds, spec, secrets = message.target, message.fds, message.spec, message.secrets
         try:
-            kept = Kept.of(fds) if len(fds) == 2 else None  # with its record: a daemon before served it
+            taken_up = Connection.of(fds) if len(fds) == 2 else None  # with its record: a daemon before served it
             mountpoint = handed(fds[0])
         except (OSError, ValueError, RecordError, FuseMountError) as e:
             for fd in fds:
@@ -185,7 +185,7 @@ class Daemon:
         try:
             serve(
                 mount, lambda: handoff.answer(self.sock, target, READY), None,
-                _ToHost(self.sock, target), kept, signals=False,
+                _ToHost(self.sock, target), taken_up, signals=False,
             )  # fmt: skip
         except Exception as e:
             log.error("%s: %s", target, e, extra={"event": "mount_failed"})

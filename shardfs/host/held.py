@@ -1,4 +1,4 @@
-"""The connections a host keeps for their next daemon, by target, in its own memory: each mount's /dev/fuse
+"""The connections a host holds for their next daemon, by target, in its own memory: each mount's /dev/fuse
 descriptor (the one the host mounted) and, once its daemon sent it, the connection's record (fuse/record.py).
 What the keeper (service/keeper.py) does over a socket for daemons elsewhere, called here directly."""
 

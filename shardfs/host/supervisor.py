@@ -4,9 +4,9 @@ Mounts with the same publish secret (none, mostly) share one daemon, as mountpoi
 process and its Python interpreter, not one a mount. Each daemon is started as a uid of its own (unless the host
 has one only), so that none can signal, renice or re-limit another's. A daemon that ends while its mounts are
 published (it crashed, or was killed) is replaced: the next one takes each connection and its record from what
-the host keeps (held.py) and serves it without mounting or INIT, and the kernel resends what the one before read
+the host holds (held.py) and serves it without mounting or INIT, and the kernel resends what the one before read
 and never answered (Linux 6.9+), so readers see no error. The budget: RESTARTS replacements within RESTART_WINDOW
-seconds; past it, or where no record was kept yet, the kept connection is dropped and readers get ENOTCONN rather
+seconds; past it, or where no record was held yet, the held connection is dropped and readers get ENOTCONN rather
 than wait for ever on a connection nobody serves.
 """
 
@@ -43,21 +43,21 @@ DAEMON = "shardfs.host.daemon"  # the module daemons run: how a process is known
 
 class Daemon:
     """A daemon process as the host sees it: the mounts it serves (by target), and the answers it owes. A thread
-    reads what it says: records of connections to keep (kept is given the target and the record, and closes it)
-    and answers, handed to the publish waiting for each. A daemon is trusted with nothing beyond its own mounts: a
-    record is taken only for a target it serves, and its /dev/fuse descriptor never (the host keeps the one it
-    mounted), so that a compromised daemon cannot put its own connection under another mount's name for that
-    mount's next daemon to serve."""
+    reads what it says: records of connections to hold (hold_record is given the target and the record, and
+    closes it) and answers, handed to the publish waiting for each. A daemon is trusted with nothing beyond its
+    own mounts: a record is taken only for a target it serves, and its /dev/fuse descriptor never (the host keeps
+    the one it mounted), so that a compromised daemon cannot put its own connection under another mount's name
+    for that mount's next daemon to serve."""
 
     def __init__(
         self, process: subprocess.Popen[bytes], sock: socket.socket, secrets: dict[str, str],
-        kept: Callable[[str, int], None], uid: int = NOBODY,
+        hold_record: Callable[[str, int], None], uid: int = NOBODY,
     ) -> None:  # fmt: skip
         self.process, self.sock, self.secrets, self.uid = process, sock, secrets, uid
         self.targets: set[str] = set()
         self.restarts: list[float] = []  # when daemons before this one were replaced lately (monotonic)
         self.unanswering = False  # it let a publish wait READY_TIMEOUT (stopped, wedged): no mount goes to it again
-        self._kept = kept
+        self._hold_record = hold_record
         self._owed: dict[str, queue.Queue[Outcome | None]] = {}
         self._closed = False
         self._lock = threading.Lock()
@@ -68,7 +68,7 @@ class Daemon:
         return self.process.poll() is None and not self._closed
 
     def serve(self, target: str, spec: MountSpec, fds: list[int]) -> Outcome | None:
-        """Hand the mount's spec and its descriptors (the mounted /dev/fuse, and a kept connection's record) to
+        """Hand the mount's spec and its descriptors (the mounted /dev/fuse, and a held connection's record) to
         the daemon, with the secret it was started for beside the spec; its answer: READY, or why not (None if it
         ended without one)."""
         owed: queue.Queue[Outcome | None] = queue.Queue(1)
@@ -92,7 +92,7 @@ class Daemon:
         for message in handoff.messages(self.sock, "a daemon"):
             if isinstance(message, handoff.Keep) and len(message.fds) == 2 and message.target in self.targets:
                 os.close(message.fds[0])
-                self._kept(message.target, message.fds[1])
+                self._hold_record(message.target, message.fds[1])
                 continue
             for fd in message.fds:
                 os.close(fd)
@@ -184,8 +184,8 @@ class Supervisor:
                                " a daemon")  # fmt: skip
         return uid
 
-    def _kept(self, target: str, record: int) -> None:
-        """The record of a daemon's fresh connection, kept beside the /dev/fuse descriptor the host mounted at
+    def _hold_record(self, target: str, record: int) -> None:
+        """Hold the record of a daemon's fresh connection beside the /dev/fuse descriptor the host mounted at
         target: what a next daemon takes up."""
         held = self.hosted.held.take(target)
         try:
@@ -210,7 +210,7 @@ class Supervisor:
                 pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, stdout=users.log or sys.stderr.fileno(),
                 stderr=users.log, cwd="/", env=self.env, start_new_session=True,
             )  # fmt: skip
-        daemon = Daemon(process, ours, dict(secrets), self._kept, uid)
+        daemon = Daemon(process, ours, dict(secrets), self._hold_record, uid)
         self.daemons.append(daemon)
         if watched:
             watch = threading.Thread(target=self._watch, args=(daemon,), name="shardfs-reaper", daemon=True)

@@ -28,10 +28,11 @@ from cysystemd.daemon import Notification
 from shardfs.cache import return_freed_memory
 from shardfs.context import Context
 from shardfs.errors import ServiceError, SourceError
+from shardfs.fs import serve as fs_serve
 from shardfs.fuse import mount as fuse_mount
 from shardfs.fuse import serve as fuse_serve
 from shardfs.fuse.mount import FuseMountError, Handed, Target, connection_of
-from shardfs.fuse.record import Carrier, Kept
+from shardfs.fuse.record import Carrier, Connection
 from shardfs.fuse.serve import Control, Settings, settings_of
 from shardfs.logs import log_to, open_log, replay_early
 from shardfs.service import handover, holders, keeper, lifecycle, mountinfo, stats_socket
@@ -249,13 +250,13 @@ def default_log_file(mountpoint: Path) -> Path:
     return directory / f"{slug}.log"
 
 
-def stats_name(mountpoint: Target, kept: Kept | None) -> Path | None:
+def stats_name(mountpoint: Target, taken_up: Connection | None) -> Path | None:
     """The path `shardfs stats` asks for this mount by: the mountpoint; for a handed descriptor the directory the
     kernel shows it at (see shown_mountpoint), whether this daemon mounts it or takes up a kept connection; a kept
     connection's mountpoint with its name as given (it answers nothing until this daemon serves it)."""
     if isinstance(mountpoint, Handed):
         return shown_mountpoint(mountpoint)
-    return handover.mount_name(mountpoint) if kept is not None else mountpoint
+    return handover.mount_name(mountpoint) if taken_up is not None else mountpoint
 
 
 def serve(
@@ -263,14 +264,14 @@ def serve(
     on_ready: Callable[[], None] | None = None,
     metrics_at: tuple[str, int] | None = None,
     carrier: Carrier | None = None,
-    kept: Kept | None = None,
+    taken_up: Connection | None = None,
     signals: bool = True,
 ) -> bool:
     """Serve the mount until unmounted, stopped (its control; SIGTERM or SIGINT if signals: they unmount), or
-    handed over to the next daemon (SIGUSR2; then True). carrier and kept: see service/handover.py. signals:
+    handed over to the next daemon (SIGUSR2; then True). carrier and taken_up: see service/handover.py. signals:
     whether this mount is the process's one, served from its main thread."""
     tree, mountpoint, figures_of = mount.tree, mount.mountpoint, mount.context.metrics
-    where = stats_name(mountpoint, kept)
+    where = stats_name(mountpoint, taken_up)
     figures_of.mount.info({"source": mount.name, "mountpoint": str(where or mountpoint), "view": mount.view})
 
     def ready(granted: str) -> None:
@@ -290,14 +291,14 @@ def serve(
         if where is None:
             remove_stats_socket = _no_stats(mountpoint)
         else:
-            remove_stats_socket = stats_socket.serve(where, figures, real=where != mountpoint or kept is not None)
+            remove_stats_socket = stats_socket.serve(where, figures, real=where != mountpoint or taken_up is not None)
     except ServiceError as e:
         unhandled()
         raise MountError(str(e)) from None
     figures_of.watch_cache(tree.cache)
     try:
-        served = fuse_serve.Served(tree, mount.mtime_ns, mountpoint, mount.settings, figures_of)
-        handed_over = fuse_serve.serve(served, ready, carrier, kept, mount.control, signals, holders.said)
+        served = fs_serve.served(tree, mount.mtime_ns, mountpoint, mount.settings, figures_of)
+        handed_over = fuse_serve.serve(served, ready, carrier, taken_up, mount.control, signals, holders.said)
     except FuseMountError as e:
         raise MountError(str(e)) from None
     finally:
@@ -346,15 +347,15 @@ def mount(
     named = Path(str(target))  # what a kept connection is kept under: the target as given
     serves = handover.served(spec.name, spec.reading.view, named)
     try:
-        carrier, kept = handover.choose(named, service.keeper, foreground, serves)
+        carrier, taken_up = handover.choose(named, service.keeper, foreground, serves)
     except keeper.Busy:
         raise MountError(already_mounted(named)) from None
-    if kept is None:
+    if taken_up is None:
         prepare_mountpoint(target, local, service.allow_non_empty)
     metrics_at = service.metrics
     if foreground:
         lifecycle.block_signals()  # before a remote source is opened: obstore's threads start with it
-        return serve(open_mount(spec, target, context, source, disk), None, metrics_at, carrier, kept)
+        return serve(open_mount(spec, target, context, source, disk), None, metrics_at, carrier, taken_up)
     chosen = log_file is not None
     handed = [target.fd] if isinstance(target, Handed) else []
     log_file = log_file or default_log_file(shown_mountpoint(target) or Path(f"{target}-{os.getpid()}"))
@@ -385,8 +386,8 @@ def mount(
         descriptors += source.tree.store.descriptors()
     # Nothing the caller left open keeps its pipes or files alive; the pipe, the log, the source's root,
     # --cache-dir's directory and the connection's descriptors stay.
-    kept_fds = ([] if kept is None else kept.fds) + ([] if carrier is None else carrier.descriptors())
-    keep = sorted({2, ready_w, log_fd, *descriptors, *handed, *kept_fds})
+    connection_fds = ([] if taken_up is None else taken_up.fds) + ([] if carrier is None else carrier.descriptors())
+    keep = sorted({2, ready_w, log_fd, *descriptors, *handed, *connection_fds})
     for low, high in itertools.pairwise([*keep, os.sysconf("SC_OPEN_MAX")]):
         os.closerange(low + 1, high)
     _detach_stdio(log_fd)
@@ -408,7 +409,7 @@ def mount(
             log.error("mount refused: %s", e, extra={"event": "mount_failed"})
             tell(Outcome.of(e))
             os._exit(2)
-        status = handover.HANDED_OVER if serve(opened, ready, metrics_at, carrier, kept) else 0
+        status = handover.HANDED_OVER if serve(opened, ready, metrics_at, carrier, taken_up) else 0
     except KeyboardInterrupt:  # the caller's Ctrl-C, passed on before the mount was ready (see _stopped)
         said = context.waiting.said() or ""
         if said:

@@ -29,7 +29,7 @@ from typing import Any
 
 from shardfs.errors import ServiceError
 from shardfs.fuse.mount import FuseMountError, connection_of, unmount
-from shardfs.fuse.record import Carrier, Kept, RecordError
+from shardfs.fuse.record import Carrier, Connection, RecordError
 from shardfs.service import keeper, mountinfo
 
 log = logging.getLogger("shardfs")
@@ -63,13 +63,13 @@ def served(source: str, view: str, mountpoint: Path) -> str:
     return json.dumps({"source": source, "view": view, "mountpoint": str(mount_name(mountpoint))}, sort_keys=True)
 
 
-def _stamp(kept: Kept, serves: str) -> None:
+def _stamp(connection: Connection, serves: str) -> None:
     """Stamp what the connection serves, with its mount's device (`0:N`, as mountinfo lists it): on the kernels
     that do not name a descriptor's connection (before 6.18), how the next daemon knows where it is mounted."""
     stamp = json.loads(serves)
     found = mountinfo.topmost(Path(stamp["mountpoint"]))
-    stamp["device"] = _device(kept.fd) or (found.device if found is not None else None)
-    kept.record.stamp(json.dumps(stamp, sort_keys=True))
+    stamp["device"] = _device(connection.fd) or (found.device if found is not None else None)
+    connection.record.stamp(json.dumps(stamp, sort_keys=True))
 
 
 def _device(fd: int) -> str | None:
@@ -85,12 +85,12 @@ class SystemdStore:
     address: str
     serves: str
 
-    def keep(self, kept: Kept) -> None:
+    def keep(self, connection: Connection) -> None:
         """Store a new connection's descriptors, once whatever an earlier one left under their names (a record
         whose connection ended, say) is removed: the next start must find one of each."""
-        _stamp(kept, self.serves)
+        _stamp(connection, self.serves)
         self.forget()
-        for name, fd in ((FUSE_NAME, kept.fd), (RECORD_NAME, kept.record.fd)):
+        for name, fd in ((FUSE_NAME, connection.fd), (RECORD_NAME, connection.record.fd)):
             self._notify(f"FDSTORE=1\nFDNAME={name}", [fd])
 
     def forget(self) -> None:
@@ -156,9 +156,9 @@ class KeeperCarrier:
     name: str
     serves: str
 
-    def keep(self, kept: Kept) -> None:
-        _stamp(kept, self.serves)
-        self.link.keep(self.name, kept.fds)
+    def keep(self, connection: Connection) -> None:
+        _stamp(connection, self.serves)
+        self.link.keep(self.name, connection.fds)
 
     def forget(self) -> None:
         self.link.ask(f"DROP {self.name}")
@@ -172,7 +172,7 @@ class KeeperCarrier:
 
 def choose(
     mountpoint: Path, wanted: str | bool | None, foreground: bool, serves: str
-) -> tuple[Carrier | None, Kept | None]:  # fmt: skip
+) -> tuple[Carrier | None, Connection | None]:  # fmt: skip
     """Where this mount's connection is to be kept, and the connection kept there by a daemon before (None:
     mount afresh). Under systemd (foreground, $NOTIFY_SOCKET) the unit's store; with `-o keeper[=SOCKET]`
     (wanted: the socket, or True for the default one) a keeper; otherwise nowhere: the mount ends with its
@@ -184,31 +184,33 @@ def choose(
     if foreground and notify and os.environ.get("FDSTORE") != "0":  # $FDSTORE: the unit's maximum (systemd 254+)
         carrier = SystemdStore(notify, serves)
         fds = [listened[FUSE_NAME], listened[RECORD_NAME]] if {FUSE_NAME, RECORD_NAME} <= set(listened) else []
-        return carrier, _kept(fds, "systemd's file-descriptor store", carrier)
+        return carrier, _taken_up(fds, "systemd's file-descriptor store", carrier)
     if wanted is None:
         return None, None
     path = keeper.default_path() if wanted is True else Path(str(wanted)).absolute()
     keeper.started(path)
     link = keeper.Link(path)
     carrier = KeeperCarrier(link, str(mount_name(mountpoint)), serves)
-    return carrier, _kept(link.take(carrier.name), f"the keeper at {path}", carrier)
+    return carrier, _taken_up(link.take(carrier.name), f"the keeper at {path}", carrier)
 
 
-def _kept(fds: list[int], where: str, carrier: SystemdStore | KeeperCarrier) -> Kept | None:
+def _taken_up(fds: list[int], where: str, carrier: SystemdStore | KeeperCarrier) -> Connection | None:
+    """The connection fds are, as carrier held them, if this daemon may take it up: one that has ended, serves
+    something else or is no longer mounted here is let go, and None said (mount afresh)."""
     if not fds:
         return None
     try:
-        kept = Kept.of(fds)
-        kept.record.terms()  # reads, or says why not
-        if _ended(kept.fd):
+        connection = Connection.of(fds)
+        connection.record.terms()  # reads, or says why not
+        if _ended(connection.fd):
             raise RecordError("its mount has ended")
-        stamped = json.loads(kept.record.serves() or "null")  # None: stamped by no version before this one
+        stamped = json.loads(connection.record.serves() or "null")  # None: stamped by no version before this one
         if stamped is not None and {k: v for k, v in stamped.items() if k != "device"} != json.loads(carrier.serves):
-            _end_other(kept, carrier)
+            _end_other(connection, carrier)
             for fd in fds:
                 os.close(fd)
             return None
-        if not _mounted_here(kept, stamped, carrier):
+        if not _mounted_here(connection, stamped, carrier):
             for fd in fds:
                 os.close(fd)
             return None
@@ -220,15 +222,17 @@ def _kept(fds: list[int], where: str, carrier: SystemdStore | KeeperCarrier) -> 
                 os.close(fd)
         return None
     log.info("taking up the connection kept by %s", where, extra={"event": "handover"})
-    return kept
+    return connection
 
 
-def _mounted_here(kept: Kept, stamped: dict[str, str | None] | None, carrier: SystemdStore | KeeperCarrier) -> bool:
+def _mounted_here(
+    connection: Connection, stamped: dict[str, str | None] | None, carrier: SystemdStore | KeeperCarrier
+) -> bool:  # fmt: skip
     """Whether the kept connection is the mount at its mountpoint. One detached (a stop or `shardfs unmount`
     with files open: the kernel keeps the connection until they close) must not be served, or the unit would be
     active with nothing mounted: it is let go where it is kept, and the mount made afresh. Where neither the
     kernel nor the record names its device (a record from before devices were stamped), it is taken up."""
-    device = _device(kept.fd) or (stamped or {}).get("device")
+    device = _device(connection.fd) or (stamped or {}).get("device")
     if device is None:
         return True
     asked = json.loads(carrier.serves)["mountpoint"]
@@ -242,13 +246,13 @@ def _mounted_here(kept: Kept, stamped: dict[str, str | None] | None, carrier: Sy
     return False
 
 
-def _end_other(kept: Kept, carrier: SystemdStore | KeeperCarrier) -> None:
+def _end_other(connection: Connection, carrier: SystemdStore | KeeperCarrier) -> None:
     """A kept connection that serves something else than this daemon is asked for (a unit's SOURCE or view
     changed, another mount's descriptors passed): names the kernel cached there would read other bytes. It is
     let go where it is kept, and its mount detached if it is this mountpoint's (the kernel then ends the
     connection, and its callers get an error); another mountpoint's is left to its own daemon."""
     try:
-        was = json.loads(kept.record.serves() or "{}")
+        was = json.loads(connection.record.serves() or "{}")
     except ValueError:
         was = {}
     asked = json.loads(carrier.serves)

@@ -160,11 +160,15 @@ def _array(values: np.ndarray) -> array[int]:
 EMPTY = MinishardIndex.decode(b"", 0)
 
 
+def non_empty(rows: np.ndarray) -> np.ndarray:
+    """A shard index's rows of minishards that hold something (an empty one's start is its end)."""
+    return rows[rows[:, 1] != rows[:, 0]]
+
+
 def preceding_ends(rows: np.ndarray) -> np.ndarray:
     """The sorted ends of a shard index's non-empty rows: where each minishard index ends, relative to the end of
     the shard index (see span_start)."""
-    used = rows[rows[:, 1] != rows[:, 0]]
-    return np.sort(used[:, 1])
+    return np.sort(non_empty(rows)[:, 1])
 
 
 def span_start(ends: np.ndarray, start: int) -> int:
@@ -179,7 +183,7 @@ def span_start(ends: np.ndarray, start: int) -> int:
 def adjacent(rows: np.ndarray, index_size: int, size: int) -> tuple[int, int] | None:
     """Where in the file a shard index's non-empty rows are, [start, stop), if they follow one another with no
     gap (in any order), inside the file and within MINISHARD_BATCH bytes; else None."""
-    used = rows[rows[:, 1] != rows[:, 0]]
+    used = non_empty(rows)
     if len(used) < 2 or (used[:, 0] > used[:, 1]).any():
         return None
     used = used[np.argsort(used[:, 0], kind="stable")]

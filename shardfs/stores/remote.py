@@ -40,6 +40,7 @@ from obstore.store import GCSStore, HTTPStore, S3Store
 from shardfs.cache import key_cost
 from shardfs.context import Context
 from shardfs.errors import SourceError
+from shardfs.options import DEFAULT_TIMEOUT
 from shardfs.stores import credentials
 from shardfs.stores.disk_cache import DiskCache
 from shardfs.stores.location import Remote
@@ -47,7 +48,6 @@ from shardfs.stores.protocol import ByteRange, Owner, Range, StoreChanged, Store
 
 log = logging.getLogger("shardfs")
 
-DEFAULT_TIMEOUT = 30.0
 READS_AT_ONCE = 64  # requests a listing keeps in flight: its round trips overlap, within a bound
 # One paginated walk (a directory's listing, `df`'s count) ends, with what it has, at the first of these: a
 # server that answers "more to come" forever, with objects or without, is then one more slow listing.
@@ -336,10 +336,10 @@ class RemoteStore:
         """Remember what path was found to be (a version, or absent); what was remembered first stays, and
         is returned."""
         with self._lock:
-            kept = self._opened.setdefault(path, found)
-        if kept is found and isinstance(kept, StoredFile) and kept.version[0] == "size":
-            self._say_unversioned(kept.path)
-        return kept
+            remembered = self._opened.setdefault(path, found)
+        if remembered is found and isinstance(remembered, StoredFile) and remembered.version[0] == "size":
+            self._say_unversioned(remembered.path)
+        return remembered
 
     def _file(self, path: str, meta: Any) -> StoredFile:
         return StoredFile(path, meta["size"], _version(meta), self._owner, self)
@@ -349,10 +349,10 @@ class RemoteStore:
         is only a size: another object of that size would be answered)."""
         disk = self._disk(file)
         if disk is not None:
-            kept = disk.get(self.where(file.path), file.version, start, stop)
-            self.context.metrics.disk_cache.labels("miss" if kept is None else "hit").inc()
-            if kept is not None:
-                return kept
+            cached = disk.get(self.where(file.path), file.version, start, stop)
+            self.context.metrics.disk_cache.labels("miss" if cached is None else "hit").inc()
+            if cached is not None:
+                return cached
         data = self._call("get", file.path, lambda: self._get(file, start, stop))
         self._count(file, start, stop, data)
         return data
@@ -415,10 +415,10 @@ class RemoteStore:
         with self._lock:
             said, self._said_unversioned = self._said_unversioned, True
         if not said:
-            kept = "; nothing from it is kept in --cache-dir" if self.disk is not None else ""
+            uncached = "; nothing from it is kept in --cache-dir" if self.disk is not None else ""
             log.warning(
                 "%s: the server sends neither ETag nor Last-Modified (%s): an object replaced under the mount is "
-                "noticed only if its size changed%s", self.remote.url, path, kept, extra={"event": "unversioned"},
+                "noticed only if its size changed%s", self.remote.url, path, uncached, extra={"event": "unversioned"},
             )  # fmt: skip
 
     def next_data(self, file: StoredFile, offset: int) -> int:

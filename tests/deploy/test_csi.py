@@ -664,7 +664,7 @@ def test_a_daemon_keeps_nothing_under_a_volume_it_does_not_serve(server, raw_vol
     attackers = mount(attacker_point, MountOptions(fsname="attacker", subtype="probe"))
     record = os.memfd_create("record")
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    evil = supervisor.Daemon(subprocess.Popen(["sleep", "600"]), ours, {}, node.supervisor._kept)
+    evil = supervisor.Daemon(subprocess.Popen(["sleep", "600"]), ours, {}, node.supervisor._hold_record)
     evil.targets.add(str(own))
     try:
         victims = connection_at(victim)

@@ -53,6 +53,7 @@ def test_a_timeout_the_kernel_cannot_take_is_refused_before_anything_is_mounted(
 THREADS_RUN_OUT = """
 import json, sys, threading
 from pathlib import Path
+from shardfs.fs.serve import served
 from shardfs.fuse import serve
 from shardfs.service import mountinfo
 from shardfs.source import open_source
@@ -69,7 +70,7 @@ threading.Thread.start = start
 options = {"ro": True, "max_threads": "50", "fsname": source}
 try:
     settings = serve.settings_of(options, Path(point))
-    serve.serve(serve.Served(open_source(Path(source), 1 << 20).tree, 0, Path(point), settings), lambda granted: None)
+    serve.serve(served(open_source(Path(source), 1 << 20).tree, 0, Path(point), settings), lambda granted: None)
 except RuntimeError as e:
     print(json.dumps({"error": str(e), "mounted": [m.fstype for p, m in mountinfo._mounts() if p == point]}))
 """

@@ -19,7 +19,7 @@ from shardfs.fuse.record import (
     SPAN_AT,
     TERMS_AT,
     TERMS_LENGTH_AT,
-    Kept,
+    Connection,
     Record,
     RecordError,
     Terms,
@@ -100,9 +100,9 @@ def test_what_is_not_a_kept_connection_is_refused() -> None:
     with pytest.raises(RecordError, match="not a shardfs record"):
         Record(memfd)
     with pytest.raises(RecordError, match="not /dev/fuse"):
-        Kept.of([memfd, Record.new().fd])
+        Connection.of([memfd, Record.new().fd])
     with pytest.raises(RecordError, match="2 descriptors"):
-        Kept.of([memfd])
+        Connection.of([memfd])
 
 
 @pytest.mark.kernel
@@ -112,7 +112,7 @@ def test_a_kept_descriptor_whose_mount_has_ended_is_not_taken_up() -> None:
     fuse = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
     record = Record.new()
     store = handover.SystemdStore("@unused", handover.served("/data", "native", Path("/mnt")))
-    assert handover._kept([fuse, record.fd], "the test", store) is None
+    assert handover._taken_up([fuse, record.fd], "the test", store) is None
     with pytest.raises(OSError):
         os.fstat(fuse)
 
