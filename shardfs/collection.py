@@ -7,6 +7,13 @@ a dataset's root its own tree answers everything (an OME-Zarr's labels, a precom
 opened datasets are kept, least recently used let go and opened again when wanted; their caches share the
 mount's one budget (cache.Scoped). A directory whose metadata cannot be opened shows as plain files, said once
 in the log, never as a failed mount.
+
+A dataset's own mount numbers its sharded directories from its metadata, at start, and a chunk file's node id
+packs that number and its key (fs/nodes.py). Here datasets are found as they are browsed: each sharded
+directory gets the next number when a chunk below it is first named, the same for the mount's life (a dataset
+let go and opened again finds its numbers as they were), and journalled in the connection's record so that a
+daemon after this one reads the kernel's ids as this one meant them. Numbers take NUMBER_BITS of an id; past
+NUMBERS directories, or for a key too large for the bits left, a file gets a table id, as every file did.
 """
 
 from __future__ import annotations
@@ -21,13 +28,15 @@ from cachetools import LRUCache
 
 from shardfs.cache import ByteCache, Scoped, key_cost
 from shardfs.errors import SourceError, SourceMissing
-from shardfs.files import Node
+from shardfs.files import Node, Provider
 from shardfs.stores.beneath import Beneath
 from shardfs.stores.protocol import Store
 from shardfs.tree import Located, Place, Tree
 
 log = logging.getLogger("shardfs")
 OPEN = 16  # datasets kept open at once
+NUMBER_BITS = 14  # of a node id, numbering a sharded directory: keys up to 2^49 (a 3-d grid 2^16 chunks a side)
+NUMBERS = 1 << NUMBER_BITS  # sharded directories numbered in the mount's life (about 200 bytes each, kept)
 DEPTH = 16  # directories below the source where datasets are looked for; deeper ones are plain directories
 VERDICTS = 1 << 20  # bytes of verdicts kept (whether a directory is a dataset); one let go is asked again
 LOOKED = 10_000  # directories `datasets` looks at, at most
@@ -42,6 +51,8 @@ class Collection(Tree):
     there, SourceError if it cannot be opened (it is then shown as plain files); any other error is the
     lookup's (a network's: the next lookup tries again)."""
 
+    numbers = NUMBERS
+
     def __init__(self, store: Store, cache: ByteCache, open_dataset: Opener) -> None:
         super().__init__(store, cache, {}, {})
         self._open_dataset = open_dataset
@@ -50,12 +61,86 @@ class Collection(Tree):
         self._open: LRUCache[str, Tree] = LRUCache(OPEN)
         self._lock = threading.Lock()  # over the two LRUs, never across I/O
         self._gates = [threading.Lock() for _ in range(GATES)]
+        self._number_of: dict[str, int] = {}  # a sharded directory's (a path of the source) number in `numbered`
+        self._numbering = threading.Lock()
+        self._journal: Callable[[str], None] | None = None
+        self._spent = False  # NUMBERS given: said once
+
+    def numbering(self, numbered: list[str], journal: Callable[[str], None]) -> None:
+        """The numbers a daemon before gave, given again; a number given from now on is journalled first."""
+        with self._numbering:
+            self.numbered[:] = numbered[:NUMBERS]
+            self._number_of = {directory: number for number, directory in enumerate(self.numbered)}
+            self._journal = journal
+
+    def child(self, parent: Located, name: str) -> Place:
+        """A chunk's (number, key), its sharded directory numbered now if it was not yet; any other path (and,
+        past NUMBERS, a chunk's) located."""
+        path = f"{parent.path}/{name}" if parent.path else name
+        found = self._dataset_of(path, itself=False)
+        if found is None:
+            return Located(path, None)
+        directory, tree = found
+        place = tree.child(tree.locate(path[len(directory) + 1 :].rpartition("/")[0]), name)
+        if isinstance(place, Located):
+            return Located(path, None)
+        within = tree.numbered[place[0]]
+        number = self._number(f"{directory}/{within}" if within else directory)
+        return Located(path, None) if number is None else (number, place[1])
+
+    def _number(self, directory: str) -> int | None:
+        """The number of a sharded directory (a path of the source), the next one if it has none yet; None once
+        NUMBERS are given."""
+        number = self._number_of.get(directory)
+        if number is not None:
+            return number
+        with self._numbering:
+            number = self._number_of.get(directory)
+            if number is None and len(self.numbered) < NUMBERS:
+                if self._journal is not None:
+                    self._journal(directory)  # before any id names it
+                number = len(self.numbered)
+                self.numbered.append(directory)
+                self._number_of[directory] = number
+            elif number is None and not self._spent:
+                self._spent = True
+                log.warning("%d sharded directories numbered: chunk files below others get table ids (memory for"
+                            " each file the kernel holds, and no read-ahead) until the mount ends", NUMBERS,
+                            extra={"event": "numbers_spent", "path": "/" + directory})  # fmt: skip
+        return number
+
+    def _numbered_in(self, number: int) -> tuple[str, Tree, int]:
+        """The dataset holding sharded directory number (its directory, and its tree, opened if need be), and
+        the number its tree gives that directory; FileNotFoundError if it holds it no more (its metadata
+        rewritten, and the caches dropped)."""
+        path = self.numbered[number] if 0 <= number < len(self.numbered) else ""
+        found = self._dataset_of(path, itself=True) if path else None
+        if found is not None:
+            directory, tree = found
+            within = tree._numbers.get(path[len(directory) + 1 :])
+            if within is not None:
+                return directory, tree, within
+        raise FileNotFoundError(f"sharded directory {number}")
+
+    def provider(self, number: int) -> Provider:
+        _, tree, within = self._numbered_in(number)
+        return tree.provider(within)
+
+    def path_of(self, number: int, key: int) -> str | None:
+        try:
+            directory, tree, within = self._numbered_in(number)
+        except FileNotFoundError:
+            return None
+        path = tree.path_of(within, key)
+        return None if path is None else f"{directory}/{path}"
 
     def node(self, place: Place) -> Node:
         """A dataset's root is its source directory (the plain tree's node), so only the directories above
-        place are asked whether they are datasets: a file's lookup asks nothing of the file. A collection
-        numbers nothing (no providers of its own): every place is a path."""
-        assert isinstance(place, Located), place
+        place are asked whether they are datasets: a file's lookup asks nothing of the file. A chunk's
+        (number, key) is its dataset's, by the number its dataset gives its directory."""
+        if not isinstance(place, Located):
+            _, tree, within = self._numbered_in(place[0])
+            return tree.node((within, place[1]))
         found = self._dataset_of(place.path, itself=False)
         if found is None:
             return super().node(place)
