@@ -21,6 +21,7 @@ import tensorstore as ts
 import zarr
 from cloudvolume import CloudVolume
 
+from shardfs.fs.nodes import PACKED
 from tests.mount.test_view_readers import assert_every_level, found_nodes, ome_zarr_read, write_ome_images
 from tests.mount.test_zarr_draft import READ as READ_DRAFT
 from tests.mount.test_zarr_draft import WRITE as WRITE_DRAFT
@@ -43,6 +44,7 @@ DATASETS = (
     "draft",  # last: the views leave it out
 )
 OVERHEAD_MIB = 40  # the README's promise beyond --cache-size
+GRID = (64, 64, 32)  # 131,072 chunk files in one directory
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +131,35 @@ def test_the_peers_read_every_dataset_of_the_directory(data, mount, tmp_path) ->
     assert_every_level(read, mounted, written["ome"])
     report = json.loads(run(READ_DRAFT, m / "draft", written["draft"]))
     assert report and all(array["equal"] and not array["transformers"] for array in report.values()), report
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """A directory holding a volume `vol` whose scale `s0` has 131,072 one-voxel chunks (tensorstore), and
+    their names."""
+    root = tmp_path_factory.mktemp("grid") / "data"
+    return root, peers.write_tensorstore_chunk_grid(root / "vol", GRID)
+
+
+def test_chunks_below_a_directory_of_datasets_cost_the_daemon_nothing_a_file(grid, mount) -> None:
+    """`ls -l` of 131,072 chunks of a dataset below a directory of datasets: the kernel keeps an entry of each,
+    but a chunk's node id is its name (its directory's number, given as it was browsed, and its key), so the
+    daemon keeps nothing per file, as a mount of the dataset alone does: it grows by less than the budget, the
+    listing (56 bytes a name) and 20 MiB (a table of the paths the kernel holds grew it by 50 MiB here). Every
+    chunk has its own inode number, a packed id, and its own voxel."""
+    root, names = grid
+    m = mount(root, "--cache-size", "1M")
+    pid = daemon_of(m.path).pid
+    _, idle = peak_and_now_kib(pid)
+    inos = {entry.name: entry.stat().st_ino for entry in os.scandir(m.path / "vol" / "s0")}
+    peak, _ = peak_and_now_kib(pid)
+    grown = peak - idle
+    assert grown < (1 + (56 * len(names) >> 20) + 20) << 10, f"grew by {grown >> 10} MiB from {idle >> 10} MiB"
+    assert len(inos) == len(set(inos.values())) == len(names)
+    assert all(ino & PACKED for ino in inos.values())
+    for x, y, z in [(0, 0, 0), (5, 63, 17), (63, 63, 31)]:
+        key = peers.compressed_morton_code((x, y, z), GRID)
+        assert (m.path / "vol" / "s0" / f"{x}-{x + 1}_{y}-{y + 1}_{z}-{z + 1}").read_bytes() == bytes([key & 0xFF])
 
 
 @pytest.mark.parametrize("view", ["zarr2", "n5"])
