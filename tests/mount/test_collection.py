@@ -162,6 +162,43 @@ def test_chunks_below_a_directory_of_datasets_cost_the_daemon_nothing_a_file(gri
         assert (m.path / "vol" / "s0" / f"{x}-{x + 1}_{y}-{y + 1}_{z}-{z + 1}").read_bytes() == bytes([key & 0xFF])
 
 
+@pytest.fixture(scope="module")
+def large(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of 24 copies of a precomputed image of 40 sharded scales, each a grid of 2^14 x 2^14 x 2^10
+    chunks (tensorstore writes the `info`; no chunk is written): an open one holds about 5 MiB, its scales'
+    Morton tables."""
+    root = tmp_path_factory.mktemp("large") / "data"
+    spec = peers.sharding_spec(preshift_bits=9, minishard_bits=6, shard_bits=20, data_encoding="raw")
+    for n in range(40):
+        scale = {"key": f"s{n}", "size": [1 << 20, 1 << 20, 1 << 16], "chunk_size": [64, 64, 64],
+                 "resolution": [n + 1] * 3, "sharding": spec, "encoding": "raw"}  # fmt: skip
+        ts.open({
+            "driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(root / "d00")},
+            "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
+            "scale_metadata": scale, "create": True,
+        }).result()  # fmt: skip
+    for n in range(1, 24):
+        shutil.copytree(root / "d00", root / f"d{n:02}")
+    return root
+
+
+def test_the_datasets_kept_open_are_bounded_by_the_bytes_they_hold(large, mount) -> None:
+    """Each of 24 datasets of 5 MiB browsed in turn (a scale of each looked up), twice: the daemon stays within
+    --cache-size + 40 MiB (16 kept open, by their count alone, held 80 MiB), and datasets are let go by their
+    bytes, not their count: 4 browsed in turn, fewer than 16, are opened again each time."""
+    m = mount(large, "--log-level", "debug")
+    for turn in range(2):
+        for n in range(24):
+            assert (m.path / f"d{n:02}" / f"s{turn}").is_dir()
+    peak_kib, _ = peak_and_now_kib(daemon_of(m.path).pid)
+    assert peak_kib >> 10 <= 64 + OVERHEAD_MIB, f"peak {peak_kib >> 10} MiB"
+    for turn in range(2, 5):
+        for n in range(4):
+            assert (m.path / f"d{n:02}" / f"s{turn}").is_dir()
+    opened = [line for line in m.log_text().splitlines() if "event=dataset_opened path=/d00 " in line]
+    assert len(opened) == 5, opened  # each turn of d00, d01, d02 and d03 opened each anew
+
+
 @pytest.mark.parametrize("view", ["zarr2", "n5"])
 def test_a_view_applies_to_each_dataset(data, mount, view, tmp_path) -> None:
     """--view shows every dataset as a mount of it alone in that view does (ome-zarr-py 0.9 reads the zarr2
