@@ -54,6 +54,9 @@ COLLECTION = "tests/mount/test_collection.py::test_a_data_directory_shows_every_
 INFO = "tests/mount/test_collection.py::test_info_and_check_walk_the_datasets_a_directory_holds"
 IDS = "tests/unit/test_record.py::test_no_id_is_issued_again_by_a_second_or_third_daemon"
 CUT = "tests/unit/test_record.py::test_a_record_cut_at_any_point_of_any_write_reads_as_before_or_after"
+NUMBERED = ("tests/unit/test_record.py::test_a_directory_of_datasets_numbers_its_sharded_directories_for_the_mounts"
+            "_life_and_the_next_daemons")  # fmt: skip
+HELD = "tests/service/test_restart.py::test_a_chunk_held_below_a_directory_of_datasets_reads_after_its_daemon_is_"
 FUSE_H = PROTOCOL + "test_init_flags_and_opcodes_are_the_bits_and_numbers_of_linux_fuse_h"
 LINKED = "tests/service/test_keeper.py::test_a_mount_named_through_links_restarts_into_itself_by_any_of_its_names"
 CSI = "tests/deploy/test_csi.py::"
@@ -489,6 +492,17 @@ MUTATIONS = [
              "                    what = e\n", "                    what = None\n", (INFO,)),
     Mutation("an OME-Zarr image named a zarr v3 group", "shardfs/formats/zarr.py",
              'if node_type == "group" and isinstance(ome, dict):', "if False:", (INFO,)),
+    # Issue 43, items 1 and 2: chunks below a directory of datasets have packed ids, their directories' numbers
+    # journalled for the next daemon; its open datasets bounded by what they hold.
+    Mutation("chunks below a directory of datasets get table ids", "shardfs/collection.py",
+             "return Located(path, None) if number is None else (number, place[1])", "return Located(path, None)",
+             (NUMBERED, "tests/mount/test_collection.py::test_chunks_below_a_directory_of_datasets_cost_the_daemon_"
+              "nothing_a_file")),
+    Mutation("a directory's number not journalled", "shardfs/collection.py",
+             "self._journal(directory)  # before any id names it", "pass", (NUMBERED, HELD + "replaced[keeper]")),
+    Mutation("open datasets bounded by their count alone", "shardfs/collection.py",
+             "(tree, min(max(held, OPEN_BYTES // OPEN), OPEN_BYTES))", "(tree, OPEN_BYTES // OPEN)",
+             ("tests/mount/test_collection.py::test_the_datasets_kept_open_are_bounded_by_the_bytes_they_hold",)),
     # Issue 44, class 1: the restart record (a record cut at any point of a write reads as before or after; no
     # id is issued twice across daemons) and resend (counted only where the kernel marks it; its bit fuse.h's).
     Mutation("a rewritten journal forgets the highest id", "shardfs/fuse/record.py",

@@ -8,7 +8,7 @@ The FUSE bridge, `shardfs ls`/`cat` and the tests all use this, so FUSE knows no
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from shardfs.cache import LARGE_VALUE, ByteCache
@@ -67,6 +67,19 @@ class Tree:
                 parent, _, name = path.rpartition("/")
                 self._overlay[parent].add(name)
                 path = parent
+
+    @property
+    def numbers(self) -> int:
+        """How many directories may be numbered (fs/nodes.py packs a number below it): a dataset's, fixed."""
+        return len(self.numbered)
+
+    def numbering(self, numbered: list[str], journal: Callable[[str], None]) -> None:
+        """A dataset's numbers are its metadata's, the same for every daemon: none to restore or journal (a
+        directory of datasets numbers as it is browsed: collection.py)."""
+
+    def provider(self, number: int) -> Provider:
+        """The provider of directory number."""
+        return self.providers[self.numbered[number]]
 
     def lookup(self, path: str) -> Node:
         """The node at path; FileNotFoundError if there is none."""

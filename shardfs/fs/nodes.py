@@ -9,11 +9,14 @@ is dropped at zero; the table holds each path located (`tree.Located`: its provi
 in a directory goes from its node and the name to the child with no walk up the path. Table ids are never
 reused, so a stale id from the kernel is an error, not another file. With a record (record.py), the table is
 journalled there and restored from it at start: the kernel may hold table ids across a restart of the daemon.
+So are the numbers a directory of datasets gives its datasets' directories as they are browsed (collection.py),
+each before an id names it: the next daemon's packed ids name the same files.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 from shardfs.fuse import wire
@@ -30,7 +33,14 @@ UNKNOWN_COUNT = 1 << 62
 class Keys(Protocol):
     """Paths located, and those that are numbers: a provider's directory numbered, a key below it (`Tree`)."""
 
-    numbered: list[str]  # the provider directories, by number
+    @property
+    def numbers(self) -> int:
+        """How many directories may be numbered: the bits of a packed id its directory's number takes."""
+        ...
+
+    def numbering(self, numbered: list[str], journal: Callable[[str], None]) -> None:
+        """The directories a daemon before numbered (a record's), and where a directory numbered now is said."""
+        ...
 
     def locate(self, path: str) -> Located: ...
 
@@ -45,8 +55,6 @@ class Nodes:
     def __init__(self, keys: Keys, record: Record | None = None) -> None:
         self._keys = keys
         self._record = record
-        self._shift = 63 - max(len(keys.numbered) - 1, 0).bit_length()  # bits of the key, below the number's
-        self._mask = (1 << self._shift) - 1
         self._places: dict[int, Located] = {wire.ROOT_ID: keys.locate("")}
         self._ids: dict[str, int] = {"": wire.ROOT_ID}
         self._counts: dict[int, int] = {}
@@ -56,6 +64,9 @@ class Nodes:
             for nodeid, path in record.table().items():
                 self._places[nodeid], self._ids[path], self._counts[nodeid] = keys.locate(path), nodeid, UNKNOWN_COUNT
             self._next = max(self._next, record.highest + 1)
+            keys.numbering(record.numbered, self._numbered)
+        self._shift = 63 - max(keys.numbers - 1, 0).bit_length()  # bits of the key, below the number's
+        self._mask = (1 << self._shift) - 1
 
     def __len__(self) -> int:
         """Paths in the table."""
@@ -116,6 +127,12 @@ class Nodes:
             if nodeid != wire.ROOT_ID:
                 self._counts[nodeid] = self._counts.get(nodeid, 0) + 1
             return nodeid
+
+    def _numbered(self, directory: str) -> None:
+        """directory has the next number: journalled (under the table's lock: one writer of the record)."""
+        assert self._record is not None
+        with self._lock:
+            self._record.number(directory)
 
     def forget(self, nodeid: int, times: int) -> None:
         """The kernel let go of nodeid times lookups; at none left a table id is dropped."""

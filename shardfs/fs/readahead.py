@@ -83,7 +83,7 @@ class ReadAhead:
         if fetched is not None:
             self.metrics.read_ahead.labels("used").inc()
             self.metrics.read_ahead_bytes.labels("used").inc(fetched)
-        provider = self.tree.providers[self.tree.numbered[number]]
+        provider = self.tree.provider(number)  # a directory of datasets' opens its dataset if need be
         rel = provider.rel_of(key)
         parent, name = posixpath.split(rel or "")  # a chunk key's own directory (zarr's c/0/1, N5's 0/1)
         listing = self.tree.cache.get(("listing", posixpath.join(self.tree.numbered[number], parent).strip("/")))

@@ -4,20 +4,22 @@ INIT happens once per connection, so a daemon that adopts a kept descriptor rest
 (`Terms`) instead of waiting for an INIT that never comes. And the kernel goes on holding node ids across
 the restart: a chunk file's id names its key (fs/nodes.py), but a table id (a directory, metadata,
 a file passed through) means only what the table said, so the table is journalled here as it changes and
-rebuilt from the journal by the next daemon.
+rebuilt from the journal by the next daemon. So are the numbers of directories a directory of datasets gives
+as it is browsed (collection.py): a chunk file's id names its directory by that number.
 
 What the connection serves (the source, view and mountpoint, as text its daemon chose) is stamped at
 SERVES_AT: a daemon asked to serve something else must not take the connection up, or names the kernel
 cached would read another dataset's bytes.
 
-Layout (native byte order): a header at 0 (magic, the journal's start and end, the length of the terms, the
-length of what it serves: 0 in a record made before that was stamped, read as unknown), the terms as JSON at
-TERMS_AT, what it serves at SERVES_AT, the journal from JOURNAL_AT: entries of (node id, path length, path), a
-length of DROPPED meaning the id was dropped (a rewritten journal begins with the highest id ever
-journalled, dropped: ids are never reused). Every change writes its bytes first and then, in one pwrite,
-the header field that makes them count: a daemon killed at any point leaves a record that reads as before
-or as after. Once the journal holds more dropped than live bytes it is rewritten after its end, the header
-moved to it in one write, and the old bytes' pages given back (fallocate PUNCH_HOLE).
+Layout (native byte order): a header at 0 (magic, the journal's start and end, the length of the terms, the length
+of what it serves: 0 in a record made before that was stamped, read as unknown), the terms as JSON at TERMS_AT,
+what it serves at SERVES_AT, the journal from JOURNAL_AT: entries of (node id, path length, path), a length of
+DROPPED meaning the id was dropped (a rewritten journal begins with the highest id ever journalled, dropped: ids
+are never reused), an id of NUMBERS numbering the path, a directory, with the next directory number (no node has
+that id: a daemon that knows no numbers takes the entry for a harmless one). Every change writes its bytes first
+and then, in one pwrite, the header field that makes them count: a daemon killed at any point leaves a record that
+reads as before or as after. Once the journal holds more dropped than live bytes it is rewritten after its end,
+the header moved to it in one write, and the old bytes' pages given back (fallocate PUNCH_HOLE).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ SERVES_AT = 2048
 JOURNAL_AT = 4096
 ENTRY = struct.Struct("=QI")  # node id, path length (DROPPED: the id was dropped)
 DROPPED = 0xFFFFFFFF
+NUMBERS = 0  # the id of an entry that gives its directory the next number, in the order journalled
 COMPACT_AFTER = 1 << 20  # journal bytes before dropped entries are worth rewriting away
 FALLOC_FL_KEEP_SIZE = 1
 FALLOC_FL_PUNCH_HOLE = 2
@@ -90,6 +93,7 @@ class Record:
         self._start, self._end = start, end
         self._live = 0  # bytes of entries still live, counted by table()
         self.highest = 0  # the highest id ever journalled, dropped or not (set by table()): never to be reused
+        self.numbered: list[str] = []  # the directories numbered, by number (set by table())
 
     @classmethod
     def new(cls) -> Record:
@@ -133,9 +137,11 @@ class Record:
         os.pwrite(self.fd, struct.pack("=I", len(data)), length_at)
 
     def table(self) -> dict[int, str]:
-        """The node table as journalled: id → path, ids dropped left out."""
+        """The node table as journalled: id → path, ids dropped left out (and the directories numbered, kept as
+        `numbered`)."""
         data = os.pread(self.fd, self._end - self._start, self._start)
         table: dict[int, str] = {}
+        self.numbered = []
         at = 0
         while at + ENTRY.size <= len(data):
             nodeid, length = ENTRY.unpack_from(data, at)
@@ -143,10 +149,14 @@ class Record:
             self.highest = max(self.highest, nodeid)
             if length == DROPPED:
                 table.pop(nodeid, None)
+                continue
+            path = os.fsdecode(data[at : at + length])
+            at += length
+            if nodeid == NUMBERS:
+                self.numbered.append(path)
             else:
-                table[nodeid] = os.fsdecode(data[at : at + length])
-                at += length
-        self._live = sum(ENTRY.size + len(os.fsencode(path)) for path in table.values())
+                table[nodeid] = path
+        self._live = sum(ENTRY.size + len(os.fsencode(path)) for path in (*table.values(), *self.numbered))
         return table
 
     def added(self, nodeid: int, path: str) -> None:
@@ -154,6 +164,11 @@ class Record:
         self._append(ENTRY.pack(nodeid, len(name)) + name)
         self._live += ENTRY.size + len(name)
         self.highest = max(self.highest, nodeid)
+
+    def number(self, directory: str) -> None:
+        """directory has the next number (len(numbered)): journalled before any node id names it."""
+        self.added(NUMBERS, directory)
+        self.numbered.append(directory)
 
     def dropped(self, nodeid: int, path: str, live: dict[str, int]) -> None:
         """nodeid (of path) is gone from the table; live is the table as it is now (path → id), for a rewrite."""
@@ -169,6 +184,9 @@ class Record:
 
     def _rewrite(self, live: dict[str, int]) -> None:
         parts = [ENTRY.pack(self.highest, DROPPED)]  # keeps the highest id known, so that none is reused
+        for directory in self.numbered:
+            name = os.fsencode(directory)
+            parts += [ENTRY.pack(NUMBERS, len(name)), name]
         for path, nodeid in live.items():
             if not path:  # the root: its id is fixed, never journalled
                 continue

@@ -8,8 +8,6 @@ import json
 import os
 import shutil
 import struct
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,14 +20,15 @@ import tensorstore as ts
 import zarr
 from cloudvolume import CloudVolume
 
+from shardfs.fs.nodes import PACKED
 from tests.mount.test_view_readers import assert_every_level, found_nodes, ome_zarr_read, write_ome_images
 from tests.mount.test_zarr_draft import READ as READ_DRAFT
 from tests.mount.test_zarr_draft import WRITE as WRITE_DRAFT
 from tests.remote.test_remote_s3 import KEYS, credentials
 from tests.support import peers
-from tests.support.cli import scrape, shardfs
+from tests.support.cli import shardfs
 from tests.support.cloud import BUCKET, moto_server, upload
-from tests.support.daemons import daemon_of, peak_and_now_kib
+from tests.support.daemons import daemon_of, peak_and_now_kib, remote_requests
 from tests.support.http_server import RangeServer
 from tests.support.reading import files_under, read_ts
 from tests.support.zarr2 import run
@@ -46,6 +45,7 @@ DATASETS = (
 )
 OVERHEAD_MIB = 40  # the README's promise beyond --cache-size
 WIDE = 12  # plain directories of the bucket's `wide/`
+GRID = (64, 64, 32)  # 131,072 chunk files in one directory
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +134,72 @@ def test_the_peers_read_every_dataset_of_the_directory(data, mount, tmp_path) ->
     assert report and all(array["equal"] and not array["transformers"] for array in report.values()), report
 
 
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """A directory holding a volume `vol` whose scale `s0` has 131,072 one-voxel chunks (tensorstore), and
+    their names."""
+    root = tmp_path_factory.mktemp("grid") / "data"
+    return root, peers.write_tensorstore_chunk_grid(root / "vol", GRID)
+
+
+def test_chunks_below_a_directory_of_datasets_cost_the_daemon_nothing_a_file(grid, mount) -> None:
+    """`ls -l` of 131,072 chunks of a dataset below a directory of datasets: the kernel keeps an entry of each,
+    but a chunk's node id is its name (its directory's number, given as it was browsed, and its key), so the
+    daemon keeps nothing per file, as a mount of the dataset alone does: it grows by less than the budget, the
+    listing (56 bytes a name) and 20 MiB (a table of the paths the kernel holds grew it by 50 MiB here). Every
+    chunk has its own inode number, a packed id, and its own voxel."""
+    root, names = grid
+    m = mount(root, "--cache-size", "1M")
+    pid = daemon_of(m.path).pid
+    _, idle = peak_and_now_kib(pid)
+    inos = {entry.name: entry.stat().st_ino for entry in os.scandir(m.path / "vol" / "s0")}
+    peak, _ = peak_and_now_kib(pid)
+    grown = peak - idle
+    assert grown < (1 + (56 * len(names) >> 20) + 20) << 10, f"grew by {grown >> 10} MiB from {idle >> 10} MiB"
+    assert len(inos) == len(set(inos.values())) == len(names)
+    assert all(ino & PACKED for ino in inos.values())
+    for x, y, z in [(0, 0, 0), (5, 63, 17), (63, 63, 31)]:
+        key = peers.compressed_morton_code((x, y, z), GRID)
+        assert (m.path / "vol" / "s0" / f"{x}-{x + 1}_{y}-{y + 1}_{z}-{z + 1}").read_bytes() == bytes([key & 0xFF])
+
+
+@pytest.fixture(scope="module")
+def large(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory of 24 copies of a precomputed image of 40 sharded scales, each a grid of 2^14 x 2^14 x 2^10
+    chunks (tensorstore writes the `info`; no chunk is written): an open one holds about 5 MiB, its scales'
+    Morton tables."""
+    root = tmp_path_factory.mktemp("large") / "data"
+    spec = peers.sharding_spec(preshift_bits=9, minishard_bits=6, shard_bits=20, data_encoding="raw")
+    for n in range(40):
+        scale = {"key": f"s{n}", "size": [1 << 20, 1 << 20, 1 << 16], "chunk_size": [64, 64, 64],
+                 "resolution": [n + 1] * 3, "sharding": spec, "encoding": "raw"}  # fmt: skip
+        ts.open({
+            "driver": "neuroglancer_precomputed", "kvstore": {"driver": "file", "path": str(root / "d00")},
+            "multiscale_metadata": {"type": "image", "data_type": "uint8", "num_channels": 1},
+            "scale_metadata": scale, "create": True,
+        }).result()  # fmt: skip
+    for n in range(1, 24):
+        shutil.copytree(root / "d00", root / f"d{n:02}")
+    return root
+
+
+def test_the_datasets_kept_open_are_bounded_by_the_bytes_they_hold(large, mount) -> None:
+    """Each of 24 datasets of 5 MiB browsed in turn (a scale of each looked up), twice: the daemon stays within
+    --cache-size + 40 MiB (16 kept open, by their count alone, held 80 MiB), and datasets are let go by their
+    bytes, not their count: 4 browsed in turn, fewer than 16, are opened again each time."""
+    m = mount(large, "--log-level", "debug")
+    for turn in range(2):
+        for n in range(24):
+            assert (m.path / f"d{n:02}" / f"s{turn}").is_dir()
+    peak_kib, _ = peak_and_now_kib(daemon_of(m.path).pid)
+    assert peak_kib >> 10 <= 64 + OVERHEAD_MIB, f"peak {peak_kib >> 10} MiB"
+    for turn in range(2, 5):
+        for n in range(4):
+            assert (m.path / f"d{n:02}" / f"s{turn}").is_dir()
+    opened = [line for line in m.log_text().splitlines() if "event=dataset_opened path=/d00 " in line]
+    assert len(opened) == 5, opened  # each turn of d00, d01, d02 and d03 opened each anew
+
+
 @pytest.mark.parametrize("view", ["zarr2", "n5"])
 def test_a_view_applies_to_each_dataset(data, mount, view, tmp_path) -> None:
     """--view shows every dataset as a mount of it alone in that view does (ome-zarr-py 0.9 reads the zarr2
@@ -189,18 +255,6 @@ def bucket(data: tuple[Path, dict]) -> Iterator[str]:
 def keys(monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in KEYS.items():
         monkeypatch.setenv(k, v)
-
-
-def remote_requests(point: Path) -> Counter[str]:
-    """Requests the mount's daemon has sent to its source so far, by kind (head, get, list), as `shardfs stats`
-    reads them."""
-    stats = [sys.executable, "-m", "shardfs", "stats", "--prometheus", point]
-    figures = scrape(subprocess.run(stats, check=True, capture_output=True, text=True).stdout)
-    sent: Counter[str] = Counter()
-    for (name, labels), value in figures.items():
-        if name == "shardfs_remote_requests_total":
-            sent[dict(labels)["request"]] += int(value)
-    return sent
 
 
 def test_a_bucket_prefix_shows_as_the_directory_does(data, bucket, keys, mount, tmp_path) -> None:

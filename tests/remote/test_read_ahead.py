@@ -11,18 +11,21 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import boto3
 import numpy as np
 import psutil
 import pytest
 import zarr
 
+from tests.remote.test_remote_s3 import KEYS, credentials
 from tests.support import peers
 from tests.support.cli import scrape, shardfs
-from tests.support.cloud import BUCKET, counted
-from tests.support.daemons import daemon_of, wait_for
+from tests.support.cloud import BUCKET, counted, moto_server, upload
+from tests.support.daemons import daemon_of, remote_requests, wait_for
 from tests.support.http_server import RangeServer
 
 pytestmark = [pytest.mark.kernel, pytest.mark.loopback]
@@ -175,6 +178,43 @@ def test_zarr_chunk_keys_and_views_read_in_listing_order_are_fetched_ahead_a_sha
     assert alone >= len(names)  # read-ahead off: a request a file, at least
     assert ahead <= len(names) // 8, (ahead, alone)  # 16 files or more a request
     assert seen.get("used", 0) >= 0.8 * len(names), seen
+
+
+@pytest.fixture(scope="module")
+def lab_bucket(zarr_bucket: Path) -> Iterator[str]:
+    """moto's S3 server on loopback, its endpoint: zarr_bucket's group uploaded twice, to `lab/a/g.zarr` and
+    `lab/b/g.zarr`, under a prefix that is no dataset."""
+    with moto_server() as endpoint:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **credentials())
+        client.create_bucket(Bucket=BUCKET)
+        for name in ("a", "b"):
+            upload(client, zarr_bucket / BUCKET / "g.zarr", f"lab/{name}/g.zarr")
+        yield endpoint
+
+
+def test_chunks_below_a_bucket_of_datasets_read_in_listing_order_are_fetched_ahead_a_shard_at_a_time(
+    lab_bucket, mount, monkeypatch
+) -> None:  # fmt: skip
+    """A prefix holding two zarr groups, mounted whole: a copy of one directory of each one's chunks in listing
+    order has them fetched ahead, the ranges of their one shard read together, as a mount of one group does: a
+    few requests for the directory's 128 chunks, where read-ahead off costs a request a chunk."""
+    for k, v in KEYS.items():
+        monkeypatch.setenv(k, v)
+    source = [f"s3://{BUCKET}/lab", "--endpoint", lab_bucket]
+    m, off = mount(*source), mount(*source, "-o", "read_ahead=0")
+    requests, copied = {}, {}
+    for point in (m.path, off.path):
+        for name in ("a", "b"):
+            where, names = widest(point / name / "g.zarr" / "rows")
+            assert len(names) == 128, where
+            before = remote_requests(point)
+            copied[point, name] = [(where / chunk).read_bytes() for chunk in names]
+            requests[point, name] = (remote_requests(point) - before).total()
+    for name in ("a", "b"):
+        assert copied[m.path, name] == copied[off.path, name]
+        assert requests[off.path, name] >= 128, requests  # read-ahead off: a request a chunk, at least
+        assert requests[m.path, name] <= 128 // 8, requests  # 16 chunks or more a request
+    assert figures(m.path).get("used", 0) >= 0.8 * 2 * 128, figures(m.path)
 
 
 @pytest.fixture(scope="module")

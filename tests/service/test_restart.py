@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shardfs.fs.nodes import PACKED
 from shardfs.fuse.mount import unmount
 from shardfs.service import keeper, mountinfo, stats_socket
 from shardfs.service.handover import FUSE_NAME, HANDED_OVER, RECORD_NAME
@@ -393,6 +394,75 @@ def test_a_connection_kept_for_another_source_is_let_go_not_taken_up(
         other_name = sorted(os.listdir(other_twin / SCALE))[1]
         assert (point / SCALE / other_name).read_bytes() == (other_twin / SCALE / other_name).read_bytes()
     finally:
+        with contextlib.suppress(OSError):
+            unmount(point, lazy=True)
+        for pid in daemons:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if first is not None:
+            first.wait(PATIENCE)
+        systemd.close()
+        if keeper_path.exists():
+            with contextlib.suppress(OSError):
+                os.kill(peer_pid(keeper_path), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("carrier", ["systemd", "keeper"])
+def test_a_chunk_held_below_a_directory_of_datasets_reads_after_its_daemon_is_replaced(
+    many_chunks, raw_volume, tmp_path, carrier
+) -> None:  # fmt: skip
+    """A directory of three datasets: a chunk of the first read, one of the second held open; their node ids
+    pack the numbers their directories got as they were browsed. The daemon killed, the next one takes the
+    connection up and is asked first for a chunk of the third (a number it gives now, past those it restored):
+    the held file reads its own bytes, by the id the kernel holds."""
+    source, twin = many_chunks
+    other, other_twin, _ = raw_volume
+    data, point = tmp_path / "data", tmp_path / "m"
+    for name, dataset in (("a", source), ("b", source), ("c", other)):
+        shutil.copytree(dataset, data / name)
+    point.mkdir()
+    log = tmp_path / "shardfs.log"
+    systemd = Systemd(tmp_path / "notify")
+    keeper_path = tmp_path / "keeper.sock"
+    env = dict(os.environ)
+    if carrier == "systemd":
+        command = [*SHARDFS, "mount", "--foreground", str(data), str(point), "--log-file", str(log)]
+    else:
+        command = [*SHARDFS, "mount", str(data), str(point), "--log-file", str(log), "--log-level", "info"]
+        command += ["-o", f"keeper={keeper_path}"]
+    first: subprocess.Popen[str] | None = None
+    after: Launch | None = None
+    daemons: list[int] = []
+    try:
+        if carrier == "systemd":
+            first = systemd.start(command, env).go()
+            systemd.until("READY=1")
+            after = systemd.start(command, env)
+        else:
+            subprocess.run(command, check=True, timeout=PATIENCE, capture_output=True)
+            after = Launch(command, env)
+        daemons.append(stats_socket.ask(point)[0])
+        names = sorted(os.listdir(twin / SCALE))
+        assert (point / "a" / SCALE / names[0]).read_bytes() == (twin / SCALE / names[0]).read_bytes()
+        held = open(point / "b" / SCALE / names[1], "rb")  # noqa: SIM115 (read by the daemon after)
+        assert os.fstat(held.fileno()).st_ino & PACKED
+        os.kill(daemons[0], signal.SIGKILL)
+        while alive(daemons[0]):
+            time.sleep(0.01)
+        if carrier == "systemd":
+            after.go()
+            systemd.until("READY=1")
+        else:
+            assert after.go().wait(timeout=PATIENCE) == 0, after.process.stderr.read()
+        daemons.append(stats_socket.ask(point)[0])
+        assert "a kept connection taken up" in log.read_text()
+        third = sorted(os.listdir(other_twin / SCALE))[1]
+        assert (point / "c" / SCALE / third).read_bytes() == (other_twin / SCALE / third).read_bytes()
+        with held:
+            assert held.read() == (twin / SCALE / names[1]).read_bytes()
+    finally:
+        if after is not None and after.process.stdin is not None and not after.process.stdin.closed:
+            after.process.kill()  # never started: it would start once this process's end closes its stdin
         with contextlib.suppress(OSError):
             unmount(point, lazy=True)
         for pid in daemons:

@@ -10,10 +10,13 @@ import struct
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
+
+from tests.support.cli import scrape
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,12 +61,27 @@ def wait_for(condition: Callable[[], bool], seconds: float = 60) -> bool:
     return True
 
 
+def _stats(point: Path) -> str:
+    """The daemon's figures, as `shardfs stats --prometheus` prints them."""
+    stats = [sys.executable, "-m", "shardfs", "stats", "--prometheus", point]
+    return subprocess.run(stats, check=True, capture_output=True, text=True).stdout
+
+
 def cache_held(point: Path) -> int:
     """Bytes the mount's cache counts as held, as `shardfs stats` reads them from the daemon."""
-    text = subprocess.run(
-        [sys.executable, "-m", "shardfs", "stats", "--prometheus", point], check=True, capture_output=True, text=True
-    ).stdout
+    text = _stats(point)
     return int(float(next(line.split()[-1] for line in text.splitlines() if line.startswith("shardfs_cache_bytes "))))
+
+
+def remote_requests(point: Path) -> Counter[str]:
+    """Requests the mount's daemon has sent to its source so far, by kind (head, get, list), as `shardfs stats`
+    reads them."""
+    figures = scrape(_stats(point))
+    sent: Counter[str] = Counter()
+    for (name, labels), value in figures.items():
+        if name == "shardfs_remote_requests_total":
+            sent[dict(labels)["request"]] += int(value)
+    return sent
 
 
 def peak_and_now_kib(pid: int) -> tuple[int, int]:

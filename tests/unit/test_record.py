@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from shardfs import collection
 from shardfs.fs.nodes import PACKED, Nodes
 from shardfs.fuse import record as record_module
 from shardfs.fuse import wire
@@ -25,14 +27,18 @@ from shardfs.fuse.record import (
     Terms,
 )
 from shardfs.service import handover
+from shardfs.source import open_source
 from shardfs.tree import Located
+from tests.support import peers
 
 
 class Unnumbered:
     """Keys that number nothing: every path gets a table id."""
 
-    def __init__(self) -> None:
-        self.numbered: list[str] = []
+    numbers = 0
+
+    def numbering(self, numbered: list[str], journal: Callable[[str], None]) -> None:
+        pass
 
     def locate(self, path: str) -> Located:
         return Located(path, None)
@@ -157,18 +163,18 @@ def test_no_id_is_issued_again_by_a_second_or_third_daemon() -> None:
         assert os.fstat(record.fd).st_blocks * 512 < COMPACT_AFTER  # rewritten: the old journal was let go
 
 
-def _reads(fd: int) -> tuple[Terms | None, str | None, dict[int, str]]:
+def _reads(fd: int) -> tuple[Terms | None, str | None, dict[int, str], list[str]]:
     """What a next daemon reads of the record at fd."""
     record = Record(fd)
-    return record.terms(), record.serves(), record.table()
+    return record.terms(), record.serves(), record.table(), record.numbered
 
 
 def test_a_record_cut_at_any_point_of_any_write_reads_as_before_or_after(monkeypatch) -> None:
     """A daemon killed in the middle of a change leaves the record as its writes up to some point: each write cut
     at each byte (a header field whole or not at all: one pwrite of a few bytes within a page, which a kill does
     not split) must read back as the record before the change or after it, never as terms, a stamp or a table
-    entry that was never written. The changes: INIT's terms, the stamp, ids added and dropped, the journal
-    rewritten (made to happen early here) and the entries after it."""
+    entry that was never written. The changes: INIT's terms, the stamp, ids added and dropped, directories
+    numbered, the journal rewritten (made to happen early here) and the entries after it."""
     monkeypatch.setattr(record_module, "COMPACT_AFTER", 256)
     record = Record.new()
     cuts: list[int] = []
@@ -189,8 +195,10 @@ def test_a_record_cut_at_any_point_of_any_write_reads_as_before_or_after(monkeyp
         lambda: record.settle(Terms(40, 0x4C0001, 131072, 4096, 256, 1, True, True)),
         lambda: record.stamp(handover.served("/data", "n5", Path("/mnt"))),
         *(lambda i=i: nodes.looked_up(Located(f"dir/{i}", None)) for i in range(12)),
+        *(lambda i=i: record.number(f"numbered/{i}") for i in range(2)),
         *(lambda i=i: nodes.forget(i, 1) for i in range(13, 3, -1)),  # a rewrite on the way
         lambda: nodes.looked_up(Located("after the rewrite", None)),
+        lambda: record.number("numbered after the rewrite"),
     ]
     rewritten = False
     for change in changes:
@@ -207,3 +215,36 @@ def test_a_record_cut_at_any_point_of_any_write_reads_as_before_or_after(monkeyp
             os.close(copy)
         cuts.clear()
     assert rewritten
+    assert _reads(record.fd)[3] == ["numbered/0", "numbered/1", "numbered after the rewrite"]  # kept by the rewrite
+
+
+def test_a_directory_of_datasets_numbers_its_sharded_directories_for_the_mounts_life_and_the_next_daemons(
+    tmp_path, monkeypatch
+) -> None:  # fmt: skip
+    """Three sharded datasets below a directory, one open at a time: a chunk's id packs the number its
+    directory got when a chunk of it was first named; its dataset let go and opened again, the same number; the
+    next daemon, given the record, reads an id as the same file, and numbers a directory new to it past them."""
+    monkeypatch.setattr(collection, "OPEN", 1)  # opening a dataset lets go of the one open
+    spec = peers.sharding_spec(preshift_bits=0, minishard_bits=1, shard_bits=0, data_encoding="raw")
+    for name in "abc":
+        peers.write_tensorstore_kv(tmp_path / name, {key: f"{name}{key}".encode() for key in (1, 2)}, sharding=spec)
+
+    def chunk(keys: collection.Collection, nodes: Nodes, name: str) -> int:
+        directory, key = name.split("/")
+        return nodes.looked_up(keys.child(Located(directory, None), key))
+
+    record = Record.new()
+    first = open_source(tmp_path, 1 << 20).tree
+    assert isinstance(first, collection.Collection)
+    nodes = Nodes(first, record)
+    ids = {name: chunk(first, nodes, name) for name in ("b/1", "a/2", "b/2")}
+    assert chunk(first, nodes, "a/1") == ids["a/2"] - 1  # a let go and opened again: its number as it was
+    assert all(nodeid & PACKED for nodeid in ids.values()) and len(nodes) == 1  # the root alone in the table
+    then = open_source(tmp_path, 1 << 20).tree
+    after = Nodes(then, reopened(record))
+    new = chunk(then, after, "c/1")
+    shift = 63 - collection.NUMBER_BITS  # the number's bits, above the key's
+    assert new & PACKED and new >> shift not in {nodeid >> shift for nodeid in ids.values()}
+    for name, nodeid in ids.items():
+        assert then.node(after.place(nodeid)).read(0, 10) == name.replace("/", "").encode(), name
+        assert after.located(nodeid).path == name
