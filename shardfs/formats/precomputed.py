@@ -152,7 +152,9 @@ class Precomputed(Plan):
             self._known_encoding(scale.get("encoding", "raw"), where, name)
             # Any encoding of a chunk is smaller than twice its raw size; none may pass one file's cap.
             limit = min(2 * math.prod(naming.chunk) * voxel_bytes + 65536, self.cache.max_value)
-            scale_array = VolumeScale(self.store, scale_dir, naming, kv, info["data_type"], channels, scale, limit)
+            scale_array = VolumeScale(
+                self.store, scale_dir, naming, kv, info["data_type"], channels, scale, limit, self.cache
+            )
             self.arrays[scale_dir] = scale_array.array()
             if kv is None:
                 self.report.append(Finding(f"{scale_dir}: volume scale, unsharded (passes through)"))
