@@ -22,6 +22,7 @@ from cachetools import LRUCache
 from shardfs.cache import ByteCache, Scoped, key_cost
 from shardfs.errors import SourceError, SourceMissing
 from shardfs.files import Node
+from shardfs.request import OWN, Request
 from shardfs.stores.beneath import Beneath
 from shardfs.stores.protocol import Store
 from shardfs.tree import Located, Place, Tree
@@ -51,16 +52,16 @@ class Collection(Tree):
         self._lock = threading.Lock()  # over the two LRUs, never across I/O
         self._gates = [threading.Lock() for _ in range(GATES)]
 
-    def node(self, place: Place) -> Node:
+    def node(self, place: Place, request: Request = OWN) -> Node:
         """A dataset's root is its source directory (the plain tree's node), so only the directories above
         place are asked whether they are datasets: a file's lookup asks nothing of the file. A collection
         numbers nothing (no providers of its own): every place is a path."""
         assert isinstance(place, Located), place
         found = self._dataset_of(place.path, itself=False)
         if found is None:
-            return super().node(place)
+            return super().node(place, request)
         directory, tree = found
-        return tree.lookup(place.path[len(directory) + 1 :])
+        return tree.lookup(place.path[len(directory) + 1 :], request)
 
     def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
         found = self._dataset_of(path, itself=True)
