@@ -86,10 +86,11 @@ class _Naming(logging.Filter):
     """A record of a mount's work starts with the mount's target: every daemon shares the host's stderr. The
     mount is the one the logging thread works for, fixed when the thread started (logs.own_thread): the thread
     that opens and serves it, and the threads that mount starts (its session's, listing workers, read-ahead),
-    whoever's request they answer."""
+    whoever's request they answer. INFO lines, the mount's milestones (mounted, unmounted), name its mountpoint in
+    their own words, and are left as they are."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        target = thread_mount()
+        target = None if record.levelno == logging.INFO else thread_mount()
         if target is not None and getattr(record, "mount", None) != target:  # once, whichever handler asks
             record.mount = target  # each mount has its own log budgets (logs.RateLimit)
             record.msg = f"{target}: ".replace("%", "%%") + str(record.msg)  # the message is a %-format
