@@ -123,6 +123,7 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
     from shardfs.cache import ByteCache
     from shardfs.files import BytesFile, Dir
     from shardfs.logs import log_to
+    from shardfs.request import Request
     from shardfs.service.daemon import Mount, fuse_options, serve, settings
     from shardfs.stores.protocol import Owner
     from shardfs.tree import Located
@@ -168,7 +169,8 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
         def path_of(self, directory: int, number: int) -> str | None:
             return paths[number] if directory == 0 and number < len(paths) else None
 
-        def node(self, place: Located | tuple[int, int]) -> object:
+        def node(self, place: Located | tuple[int, int], request: Request) -> object:
+            """request is not asked: nothing here decodes or waits."""
             if isinstance(place, Located):
                 if place.path in dirs:
                     return directory

@@ -180,30 +180,23 @@ class Scoped:
     def get(self, key: Hashable, wait: bool = False) -> object | None:
         return self.cache.get(("dataset", self.scope, key), wait)
 
+    def large_value_turn(self) -> contextlib.AbstractContextManager[None]:
+        """The mount's turn: every dataset of a mount shares its one budget."""
+        return self.cache.large_value_turn()
+
 
 _MISSING = object()
-_serving = threading.local()  # the cache of the mount whose request this thread answers (see serving)
-_ANYWHERE = threading.RLock()  # the turn of large values made outside a mount's request (`shardfs cat`)
+_ANYWHERE = threading.RLock()  # the turn of large values made outside a mount (`shardfs cat`)
 
 
-def serving(cache: ByteCache | None) -> None:
-    """From now on, the large values this thread makes take cache's turn: its mount's request is answered here.
-    Each mount has its own turn, so one mount's large file waits for no other mount's."""
-    _serving.cache = cache
-
-
-def served() -> ByteCache | None:
-    """The cache of the mount whose request this thread answers (or last answered), if any."""
-    return getattr(_serving, "cache", None)
-
-
-def large_value_turn(nbytes: int) -> contextlib.AbstractContextManager[None]:
-    """Held while a large value (stored or decoded) is read or made: one at a time a mount, and the last one
-    over its budget is let go first, so that memory stays within the budget and the one file being made,
-    however many threads decode at once."""
+def large_value_turn(nbytes: int, cache: ByteCache | None) -> contextlib.AbstractContextManager[None]:
+    """Held while a large value (stored or decoded) is read or made: one at a time a mount (cache, its own,
+    given to what decodes when the mount is made; None outside a mount: one at a time the process), and the
+    last one over its budget is let go first, so that memory stays within the budget and the one file being
+    made, however many threads decode at once. Each mount has its own turn, so one mount's large file waits
+    for no other mount's."""
     if nbytes <= LARGE_VALUE:
         return contextlib.nullcontext()
-    cache = served()
     return _ANYWHERE if cache is None else cache.large_value_turn()
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 
 from shardfs.errors import CorruptChunk
 from shardfs.formats.plan import Array, Category
+from shardfs.request import OWN
 from shardfs.shards.kv import ShardedKV, ShardFile, ShardReport
 from shardfs.source import Source
 from shardfs.views.chunks import decoded
@@ -112,7 +113,7 @@ def decode_all(source: Source, progress: bool, total: int) -> int:
 
 def _array_chunks(array: Array) -> Iterator[tuple[str, Callable[[], object]]]:
     for pos in array.stored(()):
-        stored = array.chunk(pos)
+        stored = array.chunk(pos, OWN)
         if stored is not None:
             yield f"chunk {list(pos)}", functools.partial(decoded, array, pos, stored)
 

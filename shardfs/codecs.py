@@ -4,7 +4,6 @@ hundred KB of gzip or zstd can claim gigabytes, so output is made piecewise and 
 from __future__ import annotations
 
 import contextlib
-import threading
 import zlib
 from collections.abc import Iterable, Iterator
 
@@ -12,58 +11,45 @@ import google_crc32c
 import numpy as np
 import zstandard
 
-from shardfs.cache import LARGE_VALUE, ByteCache, large_value_turn, serving
+from shardfs.cache import LARGE_VALUE, ByteCache, large_value_turn
 from shardfs.errors import OverLimit
+from shardfs.request import OWN, Request
 
 STEP = 1 << 20
-_request = threading.local()
 
 
-def start_request(limit: int | None, cache: ByteCache | None = None) -> None:
-    """Count every byte this thread decodes from now on against limit (None: no limit), so that no one
-    request, however its metadata and indexes are crafted, decodes without end; its large values take the
-    turn of cache, its mount's."""
-    _request.left = _request.limit = limit
-    serving(cache)
-
-
-def _spend(nbytes: int) -> None:
-    left = getattr(_request, "left", None)
-    if left is not None:
-        _request.left = left - nbytes
-        if left < nbytes:
-            raise OverLimit("this request has decoded more than its limit (4 times --max-file-size)", _request.limit)
-
-
-def _bounded(pieces: Iterator[bytes], limit: int, codec: str) -> bytearray:
+def _bounded(pieces: Iterator[bytes], limit: int, codec: str, request: Request, cache: ByteCache | None) -> bytearray:
     """Decoded pieces gathered in one growing buffer (no second copy at the end), refused as soon as they
-    pass limit bytes."""
+    pass limit bytes, or request's budget. Past LARGE_VALUE, made in cache's turn (its mount's)."""
     out = bytearray()
     with contextlib.ExitStack() as large:
         for piece in pieces:
-            _spend(len(piece))
+            request.spend(len(piece))
             if len(out) + len(piece) > limit:
                 raise OverLimit(f"{codec} data decodes to more than the {limit}-byte limit", limit)
             if len(out) + len(piece) > LARGE_VALUE >= len(out):
-                large.enter_context(large_value_turn(len(out) + len(piece)))
+                large.enter_context(large_value_turn(len(out) + len(piece), cache))
             out += piece
     return out
 
 
-def gunzip(data: bytes | bytearray | Iterable[bytes], limit: int) -> bytes | bytearray:
+def gunzip(
+    data: bytes | bytearray | Iterable[bytes], limit: int, request: Request = OWN, cache: ByteCache | None = None
+) -> bytes | bytearray:
     """Every gzip member of data: bytes, or their pieces in order (read from the store as they are needed,
     so a large stored value is never held whole beside its output). ValueError on bad gzip, trailing junk,
-    or output beyond limit bytes; a refused bomb costs at most limit bytes, briefly."""
+    or output beyond limit bytes or request's budget; a refused bomb costs at most limit bytes, briefly.
+    cache: the mount's, whose turn a large output takes (None: the process's, outside a mount)."""
     if isinstance(data, bytes | bytearray) and len(data) <= STEP:
-        small = _small_gunzip(data, limit)
+        small = _small_gunzip(data, limit, request)
         if small is not None:
             return small
     pieces = _slices(data) if isinstance(data, bytes | bytearray) else iter(data)
     # Pieces of at most 1 MiB: a small limit is one call, a large one cannot double its buffer past it.
-    return _bounded(_gzip_pieces(pieces, min(limit + 1, STEP)), limit, "gzip")
+    return _bounded(_gzip_pieces(pieces, min(limit + 1, STEP)), limit, "gzip", request, cache)
 
 
-def _small_gunzip(data: bytes | bytearray, limit: int) -> bytes | None:
+def _small_gunzip(data: bytes | bytearray, limit: int, request: Request) -> bytes | None:
     """The common case in one call (one member, small output: every chunk of a volume), or None for the
     general path to handle, errors included. Output past LARGE_VALUE goes that way too, to take its turn."""
     member = zlib.decompressobj(wbits=31)
@@ -73,7 +59,7 @@ def _small_gunzip(data: bytes | bytearray, limit: int) -> bytes | None:
         return None
     if not member.eof or member.unused_data or len(out) > min(limit, LARGE_VALUE):
         return None
-    _spend(len(out))
+    request.spend(len(out))
     return out
 
 
@@ -103,24 +89,26 @@ def _gzip_pieces(source: Iterator[bytes | memoryview], step: int) -> Iterator[by
         raise ValueError(f"bad gzip data: {e}") from None
 
 
-def unzstd(data: bytes, limit: int) -> bytearray:
-    """Every zstd frame of data, read piecewise; ValueError on bad data or output beyond limit bytes."""
+def unzstd(data: bytes, limit: int, request: Request = OWN, cache: ByteCache | None = None) -> bytearray:
+    """Every zstd frame of data, read piecewise; ValueError on bad data or output beyond limit bytes (as
+    gunzip: request's budget, cache's turn)."""
     try:
         with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True) as reader:
-            return _bounded(iter(lambda: reader.read(STEP), b""), limit, "zstd")
+            return _bounded(iter(lambda: reader.read(STEP), b""), limit, "zstd", request, cache)
     except zstandard.ZstdError as e:
         raise ValueError(f"bad zstd data: {e}") from None
 
 
-def unblosc(data: bytes, limit: int) -> bytes:
-    """A blosc buffer, whose header states its decoded size (bytes 4-8): checked before decoding."""
+def unblosc(data: bytes, limit: int, request: Request = OWN, cache: ByteCache | None = None) -> bytes:
+    """A blosc buffer, whose header states its decoded size (bytes 4-8): checked before decoding (as gunzip:
+    request's budget, cache's turn)."""
     if len(data) < 16:
         raise ValueError("blosc data is shorter than its header")
     declared = int.from_bytes(data[4:8], "little")
     if declared > limit:
         raise OverLimit(f"blosc data claims {declared} bytes, more than the {limit}-byte limit", limit, declared)
-    _spend(declared)
-    with large_value_turn(declared):
+    request.spend(declared)
+    with large_value_turn(declared, cache):
         try:
             from numcodecs import Blosc  # on first use: its import costs every CLI command 0.2 s of CPU
 
@@ -142,4 +130,9 @@ def strip_crc32c(data: bytes) -> bytes:
     return data[:-4]
 
 
-UNDO = {"gzip": gunzip, "zstd": unzstd, "blosc": unblosc, "crc32c": lambda data, limit: strip_crc32c(data)}
+def _crc32c_undone(data: bytes, limit: int, request: Request = OWN, cache: ByteCache | None = None) -> bytes:
+    return strip_crc32c(data)
+
+
+# A codec's name → how it is undone: (data, limit, request, cache) as gunzip takes them.
+UNDO = {"gzip": gunzip, "zstd": unzstd, "blosc": unblosc, "crc32c": _crc32c_undone}

@@ -33,6 +33,7 @@ from cachetools import LRUCache
 from shardfs.cache import ByteCache, Scoped, key_cost
 from shardfs.errors import SourceError, SourceMissing
 from shardfs.files import Node, Provider
+from shardfs.request import OWN, Request
 from shardfs.stores.beneath import Beneath
 from shardfs.stores.protocol import Store
 from shardfs.tree import Located, Place, Tree
@@ -146,18 +147,18 @@ class Collection(Tree):
         path = tree.path_of(within, key)
         return None if path is None else f"{directory}/{path}"
 
-    def node(self, place: Place) -> Node:
+    def node(self, place: Place, request: Request = OWN) -> Node:
         """A dataset's root is its source directory (the plain tree's node), so only the directories above
         place are asked whether they are datasets: a file's lookup asks nothing of the file. A chunk's
         (number, key) is its dataset's, by the number its dataset gives its directory."""
         if not isinstance(place, Located):
             _, tree, within = self._numbered_in(place[0])
-            return tree.node((within, place[1]))
+            return tree.node((within, place[1]), request)
         found = self._dataset_of(place.path, itself=False)
         if found is None:
-            return super().node(place)
+            return super().node(place, request)
         directory, tree = found
-        return tree.lookup(place.path[len(directory) + 1 :])
+        return tree.lookup(place.path[len(directory) + 1 :], request)
 
     def listdir(self, path: str) -> Iterator[tuple[str, bool]]:
         found = self._dataset_of(path, itself=True)

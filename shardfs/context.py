@@ -1,7 +1,8 @@
 """What one mount counts and tracks, passed down to its stores and its session rather than kept in module
 globals, so that one process can serve several mounts (the CSI daemon), each with its own figures and its
-own requests under way. Its cache (and with it the decode budget: one large value at a time, see
-cache.ByteCache.large_value_turn) is the mount's tree's."""
+own requests under way. Its cache (and with it the turn of large values: one at a time, see
+cache.ByteCache.large_value_turn, given to what decodes when the tree is made) is the mount's tree's; what one
+request may decode travels with the request (shardfs/request.py)."""
 
 from __future__ import annotations
 

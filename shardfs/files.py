@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from shardfs.cache import ByteCache, closure_cost, key_cost
+from shardfs.request import OWN, Request
 from shardfs.stores.protocol import Owner, StoredFile
 
 if TYPE_CHECKING:
@@ -19,7 +20,9 @@ class File(Protocol):
 
     def size(self) -> int: ...
 
-    def read(self, offset: int, length: int) -> bytes: ...
+    def read(self, offset: int, length: int, request: Request = OWN) -> bytes:
+        """Up to length bytes from offset, for request (what it decodes is counted against it; an interrupt of
+        it ends a wait on the network)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +46,9 @@ class Provider(Protocol):
     def describe(self) -> dict[str, Any]:
         """Its parameters, for `shardfs info`."""
 
-    def child(self, rel: str) -> Node | None:
+    def child(self, rel: str, request: Request = OWN) -> Node | None:
         """The node at rel; None if rel is not the provider's (then the source decides).
-        Raises FileNotFoundError for a path it owns that does not exist."""
+        Raises FileNotFoundError for a path it owns that does not exist. request: whose lookup it is."""
 
     def entries(self, rel: str) -> Iterator[tuple[str, bool]]:
         """(name, is_dir) of its entries in directory rel, streamed."""
@@ -61,7 +64,7 @@ class Provider(Protocol):
     def rel_of(self, key: int) -> str | None:
         """The path whose `key_of` is key; None if there is none."""
 
-    def file_of(self, key: int) -> File:
+    def file_of(self, key: int, request: Request = OWN) -> File:
         """The file at the path whose `key_of` is key, found from the key alone: what `child` gives for that
         path. Raises FileNotFoundError if it does not exist."""
 
@@ -92,7 +95,7 @@ class BytesFile:
     def size(self) -> int:
         return len(self.data)
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int, request: Request = OWN) -> bytes:
         return bytes(memoryview(self.data)[offset : offset + length])
 
 
@@ -106,7 +109,7 @@ class LazyFile:
     length: int
     cache: ByteCache
     key: tuple
-    make: Callable[[], Any]  # bytes, or an array of them
+    make: Callable[[Request], Any]  # bytes, or an array of them, made for a request
     held: int  # what make holds until then: a stored chunk already in memory, or nothing
     owner: Owner  # the stored chunk's, or the array directory's for a block made of the fill value
 
@@ -120,10 +123,10 @@ class LazyFile:
     def size(self) -> int:
         return self.length
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int, request: Request = OWN) -> bytes:
         if offset == 0 and length >= self.length:
-            return bytes(self.make())
-        return bytes(self.cache.get_or_make(self.key, self.make)[offset : offset + length])
+            return bytes(self.make(request))
+        return bytes(self.cache.get_or_make(self.key, lambda: self.make(request))[offset : offset + length])
 
 
 @dataclass(slots=True)
@@ -146,9 +149,9 @@ class RangeFile:
     def size(self) -> int:
         return self.stop - self.start
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int, request: Request = OWN) -> bytes:
         start = self.start + offset
-        return self.file.read(start, min(start + length, self.stop))
+        return self.file.read(start, min(start + length, self.stop), request)
 
 
 @dataclass(slots=True)
@@ -158,6 +161,6 @@ class FetchedAheadFile(RangeFile):
 
     held: Callable[[], bytes | None]
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int, request: Request = OWN) -> bytes:
         held = self.held()
-        return held[offset : offset + length] if held is not None else RangeFile.read(self, offset, length)
+        return held[offset : offset + length] if held is not None else RangeFile.read(self, offset, length, request)

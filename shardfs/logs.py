@@ -3,8 +3,10 @@ grep, journald and log shippers can pick out every EIO of one shard without pars
 
 Any user who can read the mount can make it log (corrupt chunks read again and again), so warnings and errors
 are rate-limited per kind and per user: a burst, then a count of what was dropped on the next line let through.
-The user is the one whose FUSE request the thread is answering (`uid=` on the line): one user's noise spends
-that user's budget, never the one that lets another user's errors through. At DEBUG,
+The user is the one whose FUSE request the line is about, passed with it (`extra={"uid": ...}`, by the bridge
+and the session, which hold the request; `uid=` on the line): one user's noise spends that user's budget, never
+the one that lets another user's errors through. A line logged with no request at hand (deep in a store or a
+shard's reading) is the daemon's own, on the daemon's budget. At DEBUG,
 the daemon logs a line per FUSE request (`event=request op= path= bytes= store_reads= us= uid=`), limited the same
 way with a larger burst; INFO lines (mounted, unmounted) always pass.
 
@@ -48,13 +50,33 @@ WINDOW = 60.0  # seconds
 # the users beyond share one budget.
 MAX_WINDOWS = 4096
 
-_serving = threading.local()
+_thread = threading.local()  # what a thread is for, set once as it starts (see own_thread)
 
 
-def serving(uid: int | None) -> None:
-    """Whose FUSE request this thread answers from now on: the warnings and errors it logs count against that
-    user's budget and name them (`uid=`). None: the daemon's own work."""
-    _serving.uid = uid
+def own_thread(mount: str | None) -> None:
+    """This thread does one mount's work from now to its end (None: the process's own): a daemon that serves
+    several mounts (host/daemon.py) names that mount on each line the thread logs. Not a request's state: a
+    mount's threads (its session's, its listing workers, its read-ahead) serve that mount alone all their
+    lives, whoever's requests they answer."""
+    _thread.mount = mount
+
+
+def thread_mount() -> str | None:
+    """The mount this thread works for (own_thread), if it was given one."""
+    return getattr(_thread, "mount", None)
+
+
+def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """A daemon thread running target, started for the mount this thread works for: it works for it too."""
+    mount = thread_mount()
+
+    def run() -> None:
+        own_thread(mount)
+        target()
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _event(record: logging.LogRecord) -> str:
@@ -100,7 +122,8 @@ class Logfmt(logging.Formatter):
         when = datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds")
         parts = [f"time={when.replace('+00:00', 'Z')}", f"level={record.levelname.lower()}"]
         parts.append(f"event={_value(_event(record))}")
-        parts += [f"{name}={_value(getattr(record, name))}" for name in FIELDS[1:] if hasattr(record, name)]
+        fields = ((name, getattr(record, name, None)) for name in FIELDS[1:])  # None: not known (a uid)
+        parts += [f"{name}={_value(value)}" for name, value in fields if value is not None]
         parts.append(f"msg={_value(record.getMessage())}")
         if record.exc_info:
             parts.append(f"error={_value(self.formatException(record.exc_info))}")
@@ -130,7 +153,7 @@ class _Window:
 
 
 class RateLimit(logging.Filter):
-    """At most `burst` warnings or errors of one (level, event) per user (see `serving`) and mount (a record's
+    """At most `burst` warnings or errors of one (level, event) per user (a record's `uid`) and mount (a record's
     `mount`, where one process serves several: the CSI daemon names it) per `window` seconds, so that one
     tenant's errors never silence another's, and `debug_burst` DEBUG lines (one a FUSE request: a reader can
     send thousands a second); the next one let through carries `suppressed=N`, the number dropped before it.
@@ -150,9 +173,7 @@ class RateLimit(logging.Filter):
             return True
         burst = self.burst if record.levelno >= logging.WARNING else self.debug_burst
         now = self.clock()
-        uid = getattr(_serving, "uid", None)
-        if uid is not None and not hasattr(record, "uid"):
-            record.uid = uid
+        uid = getattr(record, "uid", None)
         with self._lock:
             mount = getattr(record, "mount", None)
             key = (record.levelno, _event(record), uid, mount)

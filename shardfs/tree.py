@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from shardfs.cache import LARGE_VALUE, ByteCache
 from shardfs.files import BytesFile, Dir, Node, Provider, RangeFile
+from shardfs.request import OWN, Request
 from shardfs.stores.protocol import Store
 
 
@@ -81,12 +82,13 @@ class Tree:
         """The provider of directory number."""
         return self.providers[self.numbered[number]]
 
-    def lookup(self, path: str) -> Node:
+    def lookup(self, path: str, request: Request = OWN) -> Node:
         """The node at path; FileNotFoundError if there is none."""
-        return self.node(self.locate(path))
+        return self.node(self.locate(path), request)
 
-    def node(self, place: Place) -> Node:
-        """The node at place; FileNotFoundError if there is none. A numbered file is found from its key with
+    def node(self, place: Place, request: Request = OWN) -> Node:
+        """The node at place, found for request (what it decodes is counted against it; an interrupt of it ends
+        its waits on the network); FileNotFoundError if there is none. A numbered file is found from its key with
         no name made or parsed. The last node is kept apart, since a read mostly follows the lookup of its file.
         Of the others only those holding bytes are kept, in the cache, decoded once for every read: a chunk
         that is a range of its shard or is decoded when read, a file passed through, a directory, are found
@@ -97,14 +99,14 @@ class Tree:
             return last[1]
         if isinstance(place, Located):
             node = self.files.get(place.path) or self.cache.get_or_make(
-                ("node", place.path), lambda: self._lookup(place), _holds_bytes
+                ("node", place.path), lambda: self._lookup(place, request), _holds_bytes
             )
         else:
             number, key = place
             if not 0 <= number < len(self.numbered):
                 raise FileNotFoundError(f"directory {number}")
             provider = self.providers[self.numbered[number]]
-            node = self.cache.get_or_make(("node", number, key), lambda: provider.file_of(key), _holds_bytes)
+            node = self.cache.get_or_make(("node", number, key), lambda: provider.file_of(key, request), _holds_bytes)
         if getattr(node, "nbytes", 0) <= LARGE_VALUE:  # a large one is the cache's alone to keep or let go
             self._last = (place, node)
         return node
@@ -125,13 +127,13 @@ class Tree:
             head = head.rpartition("/")[0]
         return path
 
-    def _lookup(self, place: Located) -> Node:
+    def _lookup(self, place: Located, request: Request) -> Node:
         path = place.path
         if not path or path in self._overlay or path in self.providers:
             return Dir(self.store.owner(path))
         if place.number is not None:
             provider, rel = self._within(place.number, path)
-            node = provider.child(rel)
+            node = provider.child(rel, request)
             if node is not None:
                 return node
             if provider.hides(rel):

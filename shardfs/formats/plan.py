@@ -14,6 +14,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.errors import SourceError
 from shardfs.files import BytesFile, FetchedAheadFile, File, Provider, RangeFile
+from shardfs.request import Request
 from shardfs.shards.kv import Extent, Fetch, ShardedKV
 from shardfs.stores.protocol import Owner, Store
 
@@ -48,14 +49,16 @@ class Array:
     compressor: Compressor | None
     opaque: bool
     clipped: bool  # edge chunks are stored clipped to the array (precomputed), not whole (zarr)
-    chunk: Callable[[tuple[int, ...]], File | None]  # a stored chunk, or None if it was never written
+    # A stored chunk, or None if it was never written, looked up for a request.
+    chunk: Callable[[tuple[int, ...], Request], File | None]
     # Positions of the stored chunks that start with a prefix (all, with () or none given), streamed: a
     # view's nested directory lists those below it without going through the whole array.
     stored: Callable[[tuple[int, ...]], Iterable[tuple[int, ...]]]
     # Whether stored(prefix) reads only what lies below the prefix (zarr: by shard file and directory), or
     # everything and filters (precomputed: Morton order and hashed shards have no prefix to narrow by).
     narrows: bool
-    decode: Callable[[bytes, tuple[int, ...]], np.ndarray]  # stored bytes, stored shape → C-order array
+    # Stored bytes, stored shape, for a request (its decode budget) → C-order array.
+    decode: Callable[[bytes, tuple[int, ...], Request], np.ndarray]
     owner: Owner  # the array directory's: who may search the directories a view makes for it
     multiscale: dict[str, Any] = field(default_factory=dict)  # precomputed: resolution and voxel_offset (x, y, z)
     dimension_names: tuple[str | None, ...] | None = None  # zarr v3's `dimension_names`, if it has them

@@ -131,7 +131,7 @@ class Precomputed(Plan):
             self._known_encoding(grid.encoding, info.where, scale.name)
             # Any encoding of a chunk is smaller than twice its raw size; none may pass one file's cap.
             limit = min(2 * math.prod(naming.chunk) * voxel_bytes + 65536, self.cache.max_value)
-            scale_array = VolumeScale(self.store, naming, kv, volume, scale, limit)
+            scale_array = VolumeScale(self.store, naming, kv, volume, scale, limit, self.cache)
             self.arrays[scale.directory] = scale_array.array()
             if kv is None:
                 self.report.append(Finding(f"{scale.directory}: volume scale, unsharded (passes through)"))

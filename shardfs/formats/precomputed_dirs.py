@@ -13,17 +13,18 @@ from shardfs.errors import CorruptChunk
 from shardfs.files import BytesFile, File, LazyFile, RangeFile
 from shardfs.formats.plan import extent_file
 from shardfs.formats.precomputed_names import Naming, VolumeChunks
+from shardfs.request import OWN, Request
 from shardfs.shards.kv import Extent, Fetch
 from shardfs.shards.neuroglancer_kv import NeuroglancerKV
 
 
-def chunk_file(kv: NeuroglancerKV, chunk: Extent) -> File:
+def chunk_file(kv: NeuroglancerKV, chunk: Extent, request: Request = OWN) -> File:
     """A raw chunk is read straight from its shard, or cut from its minishard's bytes where they came with the
     index; a gzip one is decoded now, because its size is needed for stat anyway, and the node cache then
     serves every read of it."""
     if kv.spec.data_encoding == "raw":
         return extent_file(chunk, kv)
-    return BytesFile(kv.value(chunk), chunk.file.owner, chunk.shard)
+    return BytesFile(kv.value(chunk, request), chunk.file.owner, chunk.shard)
 
 
 @dataclass
@@ -58,23 +59,23 @@ class ChunkDir:
     def rel_of(self, key: int) -> str | None:
         return self.naming.name(key)
 
-    def child(self, name: str) -> File | None:
+    def child(self, name: str, request: Request = OWN) -> File | None:
         key = self.key_of(name)
-        return None if key is None else self.file_of(key)
+        return None if key is None else self.file_of(key, request)
 
-    def file_of(self, key: int) -> File:
-        chunk = self._stored(key)
+    def file_of(self, key: int, request: Request = OWN) -> File:
+        chunk = self._stored(key, request)
         if self.raw_voxel_bytes and self.kv.spec.data_encoding == "gzip" and isinstance(self.naming, VolumeChunks):
             return self._decoded_on_read(chunk, self.naming.voxels(key) * self.raw_voxel_bytes)
-        return chunk_file(self.kv, chunk)
+        return chunk_file(self.kv, chunk, request)
 
     def _decoded_on_read(self, chunk: Extent, length: int) -> File:
         """A gzip chunk of raw voxels: its size is known from the grid, so a lookup fetches nothing; the
         read fetches and decodes it. A chunk that does not
         decode to that size is corrupt: EIO when read."""
 
-        def make() -> bytes:
-            value = self.kv.value(chunk)
+        def make(request: Request) -> bytes:
+            value = self.kv.value(chunk, request)
             if len(value) != length:
                 raise CorruptChunk(
                     chunk.shard, chunk.key, f"decodes to {len(value)} bytes, not {length} raw voxel bytes"
@@ -96,9 +97,9 @@ class ChunkDir:
             return None
         return self.naming.morton.encode(position)
 
-    def _stored(self, key: int) -> Extent:
+    def _stored(self, key: int, request: Request) -> Extent:
         """Where key's bytes are; a key not stored is ENOENT."""
-        chunk = self.kv.locate(key)
+        chunk = self.kv.locate(key, request)
         if chunk is None:
             raise FileNotFoundError(f"key {key}")
         return chunk
@@ -126,12 +127,12 @@ class MeshDir(ChunkDir):
         name = self.naming.name(key >> 1)
         return None if name is None else f"{name}.index" if key & 1 else name
 
-    def file_of(self, number: int) -> File:
+    def file_of(self, number: int, request: Request = OWN) -> File:
         key = number >> 1
-        chunk = self._stored(key)
+        chunk = self._stored(key, request)
         if number & 1:
-            return chunk_file(self.kv, chunk)
-        length = fragment_bytes(self.kv.value(chunk))
+            return chunk_file(self.kv, chunk, request)
+        length = fragment_bytes(self.kv.value(chunk, request))
         if length is None or length > chunk.start - self.kv.spec.shard_index_size:
             raise CorruptChunk(chunk.shard, key, "manifest's fragment sizes overrun the data before it")
         return RangeFile(chunk.file, chunk.start - length, chunk.start)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk
 from shardfs.files import BytesFile, File, RangeFile
@@ -17,6 +18,7 @@ from shardfs.formats.plan import Array
 from shardfs.formats.precomputed_dirs import chunk_file
 from shardfs.formats.precomputed_info import Grid, Scale, Volume
 from shardfs.formats.precomputed_names import VolumeChunks
+from shardfs.request import OWN, Request
 from shardfs.shards.kv import Fetch
 from shardfs.shards.neuroglancer_kv import NeuroglancerKV
 from shardfs.stores.protocol import Store
@@ -33,6 +35,7 @@ class VolumeScale:
     volume: Volume
     scale: Scale  # one with a grid
     chunk_limit: int  # the most one chunk may decode to
+    cache: ByteCache  # the mount's: a large chunk decodes in its turn
     directory: str = field(init=False)
     grid: Grid = field(init=False)
     channels: int = field(init=False)
@@ -68,11 +71,11 @@ class VolumeScale:
         keys = {self.naming.morton.encode(list(pos[::-1][:3])): pos for pos in positions}
         return [fetch.renamed(keys.__getitem__) for fetch in self.kv.fetches(list(keys))]
 
-    def chunk(self, pos: tuple[int, ...]) -> File | None:
+    def chunk(self, pos: tuple[int, ...], request: Request = OWN) -> File | None:
         xyz = list(pos[::-1][:3])
         if self.kv is not None:
-            found = self.kv.locate(self.naming.morton.encode(xyz))
-            return None if found is None else chunk_file(self.kv, found)
+            found = self.kv.locate(self.naming.morton.encode(xyz), request)
+            return None if found is None else chunk_file(self.kv, found, request)
         path = posixpath.join(self.directory, self.naming.name_of(xyz))
         for name, gzipped in ((path, False), (f"{path}.gz", True)):
             try:
@@ -82,7 +85,8 @@ class VolumeScale:
             if not gzipped:
                 return RangeFile(file, 0, file.size)
             try:
-                return BytesFile(gunzip(file.pieces(0, file.size), self.chunk_limit), file.owner, name)
+                data = gunzip(file.pieces(0, file.size, request), self.chunk_limit, request, self.cache)
+                return BytesFile(data, file.owner, name)
             except ValueError as e:
                 raise CorruptChunk(name, xyz, str(e)) from e
         return None
@@ -100,7 +104,9 @@ class VolumeScale:
             if xyz is not None and (pos := (*lead, *xyz[::-1]))[: len(prefix)] == prefix:
                 yield pos
 
-    def decode(self, data: bytes, shape: tuple[int, ...]) -> np.ndarray:
+    def decode(self, data: bytes, shape: tuple[int, ...], request: Request = OWN) -> np.ndarray:
+        """The encodings of precomputed (raw, jpeg, compressed_segmentation, ...) decode to the chunk's known
+        size: nothing is counted against request."""
         x, y, z = shape[::-1][:3]
         decoded = decode_precomputed(
             data, self.grid.encoding, (x, y, z, self.channels), np.dtype(self.volume.data_type), self.scale.document

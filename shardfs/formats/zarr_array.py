@@ -11,6 +11,7 @@ from typing import Any
 
 from shardfs.files import Dir, File, Node, RangeFile
 from shardfs.formats.plan import extent_file
+from shardfs.request import OWN, Request
 from shardfs.shards.grid import grid_at, grid_index, grid_shape
 from shardfs.shards.kv import Fetch, files_below
 from shardfs.shards.zarr import ChunkKeys
@@ -54,7 +55,7 @@ class ZarrArray:
         pos = grid_at(key, self.kv.grid)
         return None if pos is None else self.keys.key(pos)
 
-    def child(self, rel: str) -> Node | None:
+    def child(self, rel: str, request: Request = OWN) -> Node | None:
         parsed = self.keys.parse(rel)
         if parsed is None:
             return None
@@ -66,24 +67,24 @@ class ZarrArray:
                 raise FileNotFoundError(rel)
             # It stands for the directory of the shards it draws on (c/1 for c/5 with 4 chunks a shard).
             return Dir(self.kv.store.owner(self.kv.shard_path(self.kv.shard_of(pos)).rstrip("/.")))
-        return self._stored(pos)
+        return self._stored(pos, request)
 
-    def file_of(self, key: int) -> File:
+    def file_of(self, key: int, request: Request = OWN) -> File:
         pos = grid_at(key, self.kv.grid)
         if pos is None:
             raise FileNotFoundError(f"key {key}")
-        return self._stored(pos)
+        return self._stored(pos, request)
 
-    def _stored(self, pos: tuple[int, ...]) -> File:
+    def _stored(self, pos: tuple[int, ...], request: Request) -> File:
         """The inner chunk at pos; a chunk not stored is ENOENT."""
-        found = self.chunk(pos)
+        found = self.chunk(pos, request)
         if found is None:
             raise FileNotFoundError(f"chunk {pos}")
         return found
 
-    def chunk(self, pos: tuple[int, ...]) -> File | None:
+    def chunk(self, pos: tuple[int, ...], request: Request = OWN) -> File | None:
         """The inner chunk at global grid position pos, or None if it is absent."""
-        extent = self.kv.locate(pos)
+        extent = self.kv.locate(pos, request)
         return None if extent is None else extent_file(extent, self.kv)
 
     def position_of(self, key: int) -> tuple[int, ...] | None:
@@ -129,7 +130,8 @@ class SourceChunks:
     chunks: tuple[int, ...]
     shape: tuple[int, ...]
 
-    def chunk(self, pos: tuple[int, ...]) -> File | None:
+    def chunk(self, pos: tuple[int, ...], request: Request = OWN) -> File | None:
+        """A source file's opening waits on nothing a request's interrupt ends (a HEAD at worst)."""
         path = posixpath.join(self.directory, self.keys.key(pos))
         try:
             file = self.store.open(path)

@@ -12,6 +12,7 @@ import numpy as np
 from shardfs.codecs import UNDO
 from shardfs.errors import Unsupported
 from shardfs.formats.plan import LARGEST, Compressor
+from shardfs.request import Request
 from shardfs.shards.zarr import IndexLayout, Level, decode_blob
 
 MAX_NESTING = 8  # sharding levels; writers use one or two, and each level is work for every lookup
@@ -93,7 +94,7 @@ def _index_layout(config: dict, chunks_per_shard: tuple[int, ...]) -> IndexLayou
 
 def chunk_codecs(
     data_type: Any, codecs: list, chunks: tuple[int, ...]
-) -> tuple[np.dtype, Compressor | None, bool, Callable[[bytes, tuple[int, ...]], np.ndarray]]:
+) -> tuple[np.dtype, Compressor | None, bool, Callable[[bytes, tuple[int, ...], Request], np.ndarray]]:
     """What a chunk's stored bytes are, for the views: (dtype in stored byte order, the one compressor over
     the raw bytes or None, whether they are neither (opaque), and how to decode them). Unsupported if they
     cannot be decoded here: array→array codecs, or an array→bytes codec other than `bytes`."""
@@ -112,8 +113,8 @@ def chunk_codecs(
         compressor = Compressor(post[0], config or {})
     limit = 2 * math.prod(chunks) * dtype.itemsize + (1 << 20)
 
-    def decode(data: bytes, shape: tuple[int, ...]) -> np.ndarray:
-        raw = decode_blob(data, post, limit)
+    def decode(data: bytes, shape: tuple[int, ...], request: Request) -> np.ndarray:
+        raw = decode_blob(data, post, limit, request)
         if len(raw) != math.prod(shape) * dtype.itemsize:
             raise ValueError(f"decodes to {len(raw)} bytes, not the {math.prod(shape)} elements of {list(shape)}")
         return np.frombuffer(raw, dtype).reshape(shape)

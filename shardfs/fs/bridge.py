@@ -18,9 +18,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-from shardfs.codecs import start_request
+from shardfs import logs
 from shardfs.errors import CorruptChunk, over_max_file_size
 from shardfs.files import Dir
 from shardfs.fs.nodes import Nodes
@@ -30,6 +30,7 @@ from shardfs.fuse.listing import Listing
 from shardfs.fuse.record import Record
 from shardfs.fuse.serve import Shown
 from shardfs.metrics import Metrics
+from shardfs.request import Request
 from shardfs.stores.protocol import Owner
 from shardfs.tree import Located, Place, Tree
 
@@ -44,45 +45,53 @@ REQUEST_FILES = 4  # a request may decode as much as this many of the largest fi
 
 
 def errors_to_errno(name: str) -> Callable[[F], F]:
-    """Absent → ENOENT; corrupt data → EIO with a log line naming shard and key; a bug → EIO, logged.
-    Every call is timed under name, and every error but ENOENT counted, for `--metrics` and `shardfs stats`.
-    The wrapped method's first argument after self is the node's place: its path is made for a log line only."""
+    """Absent → ENOENT; corrupt data → EIO with a log line naming shard and key; a bug → EIO, logged;
+    interrupted while it waited on the network → EINTR (its caller has gone or been signalled: counted as an
+    interrupted remote request, nothing logged). Every call is timed under name, and every other error but ENOENT
+    counted, for `--metrics` and `shardfs stats`. The wrapped method's arguments after self are the request (given
+    its decode budget here; its uid names it in the log lines, against that user's budget of lines) and the
+    node's place: its path is made for a log line only."""
 
     def decorate(op: F) -> F:
         @functools.wraps(op)
-        def wrapper(self: Bridge, place: Place, *args: Any) -> Any:
-            start_request(self.request_limit, self.tree.cache)
+        def wrapper(self: Bridge, request: Request, place: Place, *args: Any) -> Any:
+            request.budget(self.request_limit)
             start = time.perf_counter()
             try:
-                return op(self, place, *args)
+                return op(self, request, place, *args)
             except FuseError as e:
                 count(self.metrics, e.errno)
                 raise
             except CorruptChunk as e:
-                refused(self.metrics, e, self.tree.cache.max_value, self.path_of(place))
+                refused(self.metrics, e, self.tree.cache.max_value, self.path_of(place), request.uid)
                 raise error(self.metrics, errno.EIO) from None
             except (FileNotFoundError, NotADirectoryError):
                 raise FuseError(errno.ENOENT) from None
+            except InterruptedError:
+                raise FuseError(errno.EINTR) from None
             except OSError as e:
-                log.error("%s: %s", name, e, extra={"event": "os_error", "path": "/" + self.path_of(place)})
+                where = {"path": "/" + self.path_of(place), "uid": request.uid}
+                log.error("%s: %s", name, e, extra={"event": "os_error", **where})
                 raise error(self.metrics, e.errno or errno.EIO) from None
             except Exception:
-                log.exception("%s failed", name, extra={"event": "bug", "path": "/" + self.path_of(place)})
+                log.exception("%s failed", name, extra={"event": "bug", "path": "/" + self.path_of(place),
+                                                        "uid": request.uid})  # fmt: skip
                 raise error(self.metrics, errno.EIO) from None
             finally:
                 self.metrics.ops.labels(name).observe(time.perf_counter() - start)
 
         @functools.wraps(op)
-        def logged(self: Bridge, place: Place, *args: Any) -> Any:
+        def logged(self: Bridge, request: Request, place: Place, *args: Any) -> Any:
             if not log.isEnabledFor(logging.DEBUG):
-                return wrapper(self, place, *args)
+                return wrapper(self, request, place, *args)
             reads, start = self.metrics.store_reads.mine(), time.perf_counter()
+            asked = Asked(name, self.path_of(place), request.uid, start, reads)
             try:
-                answer = wrapper(self, place, *args)
+                answer = wrapper(self, request, place, *args)
             except FuseError as e:
-                log_request(self.metrics, name, self.path_of(place), start, reads, code=e.errno)
+                log_request(self.metrics, asked, code=e.errno)
                 raise
-            log_request(self.metrics, name, self.path_of(place), start, reads, answer)
+            log_request(self.metrics, asked, answer)
             return answer
 
         return logged  # type: ignore[return-value]
@@ -90,30 +99,40 @@ def errors_to_errno(name: str) -> Callable[[F], F]:
     return decorate
 
 
-def log_request(
-    metrics: Metrics, op: str, path: str, start: float, reads: float, answer: object = None, code: int = 0
-) -> None:
-    """The DEBUG line of one request: what was asked, how many bytes it answered or which errno, how many
-    byte ranges it read from the source (this thread's count), and how long it took."""
-    fields: dict[str, object] = {"event": "request", "op": op, "path": "/" + path}
+class Asked(NamedTuple):
+    """What a request asked, for its DEBUG line: op, the node's path, the user who asked, and when it started
+    with this thread's count of store reads then."""
+
+    op: str
+    path: str
+    uid: int | None
+    start: float
+    reads: float
+
+
+def log_request(metrics: Metrics, asked: Asked, answer: object = None, code: int = 0) -> None:
+    """The DEBUG line of one request: what was asked and by whom, how many bytes it answered or which errno, how
+    many byte ranges it read from the source (this thread's count), and how long it took."""
+    fields: dict[str, object] = {"event": "request", "op": asked.op, "path": "/" + asked.path}
     if isinstance(answer, bytes):
         fields["bytes"] = len(answer)
-    if code or (answer is None and op in ("lookup", "getattr")):  # their None: absent
+    if code or (answer is None and asked.op in ("lookup", "getattr")):  # their None: absent
         fields["errno"] = errno.errorcode.get(code or errno.ENOENT, code)
-    fields["store_reads"] = int(metrics.store_reads.mine() - reads)
-    fields["us"] = round((time.perf_counter() - start) * 1e6)
+    fields["store_reads"] = int(metrics.store_reads.mine() - asked.reads)
+    fields["us"] = round((time.perf_counter() - asked.start) * 1e6)
+    fields["uid"] = asked.uid
     log.debug("answered", extra=fields)
 
 
-def refused(metrics: Metrics, e: CorruptChunk, max_file_size: int, path: str) -> None:
+def refused(metrics: Metrics, e: CorruptChunk, max_file_size: int, path: str, uid: int | None) -> None:
     """Log and count a chunk that cannot be served: too large for --max-file-size (the operator can raise it),
-    else corrupt."""
+    else corrupt. uid: whose request met it (the line counts against that user's budget)."""
     if (too_large := over_max_file_size(e, max_file_size)) is not None:
         metrics.over_max_file_size.inc()
-        log.error("%s", too_large, extra={**e.log_fields("too_large"), "path": "/" + path})
+        log.error("%s", too_large, extra={**e.log_fields("too_large"), "path": "/" + path, "uid": uid})
     else:
         metrics.decode_errors.inc()
-        log.error("%s", e, extra={**e.log_fields("eio"), "path": "/" + path})
+        log.error("%s", e, extra={**e.log_fields("eio"), "path": "/" + path, "uid": uid})
 
 
 class StoredBytes:
@@ -134,7 +153,7 @@ class StoredBytes:
         """(bytes, files) counted so far; the first call starts the count."""
         if not self._started.is_set():
             self._started.set()
-            threading.Thread(target=self._count, name="shardfs-df", daemon=True).start()
+            logs.start_thread(self._count, "shardfs-df")
         return self.nbytes, self.files
 
     def _count(self) -> None:
@@ -170,9 +189,9 @@ class Bridge:
         self.read_ahead.close()
 
     # The protocol: by node id.
-    def lookup(self, parent: int, name: bytes) -> Entry | None:
+    def lookup(self, request: Request, parent: int, name: bytes) -> Entry | None:
         place = self.tree.child(self.nodes.located(parent), name.decode(*FS_ENCODING))
-        attributes = self._looked_up(place)
+        attributes = self._looked_up(request, place)
         if attributes is None:
             return None
         if not isinstance(place, Located):
@@ -182,30 +201,30 @@ class Bridge:
     def forget(self, node: int, lookups: int) -> None:
         self.nodes.forget(node, lookups)
 
-    def getattr(self, node: int) -> Attributes:
-        attributes = self._getattr(self.nodes.place(node))
+    def getattr(self, request: Request, node: int) -> Attributes:
+        attributes = self._getattr(request, self.nodes.place(node))
         if attributes is None:
             raise FuseError(errno.ENOENT)
         return attributes
 
-    def open(self, node: int) -> None:
+    def open(self, request: Request, node: int) -> None:
         """Permissions are the kernel's (`default_permissions`); writes are refused by the `ro` mount."""
         self.nodes.place(node)
 
-    def read(self, node: int, offset: int, size: int) -> bytes:
-        return self._read(self.nodes.place(node), offset, size)
+    def read(self, request: Request, node: int, offset: int, size: int) -> bytes:
+        return self._read(request, self.nodes.place(node), offset, size)
 
-    def opendir(self, node: int) -> None:
-        self._opendir(self.nodes.located(node))
+    def opendir(self, request: Request, node: int) -> None:
+        self._opendir(request, self.nodes.located(node))
 
     def listed(self, node: int) -> Listing | None:
         return self.tree.cache.get(("listing", self.nodes.located(node).path))  # type: ignore[return-value]
 
-    def listing(self, node: int) -> Listing:
-        """Made within its bounds; EIO if it cannot be made."""
+    def listing(self, request: Request, node: int) -> Listing:
+        """Made within its bounds (its own: a listing is shared by whoever waits for it, so it is the mount's
+        work, not request's, and no interrupt of one reader ends it); EIO if it cannot be made."""
         directory = self.nodes.located(node)
         path = directory.path
-        start_request(self.request_limit, self.tree.cache)
         start, reads, code = time.perf_counter(), self.metrics.store_reads.mine(), 0
         ino = self.nodes.ino
 
@@ -215,13 +234,13 @@ class Bridge:
         try:
             return self.tree.cache.get_or_make(("listing", path), make)
         except Exception as e:
-            log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path})
+            log.error("listing failed: %s", e, extra={"event": "eio", "path": "/" + path, "uid": request.uid})
             code = errno.EIO
             raise error(self.metrics, errno.EIO) from None
         finally:
             self.metrics.ops.labels("readdir").observe(time.perf_counter() - start)
             if log.isEnabledFor(logging.DEBUG):
-                log_request(self.metrics, "readdir", path, start, reads, code=code)
+                log_request(self.metrics, Asked("readdir", path, request.uid, start, reads), code=code)
 
     def statfs(self) -> Usage:
         return Usage(*self.usage.now())
@@ -244,11 +263,11 @@ class Bridge:
         gid = owner.gid if shown.gid is None else shown.gid
         return file_type | mode, 2 if file_type == stat.S_IFDIR else 1, uid, gid
 
-    def _attributes(self, place: Place) -> Attributes | None:
+    def _attributes(self, request: Request, place: Place) -> Attributes | None:
         """The attributes of the node at place, or None if there is none: a negative entry for the kernel
         to keep. A numbered file is found by its key, anything else by its path."""
         try:
-            node = self.tree.node(place)
+            node = self.tree.node(place, request)
         except (FileNotFoundError, NotADirectoryError):
             return None
         if isinstance(node, Dir):
@@ -265,21 +284,21 @@ class Bridge:
     _getattr = errors_to_errno("getattr")(_attributes)
 
     @errors_to_errno("read")
-    def _read(self, place: Place, offset: int, size: int) -> bytes:
+    def _read(self, request: Request, place: Place, offset: int, size: int) -> bytes:
         if offset == 0:
             self.metrics.files_read.inc()
             if not isinstance(place, Located):  # a numbered file's first bytes: what follows may be next
                 self.read_ahead.read(*place)
-        node = self.tree.node(place)
+        node = self.tree.node(place, request)
         if isinstance(node, Dir):
             raise error(self.metrics, errno.EISDIR)
-        data = node.read(offset, size)
+        data = node.read(offset, size, request)
         self.metrics.served.inc(len(data))
         return data
 
     @errors_to_errno("opendir")
-    def _opendir(self, place: Located) -> None:
+    def _opendir(self, request: Request, place: Located) -> None:
         """A directory handle holds nothing: its listing is the directory's (`listed`), and an offset is
         all the kernel needs to resume it."""
-        if not isinstance(self.tree.node(place), Dir):
+        if not isinstance(self.tree.node(place, request), Dir):
             raise error(self.metrics, errno.ENOTDIR)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache
 
+from shardfs import logs
 from shardfs.files import Provider
 from shardfs.fuse.listing import Listing
 from shardfs.metrics import Metrics
@@ -168,7 +169,10 @@ class ReadAhead:
         if self._closed or not self._slots.acquire(blocking=False):
             return False
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(AT_ONCE, thread_name_prefix="shardfs-read-ahead")
+            self._pool = ThreadPoolExecutor(  # its threads work for this mount (see logs.own_thread)
+                AT_ONCE, thread_name_prefix="shardfs-read-ahead", initializer=logs.own_thread,
+                initargs=(logs.thread_mount(),),
+            )  # fmt: skip
 
         def run() -> None:
             try:

@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol
 
 from shardfs.fuse.listing import Listing
 from shardfs.metrics import Metrics
+from shardfs.request import Request
 
 BLOCK_SIZE = 1 << 20  # st_blksize: tools such as cp size their reads by it
 NAME_MAX = 255  # the longest name a Linux filesystem holds (STATFS says so); the kernel passes FUSE up to 1,024
@@ -63,30 +64,32 @@ class Usage(NamedTuple):
 
 class Filesystem(Protocol):
     """A read-only filesystem served by node id. Every method raises FuseError for an answer that is an
-    errno (counted and logged where it is raised) and StaleNode for an id it does not hold."""
+    errno (counted and logged where it is raised) and StaleNode for an id it does not hold. Those that may wait
+    or decode take the request they answer (as fuser's take its `Request`): who asks, what it may still decode,
+    and whether the kernel interrupted it (a wait on the network then gives up: EINTR)."""
 
-    def lookup(self, parent: int, name: bytes) -> Entry | None:
+    def lookup(self, request: Request, parent: int, name: bytes) -> Entry | None:
         """The entry named name in directory parent, its id counted one lookup more; None if there is none
         (an absence the kernel may keep)."""
 
     def forget(self, node: int, lookups: int) -> None:
         """The kernel let go of node that many lookups; an id it never held is no error (after a restart)."""
 
-    def getattr(self, node: int) -> Attributes: ...
+    def getattr(self, request: Request, node: int) -> Attributes: ...
 
-    def open(self, node: int) -> None:
+    def open(self, request: Request, node: int) -> None:
         """Whether node may be opened for reading: a handle holds nothing (handle 0)."""
 
-    def read(self, node: int, offset: int, size: int) -> bytes:
+    def read(self, request: Request, node: int, offset: int, size: int) -> bytes:
         """Up to size bytes of file node from offset (fewer only at its end)."""
 
-    def opendir(self, node: int) -> None:
+    def opendir(self, request: Request, node: int) -> None:
         """Whether node may be opened as a directory: a handle holds nothing, its offsets name entries."""
 
     def listed(self, node: int) -> Listing | None:
         """Directory node's listing if it is made already (answering from it waits on nothing), else None."""
 
-    def listing(self, node: int) -> Listing:
+    def listing(self, request: Request, node: int) -> Listing:
         """Directory node's listing, made now if need be: it may wait on the source."""
 
     def statfs(self) -> Usage: ...

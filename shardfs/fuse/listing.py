@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from shardfs import logs
 from shardfs.fuse import wire
 
 log = logging.getLogger("shardfs")
@@ -123,13 +124,13 @@ class ListingWorkers:
 
     def __init__(self, workers: int = WORKERS) -> None:
         self.workers = workers
-        self._queues: dict[int, deque[Callable[[], None]]] = {}
-        self._running: dict[int, int] = {}  # a user's requests being made now
-        self._turns: deque[int] = deque()  # users with requests waiting, in the order they take turns
+        self._queues: dict[int | None, deque[Callable[[], None]]] = {}
+        self._running: dict[int | None, int] = {}  # a user's requests being made now
+        self._turns: deque[int | None] = deque()  # users with requests waiting, in the order they take turns
         self._wake = threading.Condition()
         self._started = 0
 
-    def submit(self, uid: int, job: Callable[[], None]) -> None:
+    def submit(self, uid: int | None, job: Callable[[], None]) -> None:
         """Run job in a worker, in uid's turn."""
         with self._wake:
             queue = self._queues.setdefault(uid, deque())
@@ -138,10 +139,10 @@ class ListingWorkers:
             queue.append(job)
             if self._started < self.workers:
                 self._started += 1
-                threading.Thread(target=self._work, name=f"shardfs-listing-{self._started}", daemon=True).start()
+                logs.start_thread(self._work, f"shardfs-listing-{self._started}")  # the session's mount's
             self._wake.notify()
 
-    def _next(self) -> tuple[int, Callable[[], None]]:
+    def _next(self) -> tuple[int | None, Callable[[], None]]:
         """The next job, of the first user in turn who may take another worker; waits until there is one."""
         with self._wake:
             while True:

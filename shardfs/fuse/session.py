@@ -32,6 +32,7 @@ from shardfs.fuse.listing import ListingWorkers
 from shardfs.fuse.record import Record, Terms
 from shardfs.fuse.wire import InitFlag, InitFlag2, Op
 from shardfs.metrics import Metrics
+from shardfs.request import Request
 
 log = logging.getLogger("shardfs")
 
@@ -116,6 +117,8 @@ class Session:
         self.no_open = False  # until INIT says whether the kernel takes ENOSYS for OPEN as "none needed"
         self.granted = InitFlag(0)
         self.interrupts = 0  # INTERRUPTs received, for tests and stats
+        self._under_way: dict[int, Request] = {}  # requests read and not yet answered, by unique
+        self._unmatched: dict[int, int] = {}  # INTERRUPTs read before the request they name: unique → its unique
         self.resend = False  # whether the kernel offered FUSE_HAS_RESEND
         self._done = threading.Event()
         self._lock = threading.Lock()
@@ -125,7 +128,7 @@ class Session:
         self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.attr))
         self._attr_valid = _split(timeouts.attr)
         self._negative = _split(timeouts.negative) if timeouts.negative > 0 else None
-        self._handlers: dict[int, Callable[[int, int, memoryview], None]] = {
+        self._handlers: dict[int, Callable[[Request, int, memoryview], None]] = {
             Op.INIT: self._init, Op.LOOKUP: self._lookup, Op.FORGET: self._forget,
             Op.BATCH_FORGET: self._batch_forget, Op.GETATTR: self._getattr, Op.OPEN: self._open,
             Op.READ: self._read, Op.RELEASE: self._ok, Op.OPENDIR: self._opendir, Op.READDIR: self._readdir,
@@ -148,7 +151,7 @@ class Session:
         started = threading.Event()
         try:
             for i in range(self.threads):
-                threading.Thread(target=self._serve, args=(started,), name=f"fuse-{i}", daemon=True).start()
+                logs.start_thread(lambda: self._serve(started), f"fuse-{i}")
         finally:
             started.set()
         if terms is not None and self.on_ready is not None:
@@ -226,23 +229,29 @@ class Session:
                 if e.errno not in (errno.ENOENT, errno.EINTR, errno.EAGAIN):  # ENOENT: interrupted before read
                     raise
 
-    def _dispatch(self, request: memoryview) -> None:
-        _, opcode, unique, nodeid, uid, _, pid, *_ = wire.IN_HEADER.unpack_from(request)
+    def _dispatch(self, buffer: memoryview) -> None:
+        """One request answered: made a `Request` (kept by unique until answered, so that an INTERRUPT finds
+        it), handed to its opcode's handler, errors answered as errno."""
+        _, opcode, unique, nodeid, uid, gid, pid, *_ = wire.IN_HEADER.unpack_from(buffer)
         if unique & wire.UNIQUE_RESEND:
             self.metrics.resent.inc()
-        body = request[wire.IN_HEADER.size :]
+        body = buffer[wire.IN_HEADER.size :]
         handler = self._handlers.get(opcode)
-        logs.serving(uid)
+        request = Request(unique, uid, gid, pid)
+        if opcode not in UNANSWERED:
+            self._under_way[unique] = request
+            if self._unmatched:
+                self._match_interrupts()
         if self.debug:
             log.debug(
                 "request %d: %s node %d, uid %d, pid %d, %d bytes", unique, _name(opcode), nodeid, uid, pid,
-                len(request), extra={"event": "fuse_request"},
+                len(buffer), extra={"event": "fuse_request", "uid": uid},
             )  # fmt: skip
         try:
             if self.owner is not None and uid not in (0, self.owner) and opcode not in ANY_USER:
                 self._error(unique, errno.EACCES, counted=False)
             elif handler is not None:
-                handler(unique, nodeid, body)
+                handler(request, nodeid, body)
             elif opcode in wire.READ_ONLY_REFUSED:
                 self._error(unique, errno.EROFS)
             else:
@@ -250,16 +259,17 @@ class Session:
         except FuseError as e:
             self._error(unique, e.errno, counted=False)  # counted where it was raised
         except StaleNode:
-            log.error("request %s for unknown node %d", _name(opcode), nodeid, extra={"event": "bug"})
+            log.error("request %s for unknown node %d", _name(opcode), nodeid, extra={"event": "bug", "uid": uid})
             self._error(unique, errno.ESTALE)
         except Exception:
-            log.exception("%s failed", _name(opcode), extra={"event": "bug"})
+            log.exception("%s failed", _name(opcode), extra={"event": "bug", "uid": uid})
             if opcode not in UNANSWERED:
                 self._error(unique, errno.EIO)
 
     # Replies. A reply to a request the kernel has dropped meanwhile (interrupted: ENOENT) or to an
     # unmounted filesystem (ENODEV) goes nowhere, as it should.
     def _reply(self, unique: int, *parts: bytes) -> None:
+        self._under_way.pop(unique, None)
         size = wire.OUT_HEADER.size + sum(map(len, parts))
         if self.debug:
             log.debug("answer %d: %d bytes", unique, size, extra={"event": "fuse_answer"})
@@ -270,6 +280,7 @@ class Session:
                 raise
 
     def _error(self, unique: int, code: int, counted: bool = True) -> None:
+        self._under_way.pop(unique, None)
         if counted:
             count(self.metrics, code)
         if self.debug:
@@ -281,15 +292,15 @@ class Session:
                 raise
 
     # Requests
-    def _init(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _init(self, request: Request, nodeid: int, body: memoryview) -> None:
         major, minor, max_readahead, flags = wire.INIT_IN.unpack_from(body)
         if major > wire.KERNEL_MAJOR:  # a newer kernel asks again, in our major
-            self._reply(unique, wire.INIT_OUT.pack(wire.KERNEL_MAJOR, wire.OUR_MINOR, *(0,) * 9))
+            self._reply(request.unique, wire.INIT_OUT.pack(wire.KERNEL_MAJOR, wire.OUR_MINOR, *(0,) * 9))
             return
         minor = min(minor, wire.OUR_MINOR)
         if major < wire.KERNEL_MAJOR or minor < wire.MIN_MINOR:
             log.error("kernel FUSE protocol %d.%d is too old (7.%d at least)", major, minor, wire.MIN_MINOR)
-            self._error(unique, errno.EPROTO)
+            self._error(request.unique, errno.EPROTO)
             return
         offered = InitFlag(flags)
         offered2 = 0
@@ -307,7 +318,7 @@ class Session:
             wire.KERNEL_MAJOR, minor, max_readahead, self.granted, background, background * 3 // 4,
             MAX_WRITE, 1, MAX_PAGES, 0, 0,
         )  # fmt: skip
-        self._reply(unique, reply if minor >= 23 else reply[: wire.COMPAT_22_INIT_OUT_SIZE])
+        self._reply(request.unique, reply if minor >= 23 else reply[: wire.COMPAT_22_INIT_OUT_SIZE])
         if self.on_ready is not None:
             self.on_ready()
 
@@ -318,99 +329,124 @@ class Session:
         no_open = ", no_open" if self.no_open else ""
         return f"FUSE 7.{self.minor}, granted {granted}{no_open}, {self.threads} threads{taken_up}"
 
-    def _lookup(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _lookup(self, request: Request, nodeid: int, body: memoryview) -> None:
         # A name longer than NAME_MAX (the kernel passes up to 1,024 bytes) is absent without asking the source,
         # which would answer ENAMETOOLONG: any user could fill the log with that, and no dataset has one.
-        entry = None if len(body) - 1 > NAME_MAX else self.filesystem.lookup(nodeid, bytes(body[: len(body) - 1]))
+        name = len(body) - 1
+        entry = None if name > NAME_MAX else self.filesystem.lookup(request, nodeid, bytes(body[:name]))
         if entry is None:
             if self._negative is None:
-                self._error(unique, errno.ENOENT, counted=False)
+                self._error(request.unique, errno.ENOENT, counted=False)
             else:  # node id 0: the kernel keeps the absence for the negative timeout
                 reply = wire.ENTRY_OUT.pack(0, 0, self._negative[0], 0, self._negative[1], 0)
-                self._reply(unique, reply, ZERO_ATTR)
+                self._reply(request.unique, reply, ZERO_ATTR)
             return
         child, attributes = entry
         entry_s, entry_ns, attr_s, attr_ns = self._entry_valid
         reply = wire.ENTRY_OUT.pack(child, 0, entry_s, attr_s, entry_ns, attr_ns)
-        self._reply(unique, reply, wire.ATTR.pack(child, *attributes))
+        self._reply(request.unique, reply, wire.ATTR.pack(child, *attributes))
 
-    def _forget(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _forget(self, request: Request, nodeid: int, body: memoryview) -> None:
         self.filesystem.forget(nodeid, wire.FORGET_IN.unpack_from(body)[0])
 
-    def _batch_forget(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _batch_forget(self, request: Request, nodeid: int, body: memoryview) -> None:
         (number, _) = wire.BATCH_FORGET_IN.unpack_from(body)
         forget = self.filesystem.forget
         for i in range(number):
             forget(*wire.FORGET_ONE.unpack_from(body, wire.BATCH_FORGET_IN.size + i * wire.FORGET_ONE.size))
 
-    def _getattr(self, unique: int, nodeid: int, body: memoryview) -> None:
-        attributes = self.filesystem.getattr(nodeid)
-        self._reply(unique, wire.ATTR_OUT.pack(*self._attr_valid, 0), wire.ATTR.pack(nodeid, *attributes))
+    def _getattr(self, request: Request, nodeid: int, body: memoryview) -> None:
+        attributes = self.filesystem.getattr(request, nodeid)
+        self._reply(request.unique, wire.ATTR_OUT.pack(*self._attr_valid, 0), wire.ATTR.pack(nodeid, *attributes))
 
-    def _open(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _open(self, request: Request, nodeid: int, body: memoryview) -> None:
         """ENOSYS tells a kernel that can do without it not to ask again (FUSE no_open): it then sends
         neither OPEN nor RELEASE and keeps a file's pages across opens."""
         self.metrics.ops.labels("open").observe(0)  # so that `shardfs stats` shows whether the kernel still asks
         if self.no_open:
-            self._error(unique, errno.ENOSYS, counted=False)
+            self._error(request.unique, errno.ENOSYS, counted=False)
         else:
-            self.filesystem.open(nodeid)
-            self._reply(unique, wire.OPEN_OUT.pack(0, wire.FOPEN_KEEP_CACHE if self.kernel_cache else 0, 0))
+            self.filesystem.open(request, nodeid)
+            self._reply(request.unique, wire.OPEN_OUT.pack(0, wire.FOPEN_KEEP_CACHE if self.kernel_cache else 0, 0))
 
-    def _read(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _read(self, request: Request, nodeid: int, body: memoryview) -> None:
         _, offset, size, *_ = wire.READ_IN.unpack_from(body)
-        self._reply(unique, self.filesystem.read(nodeid, offset, size))
+        self._reply(request.unique, self.filesystem.read(request, nodeid, offset, size))
 
-    def _opendir(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _opendir(self, request: Request, nodeid: int, body: memoryview) -> None:
         """Handle 0: a directory handle carries nothing (see `_readdir`)."""
-        self.filesystem.opendir(nodeid)
-        self._reply(unique, wire.OPEN_OUT.pack(0, 0, 0))
+        self.filesystem.opendir(request, nodeid)
+        self._reply(request.unique, wire.OPEN_OUT.pack(0, 0, 0))
 
-    def _readdir(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _readdir(self, request: Request, nodeid: int, body: memoryview) -> None:
         """Answered at once from a listing already made; else a listing worker makes it and answers, in the
         turn of the user who asked, and this thread goes back to reading requests."""
         _, offset, size, *_ = wire.READ_IN.unpack_from(body)
         listing = self.filesystem.listed(nodeid)
         if listing is not None:
-            self._reply(unique, listing.page(offset, min(size, READDIR_MOST)))
+            self._reply(request.unique, listing.page(offset, min(size, READDIR_MOST)))
             return
-        uid = wire.IN_HEADER.unpack_from(body.obj)[4]  # type: ignore[arg-type]  # the header before body
-        self.listings.submit(uid, lambda: self._dirents(unique, nodeid, offset, size))
+        self.listings.submit(request.uid, lambda: self._dirents(request, nodeid, offset, size))
 
-    def _dirents(self, unique: int, nodeid: int, offset: int, size: int) -> None:
+    def _dirents(self, request: Request, nodeid: int, offset: int, size: int) -> None:
         """The entries of directory nodeid from offset that fit in size bytes, or the error the listing met."""
         try:
-            listing = self.filesystem.listing(nodeid)
+            listing = self.filesystem.listing(request, nodeid)
         except FuseError as e:
-            self._error(unique, e.errno, counted=False)  # counted where it was raised
+            self._error(request.unique, e.errno, counted=False)  # counted where it was raised
             return
         except StaleNode:  # forgotten while the listing waited for a worker
-            self._error(unique, errno.ESTALE)
+            self._error(request.unique, errno.ESTALE)
             return
-        self._reply(unique, listing.page(offset, min(size, READDIR_MOST)))
+        self._reply(request.unique, listing.page(offset, min(size, READDIR_MOST)))
 
-    def _releasedir(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _releasedir(self, request: Request, nodeid: int, body: memoryview) -> None:
         """Nothing to let go of: a directory handle carries nothing."""
-        self._reply(unique)
+        self._reply(request.unique)
 
-    def _statfs(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _statfs(self, request: Request, nodeid: int, body: memoryview) -> None:
         """The source's stored bytes as size and used, nothing free (read-only), in 512-byte units."""
         nbytes, files = self.filesystem.statfs()
         blocks = -(-nbytes // STATFS_UNIT)
-        self._reply(unique, wire.STATFS_OUT.pack(blocks, 0, 0, files, 0, BLOCK_SIZE, NAME_MAX, STATFS_UNIT, 0))
+        self._reply(request.unique, wire.STATFS_OUT.pack(blocks, 0, 0, files, 0, BLOCK_SIZE, NAME_MAX, STATFS_UNIT, 0))
 
-    def _not_a_link(self, unique: int, nodeid: int, body: memoryview) -> None:
-        self._error(unique, errno.EINVAL)
+    def _not_a_link(self, request: Request, nodeid: int, body: memoryview) -> None:
+        self._error(request.unique, errno.EINVAL)
 
-    def _ok(self, unique: int, nodeid: int, body: memoryview) -> None:
-        self._reply(unique)
+    def _ok(self, request: Request, nodeid: int, body: memoryview) -> None:
+        self._reply(request.unique)
 
-    def _interrupt(self, unique: int, nodeid: int, body: memoryview) -> None:
-        """The request it names is answered when it is done, as if never interrupted: the kernel takes
-        that answer (or drops it, if its caller is gone)."""
+    def _interrupt(self, request: Request, nodeid: int, body: memoryview) -> None:
+        """The request it names is told (`Request.interrupt`): one waiting on the network gives up and is
+        answered EINTR (the kernel has answered a killed caller already), any other is answered when done.
+        One not read yet by its thread is matched when it is (`_match_interrupts`)."""
         self.interrupts += 1
+        (target,) = wire.INTERRUPT_IN.unpack_from(body)
+        interrupted = self._under_way.get(target)
+        if interrupted is not None:
+            interrupted.interrupt()
+            return
+        self._unmatched[request.unique] = target
+        if target in self._under_way:  # registered meanwhile, after its thread looked for INTERRUPTs
+            self._match_interrupts()
 
-    def _ignore(self, unique: int, nodeid: int, body: memoryview) -> None:
+    def _match_interrupts(self) -> None:
+        """INTERRUPTs that named no request under way, as libfuse keeps them: each whose request is now under
+        way is delivered; one other is answered EAGAIN, so that the kernel sends it again if its request still
+        waits (read by a thread not yet registering it), or drops it (answered meanwhile: ENOENT from the
+        write). One a request: an INTERRUPT for a request no daemon will answer never spins a thread."""
+        again = None
+        for unique, target in list(self._unmatched.items()):
+            interrupted = self._under_way.get(target)
+            if interrupted is not None:
+                if self._unmatched.pop(unique, None) is not None:
+                    interrupted.interrupt()
+            elif again is None:
+                again = unique
+        if again is not None and self._unmatched.pop(again, None) is not None:
+            self._error(again, errno.EAGAIN, counted=False)
+
+    def _ignore(self, request: Request, nodeid: int, body: memoryview) -> None:
         """NOTIFY_REPLY: nothing is ever asked of the kernel, so nothing is expected back."""
 
 

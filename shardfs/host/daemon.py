@@ -29,13 +29,12 @@ import threading
 from dataclasses import replace
 from pathlib import Path
 
-from shardfs.cache import ByteCache, served, serving
 from shardfs.context import Context
 from shardfs.errors import SourceError
 from shardfs.fuse.mount import FuseMountError, handed
 from shardfs.fuse.record import Connection, RecordError
 from shardfs.host import handoff
-from shardfs.logs import log_to, log_to_terminal, redact
+from shardfs.logs import log_to, log_to_terminal, own_thread, redact, thread_mount
 from shardfs.service import lifecycle
 from shardfs.service.daemon import Mount, MountError, open_mount, serve
 from shardfs.service.outcome import READY, Outcome, Said
@@ -84,17 +83,14 @@ def become(uid: int, gid: int) -> None:
 
 
 class _Naming(logging.Filter):
-    """A record of a mount's work starts with the mount's target: every daemon shares the host's stderr. A
-    thread's mount is that of the request it answers (the cache its decodes are counted against, see
-    cache.serving), or the one it opens and serves."""
-
-    def __init__(self, targets: dict[ByteCache, str]) -> None:
-        super().__init__()
-        self.targets = targets
+    """A record of a mount's work starts with the mount's target: every daemon shares the host's stderr. The
+    mount is the one the logging thread works for, fixed when the thread started (logs.own_thread): the thread
+    that opens and serves it, and the threads that mount starts (its session's, listing workers, read-ahead),
+    whoever's request they answer. INFO lines, the mount's milestones (mounted, unmounted), name its mountpoint in
+    their own words, and are left as they are."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        cache = served()
-        target = self.targets.get(cache) if cache is not None else None
+        target = None if record.levelno == logging.INFO else thread_mount()
         if target is not None and getattr(record, "mount", None) != target:  # once, whichever handler asks
             record.mount = target  # each mount has its own log budgets (logs.RateLimit)
             record.msg = f"{target}: ".replace("%", "%%") + str(record.msg)  # the message is a %-format
@@ -109,7 +105,6 @@ class Daemon:
         self.sock, self.machine = sock, machine
         self.taken: set[str] = set()  # the targets given to this daemon and not yet ended
         self.mounts: dict[str, Mount] = {}  # of those, the ones served
-        self.named: dict[ByteCache, str] = {}  # their targets, by their caches (see _Naming)
         self.secrets: dict[str, str] | None = None  # the publish secret of the mounts served (all the same)
         self._lock = threading.Lock()
         self.idle = threading.Event()  # no mount served
@@ -139,9 +134,7 @@ class Daemon:
         finally:
             with self._lock:
                 self.taken.discard(target)
-                mount = self.mounts.pop(target, None)
-                if mount is not None:
-                    self.named.pop(mount.tree.cache, None)
+                self.mounts.pop(target, None)
                 if not self.taken:
                     self.idle.set()
 
@@ -178,10 +171,9 @@ class Daemon:
             outcome = Outcome.of(e)
             handoff.answer(self.sock, target, Outcome(outcome.said, redact(outcome.why)))
             return
-        serving(mount.tree.cache)  # this thread's records name the mount too
+        own_thread(target)  # this thread, and those its mount starts, name the mount on their lines
         with self._lock:
             self.mounts[target] = mount
-            self.named[mount.tree.cache] = target
         try:
             serve(
                 mount, lambda: handoff.answer(self.sock, target, READY), None,
@@ -215,7 +207,7 @@ def main(argv: list[str]) -> int:
     lifecycle.block_signals()  # before obstore's runtime starts a thread
     daemon = Daemon(sock, machine)
     for handler in logging.getLogger().handlers:
-        handler.filters.insert(0, _Naming(daemon.named))  # before the rate limit, which budgets by mount
+        handler.filters.insert(0, _Naming())  # before the rate limit, which budgets by mount
     stopped = threading.Event()
 
     def stop(*_: object) -> None:

@@ -100,7 +100,7 @@ def settings(options: dict[str, str | bool], mountpoint: Target) -> Settings:
 @dataclass
 class Mount:
     """One mount this process serves: its tree and where, its settings (its `-o` options, read once) and a
-    context of its own (its figures, its requests under way; its cache and decode budget are its tree's), so
+    context of its own (its figures, its requests under way; its cache and turn of large values are its tree's), so
     that one process can serve several, each counted apart (the CSI daemon). control stops it from elsewhere."""
 
     tree: Tree

@@ -18,6 +18,7 @@ from typing import TypeVar
 
 from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk
+from shardfs.request import OWN, Request
 from shardfs.stores.protocol import ByteRange, Store, StoredFile
 
 log = logging.getLogger("shardfs")
@@ -126,8 +127,9 @@ class ShardedKV(ABC):
         return f"{self.directory}/{name}" if self.directory else name
 
     @abstractmethod
-    def locate(self, key: object) -> Extent | None:
-        """Where key's bytes are, or None if it is absent. CorruptChunk if an index contradicts the file."""
+    def locate(self, key: object, request: Request = OWN) -> Extent | None:
+        """Where key's bytes are, or None if it is absent. CorruptChunk if an index contradicts the file.
+        request: whose lookup this is (what it decodes is counted against it; an interrupt ends its waits)."""
 
     @abstractmethod
     def shards(self) -> Iterator[ShardFile]:
@@ -213,9 +215,9 @@ class ShardedKV(ABC):
         """FileNotFoundError if it is absent."""
         return self.store.open(path)
 
-    def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
+    def open_reading(self, path: str, want: ByteRange, request: Request = OWN) -> tuple[StoredFile, bytes]:
         """A file and the bytes want asks for (fewer where it ends sooner), from one request."""
-        return self.store.open_reading(path, want)
+        return self.store.open_reading(path, want, request)
 
     def list_dir(self, path: str) -> Iterator[tuple[str, bool]]:
         return self.store.list(path)

@@ -16,6 +16,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.codecs import gunzip
 from shardfs.errors import CorruptChunk, OverLimit
+from shardfs.request import OWN, Request
 from shardfs.shards.kv import Extent, HeldChunks, ShardedKV, ShardFile, ShardReport, skipped
 from shardfs.shards.listing import (
     LISTING_BLOCK,
@@ -87,7 +88,9 @@ class NeuroglancerKV(ShardedKV):
         """What a shard stored as `<n>.index` + `<n>.data` is called in messages."""
         return f"{self.shard_path(shard, 'index')}+{self.spec.shard_name(shard, 'data')}"
 
-    def open_shard(self, shard: int, minishard: int = 0, key: object = "?") -> tuple[OpenShard, tuple[int, int]]:
+    def open_shard(
+        self, shard: int, minishard: int = 0, key: object = "?", request: Request = OWN
+    ) -> tuple[OpenShard, tuple[int, int]]:
         """The shard, opened once (kept in the cache) by the read of its shard index, or of minishard's entry
         where the index is too large to read whole; and minishard's entry. A remote store learns the shard's
         version from that read's answer: no request goes first to ask it. The shard's bytes are its
@@ -100,7 +103,7 @@ class NeuroglancerKV(ShardedKV):
             index_size = self.spec.shard_index_size
             whole = index_size <= SHARD_INDEX_READ
             start, stop = (0, index_size) if whole else (16 * minishard, 16 * minishard + 16)
-            file, raw = self._shard_bytes(shard, key, start, stop)
+            file, raw = self._shard_bytes(shard, key, start, stop, request)
             if len(raw) != stop - start:  # shorter than its shard index: CorruptChunk below, for every key
                 return OpenShard(shard, file, None, None)
             rows = np.frombuffer(raw, "<u8").reshape(-1, 2)
@@ -115,16 +118,18 @@ class NeuroglancerKV(ShardedKV):
             return opened, tuple(opened.index[minishard].tolist())
         if first:
             return opened, first[0]
-        return opened, struct.unpack("<QQ", opened.file.read(16 * minishard, 16 * minishard + 16))
+        return opened, struct.unpack("<QQ", opened.file.read(16 * minishard, 16 * minishard + 16, request))
 
-    def _shard_bytes(self, shard: int, key: object, start: int, stop: int) -> tuple[StoredFile, bytes]:
+    def _shard_bytes(
+        self, shard: int, key: object, start: int, stop: int, request: Request
+    ) -> tuple[StoredFile, bytes]:  # fmt: skip
         """The shard's file and its bytes [start, stop) (fewer where it ends sooner)."""
         try:
-            return self.open_reading(self.shard_path(shard), Range(start, stop - start))
+            return self.open_reading(self.shard_path(shard), Range(start, stop - start), request)
         except FileNotFoundError:
             pass
         file = self._pair(shard, key)
-        return file, file.read(start, min(stop, file.size))
+        return file, file.read(start, min(stop, file.size), request)
 
     def _pair(self, shard: int, key: object) -> JoinedFile:
         """The earlier layout's `<n>.index` + `<n>.data`, read as one file."""
@@ -145,13 +150,13 @@ class NeuroglancerKV(ShardedKV):
         except FileNotFoundError:
             return None
 
-    def locate(self, key: int) -> Extent | None:  # type: ignore[override]
+    def locate(self, key: int, request: Request = OWN) -> Extent | None:  # type: ignore[override]
         shard, minishard = self.spec.shard_and_minishard(key)
         try:
-            opened, entry = self.open_shard(shard, minishard, key)
+            opened, entry = self.open_shard(shard, minishard, key, request)
         except FileNotFoundError:
             return None  # a missing shard holds no keys
-        found = self.minishard(opened, minishard, entry, key, whole=True).find(key)
+        found = self.minishard(opened, minishard, entry, key, whole=True, request=request).find(key)
         if found is None:
             return None
         start, stop = found
@@ -161,16 +166,17 @@ class NeuroglancerKV(ShardedKV):
         return Extent(file, key, start, stop)
 
     def minishard(
-        self, opened: OpenShard, minishard: int, entry: tuple[int, int], key: object = "?", whole: bool = False
+        self, opened: OpenShard, minishard: int, entry: tuple[int, int], key: object = "?", whole: bool = False,
+        request: Request = OWN,
     ) -> MinishardIndex:  # fmt: skip
         """One minishard's index, whose shard index entry is entry, cached under its shard's version. whole: a
         key's read, which may have the minishard's chunks come with the index (see WHOLE_MINISHARD_BYTES); a
         listing reads indexes alone."""
-        make = lambda: self._read_minishard(opened, minishard, key, entry, whole)  # noqa: E731
+        make = lambda: self._read_minishard(opened, minishard, key, entry, whole, request)  # noqa: E731
         return self.cache.get_or_make(self.cache_key("minishard", opened.file, minishard), make)
 
     def _read_minishard(
-        self, opened: OpenShard, minishard: int, key: object, entry: tuple[int, int], whole: bool
+        self, opened: OpenShard, minishard: int, key: object, entry: tuple[int, int], whole: bool, request: Request
     ) -> MinishardIndex:  # fmt: skip
         file = opened.file
         index_size = self._index_size(file, key)
@@ -183,10 +189,10 @@ class NeuroglancerKV(ShardedKV):
         first = self._chunks_start(opened, start, stop) if whole else None
         try:
             if first is None:
-                index = MinishardIndex.decode(self._minishard_bytes(opened, start, stop), index_size)
+                index = MinishardIndex.decode(self._minishard_bytes(opened, start, stop, request), index_size)
             else:
-                raw = file.read(first, stop)
-                index = MinishardIndex.decode(self._decode_index(raw[start - first :]), index_size)
+                raw = file.read(first, stop, request)
+                index = MinishardIndex.decode(self._decode_index(raw[start - first :], request), index_size)
                 if len(index.keys) and min(index.starts) >= first and max(index.stops) <= start:
                     held = HeldChunks(first, raw[: start - first])
                     self.cache.get_or_make(self.cache_key("chunks", file, minishard), lambda: held)
@@ -211,19 +217,22 @@ class NeuroglancerKV(ShardedKV):
         first = span_start(opened.ends, start - index_size) + index_size
         return first if first < start and stop - first <= WHOLE_MINISHARD_BYTES else None
 
-    def _minishard_bytes(self, opened: OpenShard, start: int, stop: int) -> bytes:
+    def _minishard_bytes(self, opened: OpenShard, start: int, stop: int, request: Request = OWN) -> bytes:
         """A minishard index's decoded bytes: cut from its shard's batch where it has one (all its minishard
         indexes, read by the first of them wanted, and kept in the cache), else read alone."""
         file = opened.file
         if opened.batch is None or not opened.batch[0] <= start <= stop <= opened.batch[1]:
-            return self._read_encoded(file, start, stop, self.spec.minishard_index_encoding, MINISHARD_INDEX_LIMIT)
+            encoding = self.spec.minishard_index_encoding
+            return self._read_encoded(file, start, stop, encoding, MINISHARD_INDEX_LIMIT, request=request)
         first, last = opened.batch
-        batch = self.cache.get_or_make(self.cache_key("minishards", file), lambda: file.read(first, last))
-        return self._decode_index(batch[start - first : stop - first])
+        batch = self.cache.get_or_make(self.cache_key("minishards", file), lambda: file.read(first, last, request))
+        return self._decode_index(batch[start - first : stop - first], request)
 
-    def _decode_index(self, raw: bytes) -> bytes:
+    def _decode_index(self, raw: bytes, request: Request = OWN) -> bytes:
         """A minishard index's stored bytes with its encoding undone."""
-        return gunzip(raw, MINISHARD_INDEX_LIMIT) if self.spec.minishard_index_encoding == "gzip" else raw
+        if self.spec.minishard_index_encoding != "gzip":
+            return raw
+        return gunzip(raw, MINISHARD_INDEX_LIMIT, request, self.cache)
 
     def _index_size(self, file: StoredFile, key: object) -> int:
         size = self.spec.shard_index_size
@@ -232,24 +241,27 @@ class NeuroglancerKV(ShardedKV):
         return size
 
     def _read_encoded(
-        self, file: StoredFile, start: int, stop: int, encoding: str, limit: int, held: bytes | None = None
+        self, file: StoredFile, start: int, stop: int, encoding: str, limit: int, held: bytes | None = None,
+        request: Request = OWN,
     ) -> bytes:  # fmt: skip
         """Read and decode a stored range (`raw` or `gzip`), the output bounded by limit (ValueError past
         it); a range longer than its decoded limit is refused unread. held: its bytes, if read already."""
         if stop - start > limit + 1024:
             raise OverLimit(f"{stop - start} stored bytes exceed the {limit}-byte limit", limit, stop - start)
         if held is not None:
-            return gunzip(held, limit) if encoding == "gzip" else held
+            return gunzip(held, limit, request, self.cache) if encoding == "gzip" else held
         if encoding == "gzip":  # a large value is read as it is decoded, so as not to be held twice
             small = stop - start <= self.store.piece_size
-            return gunzip(file.read(start, stop) if small else file.pieces(start, stop), limit)
-        return file.read(start, stop)
+            data = file.read(start, stop, request) if small else file.pieces(start, stop, request)
+            return gunzip(data, limit, request, self.cache)
+        return file.read(start, stop, request)
 
-    def value(self, chunk: Extent) -> bytes:
+    def value(self, chunk: Extent, request: Request = OWN) -> bytes:
         """The stored value with `data_encoding` undone."""
         try:
             return self._read_encoded(
-                chunk.file, chunk.start, chunk.stop, self.spec.data_encoding, self.value_limit, self.held(chunk)
+                chunk.file, chunk.start, chunk.stop, self.spec.data_encoding, self.value_limit, self.held(chunk),
+                request,
             )  # fmt: skip
         except ValueError as e:
             raise CorruptChunk(chunk.shard, chunk.key, str(e)) from e

@@ -16,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from shardfs.cache import ByteCache
 from shardfs.codecs import UNDO, crc32c
 from shardfs.errors import Unsupported
+from shardfs.request import OWN, Request
 from shardfs.shards.grid import grid_position
 
 EMPTY = (1 << 64) - 1
@@ -79,10 +81,13 @@ class Level:
     post: tuple[str, ...]
 
 
-def decode_blob(data: bytes, post: tuple[str, ...], limit: int) -> bytes:
-    """Undo the bytes→bytes codecs that follow a sharding codec, last first, each bounded by limit."""
+def decode_blob(
+    data: bytes, post: tuple[str, ...], limit: int, request: Request = OWN, cache: ByteCache | None = None
+) -> bytes:  # fmt: skip
+    """Undo the bytes→bytes codecs that follow a sharding codec, last first, each bounded by limit, all by
+    request's budget; a large output in cache's turn (see codecs.gunzip)."""
     for name in reversed(post):
-        data = UNDO[name](data, limit)
+        data = UNDO[name](data, limit, request, cache)
     return data
 
 

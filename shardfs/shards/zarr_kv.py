@@ -17,6 +17,7 @@ import numpy as np
 
 from shardfs.cache import ByteCache, large_value_turn
 from shardfs.errors import CorruptChunk
+from shardfs.request import OWN, Request
 from shardfs.shards.grid import grid_shape
 from shardfs.shards.kv import PROBED_SHARDS, Extent, ShardedKV, ShardFile, ShardReport, skipped
 from shardfs.shards.zarr import ChunkKeys, Level, decode_blob
@@ -107,15 +108,15 @@ class ZarrKV(ShardedKV):
 
     # -- locating one inner chunk ------------------------------------------------------------------------------------
 
-    def locate(self, pos: tuple[int, ...]) -> Extent | None:  # type: ignore[override]
+    def locate(self, pos: tuple[int, ...], request: Request = OWN) -> Extent | None:  # type: ignore[override]
         """The inner chunk at global grid position pos, or None if it is absent."""
         try:
-            blob = Blob.whole(self.open_shard(self.shard_path(self.shard_of(pos))))
+            blob = Blob.whole(self.open_shard(self.shard_path(self.shard_of(pos)), request))
         except FileNotFoundError:
             return None  # a missing shard holds no chunks
         for depth, (level, steps) in enumerate(zip(self.levels, self._steps, strict=True)):
-            blob = self._decoded(blob, level, depth)
-            table = self._index(blob, level, depth)
+            blob = self._decoded(blob, level, depth, request)
+            table = self._index(blob, level, depth, request=request)
             # The entry of pos at this level: its position in this level's chunks, within this level's shard.
             number = sum((p // r) % c * s for p, (r, c, s) in zip(pos, steps, strict=True))
             found = level.layout.entry(table, number)
@@ -131,26 +132,27 @@ class ZarrKV(ShardedKV):
         start = blob.start + offset
         return Blob(blob.file, start, start + nbytes, blob.data, (*blob.key, number))
 
-    def _read(self, blob: Blob, start: int, stop: int) -> bytes:
+    def _read(self, blob: Blob, start: int, stop: int, request: Request) -> bytes:
         if blob.data is not None:
             return blob.data[blob.start + start : blob.start + stop]
-        return blob.file.read(blob.start + start, blob.start + stop)
+        return blob.file.read(blob.start + start, blob.start + stop, request)
 
-    def _decoded(self, blob: Blob, level: Level, depth: int) -> Blob:
+    def _decoded(self, blob: Blob, level: Level, depth: int, request: Request = OWN) -> Blob:
         if not level.post:
             return blob
 
         def make() -> bytes:
             try:
-                with large_value_turn(blob.stop - blob.start):
-                    return decode_blob(self._read(blob, 0, blob.stop - blob.start), level.post, self.limits[depth])
+                with large_value_turn(blob.stop - blob.start, self.cache):
+                    stored = self._read(blob, 0, blob.stop - blob.start, request)
+                    return decode_blob(stored, level.post, self.limits[depth], request, self.cache)
             except ValueError as e:
                 raise CorruptChunk(blob.shard, f"level {depth} shard blob", f"cannot decode {level.post}: {e}") from e
 
         data = self.cache.get_or_make(("blob", *blob.key), make)
         return Blob(blob.file, 0, len(data), data, blob.key)
 
-    def open_shard(self, path: str) -> StoredFile:
+    def open_shard(self, path: str, request: Request = OWN) -> StoredFile:
         """The shard at path, opened once (kept in the cache) by the read of its index where that index is
         stored as it is (no bytes→bytes codec over the shard): at its end by a suffix read, at its start by
         one from 0. A remote store learns the shard's size and version from that read's answer, so no
@@ -163,20 +165,22 @@ class ZarrKV(ShardedKV):
                 return self.open_file(path)
             size = level.layout.size
             at_start = level.layout.at_start
-            file, raw = self.open_reading(path, Range(0, size) if at_start else Suffix(size))
-            self._index(Blob.whole(file), level, 0, raw if len(raw) == size else None)
+            file, raw = self.open_reading(path, Range(0, size) if at_start else Suffix(size), request)
+            self._index(Blob.whole(file), level, 0, raw if len(raw) == size else None, request)
             return file
 
         return self.cache.get_or_make(self.opened_cache_key(path), make)
 
-    def _index(self, blob: Blob, level: Level, depth: int, raw: bytes | None = None) -> bytes:
+    def _index(
+        self, blob: Blob, level: Level, depth: int, raw: bytes | None = None, request: Request = OWN
+    ) -> bytes:  # fmt: skip
         """The verified index of blob, read from it unless raw holds it already (as the read that opened
         the shard did)."""
 
         def make() -> bytes:
             try:
                 start, stop = level.layout.where(blob.stop - blob.start)
-                return level.layout.decode(self._read(blob, start, stop) if raw is None else raw)
+                return level.layout.decode(self._read(blob, start, stop, request) if raw is None else raw)
             except ValueError as e:
                 raise CorruptChunk(blob.shard, f"level {depth} index", str(e)) from e
 

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
+from shardfs.request import OWN, Request
 from shardfs.stores.protocol import ByteRange, Owner, Store, StoredFile
 
 
@@ -39,12 +40,12 @@ class Beneath:
     def open(self, path: str) -> StoredFile:
         return self._ours(self.store.open(self._full(path)))
 
-    def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
-        file, data = self.store.open_reading(self._full(path), want)
+    def open_reading(self, path: str, want: ByteRange, request: Request = OWN) -> tuple[StoredFile, bytes]:
+        file, data = self.store.open_reading(self._full(path), want, request)
         return self._ours(file), data
 
-    def read(self, file: StoredFile, start: int, stop: int) -> bytes:
-        return self.store.read(self._theirs(file), start, stop)
+    def read(self, file: StoredFile, start: int, stop: int, request: Request = OWN) -> bytes:
+        return self.store.read(self._theirs(file), start, stop, request)
 
     def next_data(self, file: StoredFile, offset: int) -> int:
         return self.store.next_data(self._theirs(file), offset)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from shardfs.context import Context
+from shardfs.request import OWN, Request
 from shardfs.stores.protocol import ByteRange, Owner, StoreChanged, StoredFile
 
 T = TypeVar("T")
@@ -162,11 +163,12 @@ class LocalStore:
         _, version, owner = self._file(path)
         return StoredFile(path, version[2], version, owner, self)
 
-    def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
+    def open_reading(self, path: str, want: ByteRange, request: Request = OWN) -> tuple[StoredFile, bytes]:
         file = self.open(path)
         return file, file.read(*want.within(file.size))
 
-    def read(self, file: StoredFile, start: int, stop: int) -> bytes:
+    def read(self, file: StoredFile, start: int, stop: int, request: Request = OWN) -> bytes:
+        """A disk's read waits on nothing an interrupt could end: request is not asked."""
         f, version, _ = self._file(file.path)
         if version != file.version:
             raise StoreChanged(self.where(file.path), "replaced since its index was read")

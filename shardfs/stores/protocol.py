@@ -17,6 +17,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from shardfs.request import OWN, Request
+
 # The bits a class of users needs on a directory to pass it: search for owner, group, others.
 _SEARCH = (0o100, 0o010, 0o001)
 
@@ -74,18 +76,19 @@ class StoredFile:
     owner: Owner
     store: Store = field(compare=False, repr=False)
 
-    def read(self, start: int, stop: int) -> bytes:
-        """Exactly bytes [start, stop) of this version; StoreChanged if they cannot be had."""
-        return self.store.read(self, start, stop) if stop > start else b""
+    def read(self, start: int, stop: int, request: Request = OWN) -> bytes:
+        """Exactly bytes [start, stop) of this version; StoreChanged if they cannot be had. request: whose read
+        it is (an interrupt of it ends a wait on the network: InterruptedError)."""
+        return self.store.read(self, start, stop, request) if stop > start else b""
 
     def next_data(self, offset: int) -> int:
         """The first offset at or after offset that may hold data (sparse files skip their holes)."""
         return self.store.next_data(self, offset)
 
-    def pieces(self, start: int, stop: int) -> Iterator[bytes]:
+    def pieces(self, start: int, stop: int, request: Request = OWN) -> Iterator[bytes]:
         """Bytes [start, stop) of this version, read a piece at a time as they are consumed."""
         step = self.store.piece_size
-        return (self.read(at, min(at + step, stop)) for at in range(start, stop, step))
+        return (self.read(at, min(at + step, stop), request) for at in range(start, stop, step))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +106,10 @@ class JoinedFile(StoredFile):
         version = (head.version, tail.version)
         return cls(path, head.size + tail.size, version, tail.owner.also(head.owner), tail.store, head, tail)
 
-    def read(self, start: int, stop: int) -> bytes:
+    def read(self, start: int, stop: int, request: Request = OWN) -> bytes:
         cut = self.head.size  # each part is b"" where the range misses it, and b"" + part is part, uncopied
-        return self.head.read(start, min(stop, cut)) + self.tail.read(max(start, cut) - cut, stop - cut)
+        head = self.head.read(start, min(stop, cut), request)
+        return head + self.tail.read(max(start, cut) - cut, stop - cut, request)
 
     def next_data(self, offset: int) -> int:
         cut = self.head.size
@@ -162,11 +166,13 @@ class Store(Protocol):
     def open(self, path: str) -> StoredFile:
         """The current version of a regular file; FileNotFoundError if there is none."""
 
-    def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
+    def open_reading(self, path: str, want: ByteRange, request: Request = OWN) -> tuple[StoredFile, bytes]:
         """open() and the bytes of that version that want asks for, at the cost of the read alone where the
         store can: a remote one learns the version from the read's answer."""
 
-    def read(self, file: StoredFile, start: int, stop: int) -> bytes: ...
+    def read(self, file: StoredFile, start: int, stop: int, request: Request = OWN) -> bytes:
+        """Bytes [start, stop) of file's version, for request: a store that waits on a network gives up when
+        request is interrupted (InterruptedError); one that waits on nothing else (a disk) reads on."""
 
     def next_data(self, file: StoredFile, offset: int) -> int: ...
 

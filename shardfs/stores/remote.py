@@ -41,6 +41,7 @@ from shardfs.cache import key_cost
 from shardfs.context import Context
 from shardfs.errors import SourceError
 from shardfs.options import DEFAULT_TIMEOUT
+from shardfs.request import OWN, Request
 from shardfs.stores import credentials
 from shardfs.stores.disk_cache import DiskCache
 from shardfs.stores.location import Remote
@@ -65,30 +66,45 @@ CLOUDS = {"s3": "Amazon S3", "gs": "Google Cloud Storage"}  # where a bucket is 
 Listed = Generator[tuple[str, bool], None, str | None]  # entries, then where a listing goes on
 
 
-def _interruptible(request: Callable[[], T]) -> T:
-    """request(), in a thread of its own when called from the main thread: obstore waits in Rust, where Python
-    runs no signal handler until it returns (a hung server: --timeout, retries included), so Ctrl-C would
-    wait as long. The main thread waits on an event instead, which a signal interrupts; the request is left
-    to end with the process."""
-    if threading.current_thread() is not threading.main_thread():
-        return request()
+def _waited(call: Callable[[], T], request: Request) -> T:
+    """call(), waited for where a wait must be able to end before it does: in the main thread (obstore waits in
+    Rust, where Python runs no signal handler until it returns, a hung server's --timeout, retries included,
+    so Ctrl-C would wait as long), and for a FUSE request, which the kernel may interrupt (its caller was
+    signalled, or killed: a killed caller waits, unkillable, for the answer). call() then runs in a thread of
+    its own; the waiting thread waits on an event that a signal interrupts and the request's INTERRUPT sets.
+    A call given up on is left to end by itself (within --timeout), its answer dropped: InterruptedError for
+    an interrupted request, KeyboardInterrupt for Ctrl-C. The daemon's own work waits in its own thread."""
+    if request is OWN and threading.current_thread() is not threading.main_thread():
+        return call()
+    if request.interrupted:
+        raise _interrupted()
     answer: list[Any] = []
     done = threading.Event()
 
     def run() -> None:
         try:
-            answer.append((True, request()))
+            answer.append((True, call()))
         except BaseException as e:  # handed to the waiting thread, as if raised there
             answer.append((False, e))
         finally:
             done.set()
 
     threading.Thread(target=run, name="shardfs-request", daemon=True).start()
-    done.wait()
+    try:
+        if request.waking(done.set):
+            done.wait()
+    finally:
+        request.waking(None)
+    if not answer:
+        raise _interrupted()
     ok, value = answer[0]
     if not ok:
         raise value
     return value
+
+
+def _interrupted() -> InterruptedError:
+    return InterruptedError(errno.EINTR, "interrupted: the kernel has answered the caller")
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,13 +247,17 @@ class RemoteStore:
                     made = self._reads = (os.getpid(), pool)
         return made[1]
 
-    def _call(self, what: str, path: str, request: Callable[[], T]) -> T:
-        """One request (retries included), counted and timed; obstore's errors as a disk's errno, with the reason
-        in the error (not logged here: whoever handles it logs it or prints it, once)."""
+    def _call(self, what: str, path: str, call: Callable[[], T], request: Request = OWN) -> T:
+        """One request to the server (retries included), for request (a FUSE request's is given up when the
+        kernel interrupts it: InterruptedError), counted and timed; obstore's errors as a disk's errno, with the
+        reason in the error (not logged here: whoever handles it logs it or prints it, once)."""
         started = time.monotonic()
         outcome = "ok"
         try:
-            return _interruptible(lambda: self.context.waiting.run(what, self.where(path), request))
+            return _waited(lambda: self.context.waiting.run(what, self.where(path), call), request)
+        except InterruptedError:  # the kernel has answered its caller: the server's answer goes nowhere
+            outcome = "interrupted"
+            raise
         except FileNotFoundError:
             outcome = "not_found"
             raise FileNotFoundError(errno.ENOENT, "not in the source", self.where(path)) from None
@@ -286,7 +306,7 @@ class RemoteStore:
             raise self._absent(path)
         return found
 
-    def open_reading(self, path: str, want: ByteRange) -> tuple[StoredFile, bytes]:
+    def open_reading(self, path: str, want: ByteRange, request: Request = OWN) -> tuple[StoredFile, bytes]:
         """The object's version and the bytes want asks for, in one GET where the version is not known yet: the
         answer names it (Content-Range's total size, ETag, Last-Modified), so no HEAD goes first, and the bytes
         are surely of that version. A Suffix is a suffix range (`bytes=-n`); a server that refuses those (some
@@ -294,20 +314,23 @@ class RemoteStore:
         as any range is, under its precondition."""
         found = self._known(path)
         if found is None and isinstance(want, Range):
-            return self._open_by(path, lambda: self._get_first(path, want.offset, want.offset + want.length))
+            get = lambda: self._get_first(path, want.offset, want.offset + want.length)  # noqa: E731
+            return self._open_by(path, get, request)
         if found is None and self._suffixes:
             try:
-                return self._open_by(path, lambda: self._get_tail(path, want.length))
+                return self._open_by(path, lambda: self._get_tail(path, want.length), request)
             except NoSuffixRanges:
                 self._refuse_suffixes()
         file = found or self.open(path)
-        return file, file.read(*want.within(file.size))
+        return file, file.read(*want.within(file.size), request)
 
-    def _open_by(self, path: str, get: Callable[[], tuple[StoredFile, bytes, int]]) -> tuple[StoredFile, bytes]:
+    def _open_by(
+        self, path: str, get: Callable[[], tuple[StoredFile, bytes, int]], request: Request
+    ) -> tuple[StoredFile, bytes]:  # fmt: skip
         """The version and bytes that get()'s one GET answered (with where they start), remembered and
         counted."""
         try:
-            file, data, start = self._call("get", path, get)
+            file, data, start = self._call("get", path, get, request)
         except FileNotFoundError:
             self._remember(path, Absent(path))
             raise
@@ -344,7 +367,7 @@ class RemoteStore:
     def _file(self, path: str, meta: Any) -> StoredFile:
         return StoredFile(path, meta["size"], _version(meta), self._owner, self)
 
-    def read(self, file: StoredFile, start: int, stop: int) -> bytes:
+    def read(self, file: StoredFile, start: int, stop: int, request: Request = OWN) -> bytes:
         """Bytes [start, stop) of file's version, from --cache-dir if kept there (never for a version that
         is only a size: another object of that size would be answered)."""
         disk = self._disk(file)
@@ -353,7 +376,7 @@ class RemoteStore:
             self.context.metrics.disk_cache.labels("miss" if cached is None else "hit").inc()
             if cached is not None:
                 return cached
-        data = self._call("get", file.path, lambda: self._get(file, start, stop))
+        data = self._call("get", file.path, lambda: self._get(file, start, stop), request)
         self._count(file, start, stop, data)
         return data
 

@@ -15,6 +15,7 @@ from shardfs.cache import ByteCache
 from shardfs.errors import CorruptChunk
 from shardfs.files import File
 from shardfs.formats.plan import Array, Compressor
+from shardfs.request import OWN, Request
 from shardfs.stores.protocol import Owner
 
 BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
@@ -34,11 +35,11 @@ class PrefixedFile:
     def size(self) -> int:
         return len(self.head) + self.body.size()
 
-    def read(self, offset: int, length: int) -> bytes:
+    def read(self, offset: int, length: int, request: Request = OWN) -> bytes:
         n = len(self.head)
         if offset >= n:
-            return self.body.read(offset - n, length)
-        return self.head[offset : offset + length] + self.body.read(0, max(0, offset + length - n))
+            return self.body.read(offset - n, length, request)
+        return self.head[offset : offset + length] + self.body.read(0, max(0, offset + length - n), request)
 
 
 def edge_shape(array: Array, pos: tuple[int, ...]) -> tuple[int, ...]:
@@ -46,13 +47,13 @@ def edge_shape(array: Array, pos: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(min(c, s - p * c) for p, c, s in zip(pos, array.chunks, array.shape, strict=True))
 
 
-def decoded(array: Array, pos: tuple[int, ...], stored: File) -> np.ndarray:
+def decoded(array: Array, pos: tuple[int, ...], stored: File, request: Request = OWN) -> np.ndarray:
     """The values of a stored chunk, clipped to the array; a chunk that does not decode is CorruptChunk,
     naming its shard (or file) and position, so the read gives EIO and the log says where."""
     inside = edge_shape(array, pos)
     shape = inside if array.clipped else array.chunks
     try:
-        values = array.decode(stored.read(0, stored.size()), shape)
+        values = array.decode(stored.read(0, stored.size(), request), shape, request)
     except ValueError as e:
         raise CorruptChunk(getattr(stored, "path", "") or "?", f"chunk {list(pos)}", str(e)) from e
     return values[tuple(slice(0, n) for n in inside)]

@@ -24,6 +24,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.files import BytesFile, Dir, File, LazyFile, Node
 from shardfs.formats.plan import Array, Finding, Plan
+from shardfs.request import OWN, Request
 from shardfs.shards.grid import grid_at, grid_index, grid_position, grid_shape
 from shardfs.shards.kv import Fetch
 from shardfs.views.axes import Axes, axes_of, pyramids
@@ -102,7 +103,7 @@ class Dataset:
         at = grid_at(key, self.grid) if self.ndim else None
         return None if at is None else "/".join(map(str, at))
 
-    def child(self, rel: str) -> Node | None:
+    def child(self, rel: str, request: Request = OWN) -> Node | None:
         at = self._grid_path(rel)
         if at is None:
             return None
@@ -112,13 +113,13 @@ class Dataset:
         # more than it saves); listings show only directories that hold blocks.
         if len(at) < self.ndim:
             return Dir(self.array.owner)  # the grid's directories stand for the array's
-        return self.block(tuple(at[::-1]))
+        return self.block(tuple(at[::-1]), request)
 
-    def file_of(self, key: int) -> File:
+    def file_of(self, key: int, request: Request = OWN) -> File:
         at = grid_at(key, self.grid) if self.ndim else None
         if at is None:
             raise FileNotFoundError(f"key {key}")
-        return self.block(at[::-1])
+        return self.block(at[::-1], request)
 
     def position_of(self, key: int) -> tuple[int, ...] | None:
         return grid_at(key, self.grid)
@@ -150,8 +151,8 @@ class Dataset:
             below = below[(below[:, : len(at)] == at).all(axis=1)]
         yield from next_level(tuple(at), self.ndim, map(tuple, below.tolist()))
 
-    def block(self, pos: tuple[int, ...]) -> File:
-        stored = self.array.chunk(pos)
+    def block(self, pos: tuple[int, ...], request: Request = OWN) -> File:
+        stored = self.array.chunk(pos, request)
         inside = edge_shape(self.array, pos)
         head = struct.pack(f">HH{self.ndim}I", 0, self.ndim, *inside[::-1])
         if stored is None and not self.filled:
@@ -160,17 +161,17 @@ class Dataset:
         if stored is not None and self.zero_copy and (self.array.clipped or inside == self.array.chunks):
             return PrefixedFile(head, stored)
         if stored is not None and self.zero_copy and self.array.compressor:  # an edge block, compressed
-            values = decoded(self.array, pos, stored).astype(big)
+            values = decoded(self.array, pos, stored, request).astype(big)
             return BytesFile(head + encode(self.array.compressor, values), stored.owner)
         size = len(head) + nbytes(inside, big)
 
-        def make() -> np.ndarray:
+        def make(request: Request) -> np.ndarray:
             """Header and values written once, straight into the buffer that is served."""
             out = np.empty(size, np.uint8)
             out[: len(head)] = np.frombuffer(head, np.uint8)
             body = out[len(head) :].view(big).reshape(inside)
             # N5 reads a missing block as zeros, so one of another fill value is made.
-            body[...] = self.array.fill_value if stored is None else decoded(self.array, pos, stored)
+            body[...] = self.array.fill_value if stored is None else decoded(self.array, pos, stored, request)
             return out
 
         owner = self.array.owner if stored is None else stored.owner

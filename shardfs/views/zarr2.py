@@ -24,6 +24,7 @@ import numpy as np
 from shardfs.cache import ByteCache
 from shardfs.files import Dir, File, LazyFile, Node
 from shardfs.formats.plan import Array, Finding, Plan
+from shardfs.request import OWN, Request
 from shardfs.shards.grid import grid_at, grid_index, grid_position, grid_shape
 from shardfs.shards.kv import Fetch
 from shardfs.views.axes import axes_of
@@ -84,7 +85,7 @@ class Zarr2Array:
         pos = grid_at(key, self.grid)
         return None if pos is None else self.separator.join(map(str, pos)) if self.ndim else "0"
 
-    def child(self, rel: str) -> Node | None:
+    def child(self, rel: str, request: Request = OWN) -> Node | None:
         at = self._path(rel)
         if at is None:
             return None
@@ -94,13 +95,13 @@ class Zarr2Array:
         # directories that hold chunks.
         if len(at) < self.ndim:
             return Dir(self.array.owner)
-        return self.chunk(at[self.lead :])
+        return self.chunk(at[self.lead :], request)
 
-    def file_of(self, key: int) -> File:
+    def file_of(self, key: int, request: Request = OWN) -> File:
         at = grid_at(key, self.grid)
         if at is None or any(at[: self.lead]):
             raise FileNotFoundError(f"key {key}")
-        return self.chunk(at[self.lead :])
+        return self.chunk(at[self.lead :], request)
 
     def position_of(self, key: int) -> tuple[int, ...] | None:
         return grid_at(key, self.grid)
@@ -127,16 +128,16 @@ class Zarr2Array:
             for pos in paths:
                 yield self.separator.join(map(str, pos)) if self.ndim else "0", False
 
-    def chunk(self, pos: tuple[int, ...]) -> File:
-        stored = self.array.chunk(pos)
+    def chunk(self, pos: tuple[int, ...], request: Request = OWN) -> File:
+        stored = self.array.chunk(pos, request)
         if stored is None:
             raise FileNotFoundError(pos)
         array = self.array
         if self.zero_copy and (not array.clipped or edge_shape(array, pos) == array.chunks):
             return stored
 
-        def make() -> bytes:
-            values = decoded(array, pos, stored)
+        def make(request: Request) -> bytes:
+            values = decoded(array, pos, stored, request)
             if values.shape == array.chunks:
                 return values.tobytes()
             whole = np.full(array.chunks, array.fill_value, array.dtype)

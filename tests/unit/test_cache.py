@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from shardfs.cache import LARGE_VALUE, ByteCache, entry_cost, large_value_turn, serving
+from shardfs.cache import LARGE_VALUE, ByteCache, entry_cost, large_value_turn
 from shardfs.files import BytesFile, Dir
 from shardfs.shards.neuroglancer import MinishardIndex
 from shardfs.source import open_source
@@ -47,16 +47,12 @@ def test_each_mount_has_its_own_turn_for_large_values() -> None:
     a, b = ByteCache(budget=1000), ByteCache(budget=1000)
     a.get_or_make("x", lambda: bytes(4000))
     b.get_or_make("y", lambda: bytes(4000))
-    serving(a)  # as a request of a's mount does (codecs.start_request)
-    try:
-        with large_value_turn(LARGE_VALUE + 1):
-            assert a.oversized == 0 and b.oversized > 0
-            other = threading.Thread(target=lambda: (serving(b), large_value_turn(LARGE_VALUE + 1).__enter__()))
-            other.start()
-            other.join(60)
-            assert not other.is_alive(), "a large value of one mount waited for another mount's"
-    finally:
-        serving(None)
+    with large_value_turn(LARGE_VALUE + 1, a):  # as what decodes for a's mount does (given a's cache)
+        assert a.oversized == 0 and b.oversized > 0
+        other = threading.Thread(target=lambda: large_value_turn(LARGE_VALUE + 1, b).__enter__())
+        other.start()
+        other.join(60)
+        assert not other.is_alive(), "a large value of one mount waited for another mount's"
 
 
 def test_concurrent_misses_make_a_value_once() -> None:

@@ -16,6 +16,7 @@ import pytest
 from shardfs.fs.bridge import Bridge
 from shardfs.fuse import wire
 from shardfs.fuse.listing import Listing, ListingWorkers
+from shardfs.request import Request
 from shardfs.source import open_source
 from tests.support import peers
 
@@ -131,8 +132,8 @@ def kv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def listing(bridge: Bridge, directory: str) -> Listing:
     """The listing of directory ('' the root), looked up by name as the kernel does."""
-    entry = bridge.lookup(wire.ROOT_ID, directory.encode()) if directory else None
-    return bridge.listing(wire.ROOT_ID if entry is None else entry[0])
+    entry = bridge.lookup(Request(), wire.ROOT_ID, directory.encode()) if directory else None
+    return bridge.listing(Request(), wire.ROOT_ID if entry is None else entry[0])
 
 
 @pytest.mark.parametrize("directory", ["", "notes"])
@@ -160,9 +161,9 @@ def test_resuming_lists_the_directory_once(kv) -> None:
         return listdir(path)
 
     ops.tree.listdir = counted  # type: ignore[method-assign]
-    whole = dirents(ops.listing(wire.ROOT_ID).page(0, 1 << 30))
+    whole = dirents(ops.listing(Request(), wire.ROOT_ID).page(0, 1 << 30))
     for offset in (250, 3, 299, 100, 0):
-        assert dirents(ops.listing(wire.ROOT_ID).page(offset, 32)) == whole[offset : offset + 1]  # one entry
+        assert dirents(ops.listing(Request(), wire.ROOT_ID).page(offset, 32)) == whole[offset : offset + 1]  # one entry
     assert made == [""]
 
 

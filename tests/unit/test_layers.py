@@ -13,7 +13,7 @@ PACKAGE = Path(shardfs.__file__).parent
 # Lowest first, in the order the Code layout gives them; a module may import its own layer's and those before.
 LAYERS = [
     ("shardfs", "shardfs.options", "shardfs.cache", "shardfs.metrics", "shardfs.context", "shardfs.codecs",
-     "shardfs.logs", "shardfs.errors"),
+     "shardfs.logs", "shardfs.errors", "shardfs.request"),
     ("shardfs.stores",),
     ("shardfs.shards",),
     ("shardfs.files",),

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,9 +23,10 @@ from tests.support.cli import SHARDFS
 from tests.support.daemons import wait_until
 
 
-def record(level: int, event: str) -> logging.LogRecord:
+def record(level: int, event: str, uid: int | None = None) -> logging.LogRecord:
+    """A record as a log call makes it, with extra={"event": event, "uid": uid}."""
     made = logging.LogRecord("shardfs", level, __file__, 1, "corrupt %s", ("chunk",), None, func="read")
-    made.event = event
+    made.event, made.uid = event, uid
     return made
 
 
@@ -66,31 +68,24 @@ def test_every_window_restarts_the_budget_at_its_end_and_not_a_tick_before() -> 
 
 
 def test_each_user_has_a_budget_of_their_own_and_budgets_are_bounded(monkeypatch) -> None:
-    """The user whose request a thread answers (logs.serving) has a budget of their own: another user's burst
-    leaves it whole, and the line names them. Past MAX_WINDOWS budgets, the users beyond share one, until
-    a window ends and frees those that dropped nothing."""
+    """The user whose request a line is about (its `uid`, passed by whoever holds the request) has a budget of
+    their own: another user's burst leaves it whole, and the line names them. Past MAX_WINDOWS budgets, the
+    users beyond share one, until a window ends and frees those that dropped nothing."""
     now = [0.0]
     limit = RateLimit(burst=2, window=10, clock=lambda: now[0])
-    try:
-        logs.serving(1000)
-        assert [limit.filter(record(logging.ERROR, "eio")) for _ in range(5)] == [True, True, False, False, False]
-        logs.serving(0)
-        mine = record(logging.ERROR, "eio")
-        assert limit.filter(mine) and " uid=0 msg=" in Logfmt().format(mine)
-        logs.serving(None)  # the daemon's own work: a budget of its own, no uid named
-        own = record(logging.ERROR, "eio")
-        assert limit.filter(own) and "uid=" not in Logfmt().format(own)
-        monkeypatch.setattr(logs, "MAX_WINDOWS", 5)
-        for uid in (1, 2):
-            logs.serving(uid)
-            assert limit.filter(record(logging.ERROR, "eio"))
-        logs.serving(3)  # a sixth budget: shares the daemon's, which has one line left
-        assert [limit.filter(record(logging.ERROR, "eio")) for _ in range(2)] == [True, False]
-        now[0] = 10.0  # the window ended: budgets that dropped nothing are let go, and 3 gets its own
-        assert [limit.filter(record(logging.ERROR, "eio")) for _ in range(3)] == [True, True, False]
-        assert len(limit._windows) <= 5
-    finally:
-        logs.serving(None)
+    assert [limit.filter(record(logging.ERROR, "eio", 1000)) for _ in range(5)] == [True, True, False, False, False]
+    mine = record(logging.ERROR, "eio", 0)
+    assert limit.filter(mine) and " uid=0 msg=" in Logfmt().format(mine)
+    own = record(logging.ERROR, "eio")  # the daemon's own work: a budget of its own, no uid named
+    assert limit.filter(own) and "uid=" not in Logfmt().format(own)
+    monkeypatch.setattr(logs, "MAX_WINDOWS", 5)
+    for uid in (1, 2):
+        assert limit.filter(record(logging.ERROR, "eio", uid))
+    # a sixth budget: shares the daemon's, which has one line left
+    assert [limit.filter(record(logging.ERROR, "eio", 3)) for _ in range(2)] == [True, False]
+    now[0] = 10.0  # the window ended: budgets that dropped nothing are let go, and 3 gets its own
+    assert [limit.filter(record(logging.ERROR, "eio", 3)) for _ in range(3)] == [True, True, False]
+    assert len(limit._windows) <= 5
 
 
 def test_info_is_never_dropped_and_debug_has_a_burst_of_its_own() -> None:
@@ -215,26 +210,32 @@ def test_mount_f_shows_the_mount_line_on_the_terminal(raw_volume: tuple[Path, Pa
 
 
 def test_each_volume_of_a_shared_daemon_has_a_budget_of_its_own() -> None:
-    """The CSI daemon serves several tenants' volumes: a thread's volume (the cache it serves, named by
-    host.daemon's filter, which runs first) has budgets of its own, so one volume's burst of errors never
-    silences another's first lines."""
-    from shardfs.cache import ByteCache, serving
+    """The CSI daemon serves several tenants' volumes: a thread's volume (the mount it works for, set when it
+    started, named by host.daemon's filter, which runs first) has budgets of its own, so one volume's burst of
+    errors never silences another's first lines."""
     from shardfs.host.daemon import _Naming
 
-    a, b = ByteCache(1 << 20, 1 << 20), ByteCache(1 << 20, 1 << 20)
-    naming, limit = _Naming({a: "/pods/a", b: "/pods/b"}), RateLimit(burst=2, window=10, clock=lambda: 0.0)
+    naming, limit = _Naming(), RateLimit(burst=2, window=10, clock=lambda: 0.0)
 
-    def logged(cache: ByteCache) -> tuple[bool, str]:
-        serving(cache)
-        made = record(logging.ERROR, "eio")
-        naming.filter(made)
-        return limit.filter(made), made.getMessage()
+    def logged(target: str) -> tuple[bool, str]:
+        made: list[tuple[bool, str]] = []
 
-    try:
-        assert [logged(a)[0] for _ in range(5)] == [True, True, False, False, False]
-        assert [logged(b) for _ in range(2)] == [(True, "/pods/b: corrupt chunk")] * 2
-    finally:
-        serving(None)
+        def log() -> None:  # in a thread the volume's own thread starts, as its session's are
+            record_ = record(logging.ERROR, "eio")
+            naming.filter(record_)
+            made.append((limit.filter(record_), record_.getMessage()))
+
+        def volume() -> None:
+            logs.own_thread(target)
+            logs.start_thread(log, "fuse-0").join()
+
+        thread = threading.Thread(target=volume)
+        thread.start()
+        thread.join()
+        return made[0]
+
+    assert [logged("/pods/a")[0] for _ in range(5)] == [True, True, False, False, False]
+    assert [logged("/pods/b") for _ in range(2)] == [(True, "/pods/b: corrupt chunk")] * 2
 
 
 def test_a_log_file_of_its_own_stays_under_its_bound(tmp_path: Path) -> None:
