@@ -54,6 +54,7 @@ NOT_IMPLEMENTED = frozenset(
 )  # fmt: skip
 OPCODE_UNIQUE = struct.Struct("=IQ")  # fuse_in_header's opcode and unique, from its 4th byte
 IOCTL = int(Op.IOCTL)
+SIGNALS_SEEN_WITHIN = 0.5  # seconds: see run
 UNANSWERED = frozenset({Op.FORGET, Op.BATCH_FORGET, Op.INTERRUPT, Op.NOTIFY_REPLY})  # the kernel waits on none
 # With `allow_root`, what any user's request may still do (libfuse's set): the kernel's own housekeeping,
 # and what follows an OPEN or OPENDIR that was checked.
@@ -156,7 +157,11 @@ class Session:
             started.set()
         if terms is not None and self.on_ready is not None:
             self.on_ready()
-        self._done.wait()
+        # Python runs a signal's handler in the main thread, but the kernel may give the signal to any thread
+        # that does not block it (threads come and go: one per remote wait); one that lands elsewhere does not
+        # wake a main thread asleep on a lock. Waking twice a second bounds how long SIGUSR2 or SIGTERM waits.
+        while not self._done.wait(SIGNALS_SEEN_WITHIN):
+            pass
 
     def _restore(self, terms: Terms) -> None:
         """Take up a kept connection on the terms its INIT settled; have the kernel resend what was read and
