@@ -370,15 +370,9 @@ def test_a_connection_kept_for_another_source_is_let_go_not_taken_up(
         daemons.append(stats_socket.ask(point)[0])
         name = sorted(os.listdir(twin / SCALE))[1]
         held = open(point / SCALE / name, "rb")  # noqa: SIM115 (read after the change)
-        os.kill(daemons[0], signal.SIGKILL)
-        while alive(daemons[0]):
-            time.sleep(0.01)
+        _killed_and_replaced(daemons[0], after, systemd if carrier == "systemd" else None)
         if carrier == "systemd":
-            after.go()
-            systemd.until("READY=1")
             assert set(systemd.store) == {FUSE_NAME, RECORD_NAME}
-        else:
-            assert after.go().wait(timeout=PATIENCE) == 0, after.process.stderr.read()
         daemons.append(stats_socket.ask(point)[0])
         assert "it is let go and the mount made afresh" in log.read_text()
         assert device_of(point) not in (None, old_device)  # a new connection
@@ -394,17 +388,7 @@ def test_a_connection_kept_for_another_source_is_let_go_not_taken_up(
         other_name = sorted(os.listdir(other_twin / SCALE))[1]
         assert (point / SCALE / other_name).read_bytes() == (other_twin / SCALE / other_name).read_bytes()
     finally:
-        with contextlib.suppress(OSError):
-            unmount(point, lazy=True)
-        for pid in daemons:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        if first is not None:
-            first.wait(PATIENCE)
-        systemd.close()
-        if keeper_path.exists():
-            with contextlib.suppress(OSError):
-                os.kill(peer_pid(keeper_path), signal.SIGKILL)
+        _take_down(point, daemons, first, systemd, keeper_path)
 
 
 @pytest.mark.parametrize("carrier", ["systemd", "keeper"])
@@ -446,14 +430,7 @@ def test_a_chunk_held_below_a_directory_of_datasets_reads_after_its_daemon_is_re
         assert (point / "a" / SCALE / names[0]).read_bytes() == (twin / SCALE / names[0]).read_bytes()
         held = open(point / "b" / SCALE / names[1], "rb")  # noqa: SIM115 (read by the daemon after)
         assert os.fstat(held.fileno()).st_ino & PACKED
-        os.kill(daemons[0], signal.SIGKILL)
-        while alive(daemons[0]):
-            time.sleep(0.01)
-        if carrier == "systemd":
-            after.go()
-            systemd.until("READY=1")
-        else:
-            assert after.go().wait(timeout=PATIENCE) == 0, after.process.stderr.read()
+        _killed_and_replaced(daemons[0], after, systemd if carrier == "systemd" else None)
         daemons.append(stats_socket.ask(point)[0])
         assert "a kept connection taken up" in log.read_text()
         third = sorted(os.listdir(other_twin / SCALE))[1]
@@ -463,14 +440,34 @@ def test_a_chunk_held_below_a_directory_of_datasets_reads_after_its_daemon_is_re
     finally:
         if after is not None and after.process.stdin is not None and not after.process.stdin.closed:
             after.process.kill()  # never started: it would start once this process's end closes its stdin
+        _take_down(point, daemons, first, systemd, keeper_path)
+
+
+def _take_down(
+    point: Path, daemons: list[int], first: subprocess.Popen[str] | None, systemd: Systemd, keeper_path: Path
+) -> None:  # fmt: skip
+    """Whatever a test of a replaced daemon left: the mount, its daemons (the first one waited for, if the test
+    started it), the notify socket and the keeper."""
+    with contextlib.suppress(OSError):
+        unmount(point, lazy=True)
+    for pid in daemons:
         with contextlib.suppress(OSError):
-            unmount(point, lazy=True)
-        for pid in daemons:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        if first is not None:
-            first.wait(PATIENCE)
-        systemd.close()
-        if keeper_path.exists():
-            with contextlib.suppress(OSError):
-                os.kill(peer_pid(keeper_path), signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+    if first is not None:
+        first.wait(PATIENCE)
+    systemd.close()
+    if keeper_path.exists():
+        with contextlib.suppress(OSError):
+            os.kill(peer_pid(keeper_path), signal.SIGKILL)
+
+
+def _killed_and_replaced(pid: int, after: Launch, systemd: Systemd | None) -> None:
+    """The daemon pid killed, and the one after started: by systemd (once READY), or by hand for the keeper."""
+    os.kill(pid, signal.SIGKILL)
+    while alive(pid):
+        time.sleep(0.01)
+    if systemd is not None:
+        after.go()
+        systemd.until("READY=1")
+    else:
+        assert after.go().wait(timeout=PATIENCE) == 0, after.process.stderr.read()
