@@ -154,7 +154,11 @@ def serve_noop(listing: Path, mountpoint: Path) -> None:
 
         # Files are numbered as shardfs numbers chunks (their node ids are their numbers, and a read goes
         # from the number to the file), so that the bridge keeps no table of them here either.
-        numbered = ("",)
+        numbers = 1
+
+        def numbering(self, numbered: list[str], journal: object) -> None:
+            """One directory, numbered 0 on every mount: nothing to restore."""
+
         # df: nothing stored; one read at a time, as from a disk (no read-ahead)
         store = type("NoStore", (), {"sizes": staticmethod(lambda: iter(())), "reads_at_once": 1})()
 
