@@ -130,7 +130,7 @@ class Collection(Tree):
         found = self._dataset_of(path, itself=True) if path else None
         if found is not None:
             directory, tree = found
-            within = tree._numbers.get(path[len(directory) + 1 :])
+            within = tree.number_of(path[len(directory) + 1 :])
             if within is not None:
                 return directory, tree, within
         raise FileNotFoundError(f"sharded directory {number}")

@@ -78,6 +78,10 @@ class Tree:
         """A dataset's numbers are its metadata's, the same for every daemon: none to restore or journal (a
         directory of datasets numbers as it is browsed: collection.py)."""
 
+    def number_of(self, directory: str) -> int | None:
+        """The number of a provider's directory; None if no provider has it."""
+        return self._numbers.get(directory)
+
     def provider(self, number: int) -> Provider:
         """The provider of directory number."""
         return self.providers[self.numbered[number]]
