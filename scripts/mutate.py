@@ -580,13 +580,6 @@ MUTATIONS = [
     Mutation("a walk's deadline five --timeout", "shardfs/stores/remote.py", "LISTING_TIMEOUTS = 4",
              "LISTING_TIMEOUTS = 5",
              (WALK + "test_a_walk_lasts_four_timeouts_to_the_page",)),
-    Mutation("a forked daemon's calls queued for its parent's waiters", "shardfs/stores/remote.py",
-             "os.register_at_fork(after_in_child=_forked)", "pass",
-             ("tests/unit/test_remote_waits.py::test_a_forked_process_calls_on_waiters_of_its_own",)),
-    Mutation("an interrupted request's queued call made", "shardfs/stores/remote.py",
-             "if not request.interrupted:  # else given up on", "if True:  # else given up on",
-             ("tests/unit/test_remote_waits.py::test_a_call_queued_behind_busy_waiters_is_interrupted_there_and_"
-              "never_made",)),
     Mutation("a 255-byte name refused", "shardfs/fuse/session.py", "name > NAME_MAX", "name >= NAME_MAX",
              (PROTOCOL + "test_names_of_254_and_255_bytes_are_looked_up_and_256_is_absent_unasked",)),
     Mutation("a 256-byte name looked up", "shardfs/fuse/session.py", "name > NAME_MAX", "name > NAME_MAX + 1",

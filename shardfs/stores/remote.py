@@ -61,38 +61,17 @@ SKIP = "\U0010ffff"  # sorts after every character: `d/` + SKIP sorts after ever
 # some 10,000 objects, 400 bytes each. An object forgotten is opened again (one request) when next read.
 REMEMBERED_BYTES = 4 << 20
 TABLE_ENTRY = 200  # cachetools' LRU per key: an entry in each of its three tables (measured: 168 bytes)
-WAITERS = 256  # threads that call for waiting requests, at most (see _new_waiters)
 T = TypeVar("T")
 CLOUDS = {"s3": "Amazon S3", "gs": "Google Cloud Storage"}  # where a bucket is when no --endpoint says otherwise
 Listed = Generator[tuple[str, bool], None, str | None]  # entries, then where a listing goes on
-
-
-def _new_waiters() -> ThreadPoolExecutor:
-    """The threads that call for waiting requests (_waited): made as they are needed and kept for the next
-    call, since making one a call cost 16 cold random readers 8% of their files/s (20 ms a request). WAITERS
-    at most: beyond, calls queue (still interruptible) behind those given up on that a hung server keeps."""
-    return ThreadPoolExecutor(WAITERS, thread_name_prefix="shardfs-request")
-
-
-_waiters = _new_waiters()
-
-
-def _forked() -> None:
-    """A forked daemon has none of its parent's threads, so none of its waiters."""
-    global _waiters
-    _waiters = _new_waiters()
-
-
-os.register_at_fork(after_in_child=_forked)
 
 
 def _waited(call: Callable[[], T], request: Request) -> T:
     """call(), waited for where a wait must be able to end before it does: in the main thread (obstore waits in
     Rust, where Python runs no signal handler until it returns, a hung server's --timeout, retries included,
     so Ctrl-C would wait as long), and for a FUSE request, which the kernel may interrupt (its caller was
-    signalled, or killed: a killed caller waits, unkillable, for the answer). call() then runs in a waiter's
-    thread (_new_waiters); the waiting thread waits on an event that a signal interrupts and the request's
-    INTERRUPT sets.
+    signalled, or killed: a killed caller waits, unkillable, for the answer). call() then runs in a thread of
+    its own; the waiting thread waits on an event that a signal interrupts and the request's INTERRUPT sets.
     A call given up on is left to end by itself (within --timeout), its answer dropped: InterruptedError for
     an interrupted request, KeyboardInterrupt for Ctrl-C. The daemon's own work waits in its own thread."""
     if request is OWN and threading.current_thread() is not threading.main_thread():
@@ -104,14 +83,13 @@ def _waited(call: Callable[[], T], request: Request) -> T:
 
     def run() -> None:
         try:
-            if not request.interrupted:  # else given up on while it queued: nothing to ask
-                answer.append((True, call()))
+            answer.append((True, call()))
         except BaseException as e:  # handed to the waiting thread, as if raised there
             answer.append((False, e))
         finally:
             done.set()
 
-    _waiters.submit(run)
+    threading.Thread(target=run, name="shardfs-request", daemon=True).start()
     try:
         if request.waking(done.set):
             done.wait()
