@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.support.daemons import wait_until
 
 pytestmark = [pytest.mark.kernel]
 
@@ -26,10 +27,8 @@ def test_the_python_noop_serves_its_listings_names_and_sizes_as_zeros(tmp_path: 
         served = subprocess.Popen([sys.executable, str(BENCH), "--serve-noop", str(listing), str(mountpoint)],
                                   stderr=stderr, start_new_session=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 30
-        while "event=mounted" not in log.read_text():
-            assert served.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
-            time.sleep(0.02)
+        wait_until(lambda: "event=mounted" in log.read_text() or served.poll() is not None)
+        assert served.poll() is None, log.read_text()[-2000:]
         found = {
             os.path.relpath(os.path.join(at, name), mountpoint): os.path.getsize(os.path.join(at, name))
             for at, _, names in os.walk(mountpoint)
