@@ -39,6 +39,10 @@ TIMEOUTS = CONTRACT + "test_names_attributes_and_absences_are_kept_by_the_kernel
 TWINS = "tests/mount/test_zarr.py::test_inner_chunks_are_the_unsharded_twins_files"
 NAMES = "tests/mount/test_chunk_names.py::test_names_are_the_twins_and_no_other_spelling_is_a_file["
 BLOCKS = "tests/mount/test_view_blocks.py::"
+SPARE = (
+    "tests/mount/test_fuse_protocol.py::"
+    "test_a_read_interrupted_while_it_waits_on_the_server_is_answered_at_once_and_a_spare_stands_in"
+)
 RESTART = "tests/service/test_restart.py::test_a_replaced_daemon_loses_no_request[systemd-kill]"
 VERSIONS = "tests/remote/test_remote_versions.py::test_an_object_replaced_under_the_mount_is_eio"
 OPTIONS = "tests/mount/test_mount_options.py::"
@@ -393,6 +397,18 @@ MUTATIONS = [
              "bits = 0o555 if stat.S_ISDIR(st.st_mode) else 0o444",
              "bits = 0o777 if stat.S_ISDIR(st.st_mode) else 0o666",
              (ZEROS,)),
+    # INTERRUPT of a request that waits on the network (issue 42): answered at once, a spare thread in its place.
+    Mutation("an interrupted wait answered only once the server has", "shardfs/fuse/session.py",
+             "        if not request.interrupt():\n            return", "        if True:\n            return",
+             (SPARE, "tests/remote/test_remote_interrupt.py::"
+              "test_a_killed_readers_request_is_answered_at_once_and_a_spare_thread_serves_meanwhile")),
+    Mutation("no spare for a thread that waits", "shardfs/fuse/session.py",
+             "spare = request.waiting and", "spare = False and", (SPARE,)),
+    Mutation("spares without bound", "shardfs/fuse/session.py",
+             "len(self._spared) < self.threads", "True", (SPARE,)),
+    Mutation("spares never end", "shardfs/fuse/session.py", "                self._retiring += 1\n", "", (SPARE,)),
+    Mutation("a late answer of the server served", "shardfs/stores/remote.py",
+             "    if not answered:\n        raise _interrupted()", "", (SPARE,)),
     Mutation("attr_timeout given as entry_timeout", "shardfs/fuse/session.py",
              "self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.attr))",
              "self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.entry))", (TIMED,)),

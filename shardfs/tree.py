@@ -91,13 +91,13 @@ class Tree:
         return self.node(self.locate(path), request)
 
     def node(self, place: Place, request: Request = OWN) -> Node:
-        """The node at place, found for request (what it decodes is counted against it; an interrupt of it ends
-        its waits on the network); FileNotFoundError if there is none. A numbered file is found from its key with
-        no name made or parsed. The last node is kept apart, since a read mostly follows the lookup of its file.
-        Of the others only those holding bytes are kept, in the cache, decoded once for every read: a chunk
-        that is a range of its shard or is decoded when read, a file passed through, a directory, are found
-        again from the cached indexes and the store's open files for less than keeping them costs (about
-        1 KiB each, for as many files as the kernel looked up)."""
+        """The node at place, found for request (what it decodes is counted against it; interrupted while it waits on
+        the network, it gives up); FileNotFoundError if there is none. A numbered file is found from its key with no
+        name made or parsed. The last node is kept apart, since a read mostly follows the lookup of its file. Of the
+        others only those holding bytes are kept, in the cache, decoded once for every read: a chunk that is a range of
+        its shard or is decoded when read, a file passed through, a directory, are found again from the cached indexes
+        and the store's open files for less than keeping them costs (about 1 KiB each, for as many files as the kernel
+        looked up)."""
         last = self._last
         if last[0] == place and last[1] is not None:
             return last[1]

@@ -66,7 +66,7 @@ class Filesystem(Protocol):
     """A read-only filesystem served by node id. Every method raises FuseError for an answer that is an
     errno (counted and logged where it is raised) and StaleNode for an id it does not hold. Those that may wait
     or decode take the request they answer (as fuser's take its `Request`): who asks, what it may still decode,
-    and whether the kernel interrupted it (a wait on the network then gives up: EINTR)."""
+    and whether the kernel interrupted it (one that waits on the network is answered EINTR by the session)."""
 
     def lookup(self, request: Request, parent: int, name: bytes) -> Entry | None:
         """The entry named name in directory parent, its id counted one lookup more; None if there is none

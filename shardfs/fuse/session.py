@@ -124,6 +124,8 @@ class Session:
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._running = 0
+        self._spared: set[int] = set()  # requests answered early whose threads still wait: a spare serves each
+        self._retiring = 0  # spares to end: their requests' waits are over
         self.minor = 0
         timeouts = serving.timeouts
         self._entry_valid = (*_split(timeouts.entry), *_split(timeouts.attr))
@@ -158,7 +160,7 @@ class Session:
         if terms is not None and self.on_ready is not None:
             self.on_ready()
         # Python runs a signal's handler in the main thread, but the kernel may give the signal to any thread
-        # that does not block it (threads come and go: one per remote wait); one that lands elsewhere does not
+        # that does not block it (threads come and go: spares, obstore's); one that lands elsewhere does not
         # wake a main thread asleep on a lock. Waking twice a second bounds how long SIGUSR2 or SIGTERM waits.
         while not self._done.wait(SIGNALS_SEEN_WITHIN):
             pass
@@ -198,8 +200,9 @@ class Session:
         """Make run return now; the threads end with the process (or once the mount goes)."""
         self._done.set()
 
-    def _serve(self, started: threading.Event) -> None:
-        started.wait()
+    def _serve(self, started: threading.Event | None = None) -> None:
+        if started is not None:
+            started.wait()
         try:
             self._loop()
         finally:
@@ -222,6 +225,16 @@ class Session:
                 self._error(unique, errno.ENOTTY, counted=False)
             else:
                 self._dispatch(view[:size])
+            if self._retiring and self._retired():
+                return
+
+    def _retired(self) -> bool:
+        """Whether this thread ends, one spare too many now that a request's wait is over."""
+        with self._lock:
+            if not self._retiring:
+                return False
+            self._retiring -= 1
+            return True
 
     def _next(self, buffer: bytearray) -> int:
         """The next request's size; 0 once the filesystem is unmounted (or, in tests, the socket closed)."""
@@ -275,6 +288,8 @@ class Session:
     # unmounted filesystem (ENODEV) goes nowhere, as it should.
     def _reply(self, unique: int, *parts: bytes) -> None:
         self._under_way.pop(unique, None)
+        if self._spared:
+            self._spare_done(unique)
         size = wire.OUT_HEADER.size + sum(map(len, parts))
         if self.debug:
             log.debug("answer %d: %d bytes", unique, size, extra={"event": "fuse_answer"})
@@ -286,6 +301,8 @@ class Session:
 
     def _error(self, unique: int, code: int, counted: bool = True) -> None:
         self._under_way.pop(unique, None)
+        if self._spared:
+            self._spare_done(unique)
         if counted:
             count(self.metrics, code)
         if self.debug:
@@ -429,11 +446,34 @@ class Session:
         (target,) = wire.INTERRUPT_IN.unpack_from(body)
         interrupted = self._under_way.get(target)
         if interrupted is not None:
-            interrupted.interrupt()
+            self._give_up(interrupted)
             return
         self._unmatched[request.unique] = target
         if target in self._under_way:  # registered meanwhile, after its thread looked for INTERRUPTs
             self._match_interrupts()
+
+    def _give_up(self, request: Request) -> None:
+        """An INTERRUPT delivered (`Request.interrupt`). A request that waits on the network is answered EINTR
+        now (the kernel frees its caller, which a kill could not) and counted; its thread answers, too late,
+        once the server has, and a spare thread serves in its place until then: at most `threads` spares, past
+        which the session has fewer threads for that while. Any other request is answered when done."""
+        if not request.interrupt():
+            return
+        self._error(request.unique, errno.EINTR)
+        with self._lock:  # its thread answers after `waited`, then takes this lock: it finds the spare or none
+            spare = request.waiting and self._running > 0 and len(self._spared) < self.threads
+            if spare:
+                self._spared.add(request.unique)
+                self._running += 1
+        if spare:
+            logs.start_thread(self._serve, "fuse-spare")
+
+    def _spare_done(self, unique: int) -> None:
+        """A request is answered: if a spare served in its thread's place, one thread ends after its next."""
+        with self._lock:
+            if unique in self._spared:
+                self._spared.discard(unique)
+                self._retiring += 1
 
     def _match_interrupts(self) -> None:
         """INTERRUPTs that named no request under way, as libfuse keeps them: each whose request is now under
@@ -445,7 +485,7 @@ class Session:
             interrupted = self._under_way.get(target)
             if interrupted is not None:
                 if self._unmatched.pop(unique, None) is not None:
-                    interrupted.interrupt()
+                    self._give_up(interrupted)
             elif again is None:
                 again = unique
         if again is not None and self._unmatched.pop(again, None) is not None:

@@ -78,7 +78,7 @@ class StoredFile:
 
     def read(self, start: int, stop: int, request: Request = OWN) -> bytes:
         """Exactly bytes [start, stop) of this version; StoreChanged if they cannot be had. request: whose read
-        it is (an interrupt of it ends a wait on the network: InterruptedError)."""
+        it is (interrupted while it waits on the network: InterruptedError once the wait ends)."""
         return self.store.read(self, start, stop, request) if stop > start else b""
 
     def next_data(self, offset: int) -> int:
@@ -171,8 +171,9 @@ class Store(Protocol):
         store can: a remote one learns the version from the read's answer."""
 
     def read(self, file: StoredFile, start: int, stop: int, request: Request = OWN) -> bytes:
-        """Bytes [start, stop) of file's version, for request: a store that waits on a network gives up when
-        request is interrupted (InterruptedError); one that waits on nothing else (a disk) reads on."""
+        """Bytes [start, stop) of file's version, for request: a store that waits on a network says so
+        (`Request.waits`), so that an INTERRUPT meanwhile is answered at once, and drops the answer
+        (InterruptedError); one that waits on nothing else (a disk) reads on."""
 
     def next_data(self, file: StoredFile, offset: int) -> int: ...
 

@@ -67,17 +67,29 @@ Listed = Generator[tuple[str, bool], None, str | None]  # entries, then where a 
 
 
 def _waited(call: Callable[[], T], request: Request) -> T:
-    """call(), waited for where a wait must be able to end before it does: in the main thread (obstore waits in
-    Rust, where Python runs no signal handler until it returns, a hung server's --timeout, retries included,
-    so Ctrl-C would wait as long), and for a FUSE request, which the kernel may interrupt (its caller was
-    signalled, or killed: a killed caller waits, unkillable, for the answer). call() then runs in a thread of
-    its own; the waiting thread waits on an event that a signal interrupts and the request's INTERRUPT sets.
-    A call given up on is left to end by itself (within --timeout), its answer dropped: InterruptedError for
-    an interrupted request, KeyboardInterrupt for Ctrl-C. The daemon's own work waits in its own thread."""
-    if request is OWN and threading.current_thread() is not threading.main_thread():
-        return call()
-    if request.interrupted:
+    """call(), for request. A FUSE request's thread makes the call itself (a thread made for each wait doubled the
+    CPU a cold file costs, and a kept one still cost 4-7% of 16 cold readers' rate: docs/benchmarks.md), saying that
+    it waits: an INTERRUPT meanwhile is answered EINTR by the session (a killed caller waits, unkillable, for an
+    answer), and this thread drops the server's answer when it comes (InterruptedError, within --timeout). The
+    daemon's own work waits in its own thread; in the main thread (the CLI), call() runs in a thread of its own,
+    since obstore waits in Rust, where Python runs no signal handler until it returns: Ctrl-C would wait out a hung
+    server's --timeout, retries included."""
+    if request is OWN:
+        return _in_a_thread(call) if threading.current_thread() is threading.main_thread() else call()
+    if not request.waits():
         raise _interrupted()
+    try:
+        answer = call()
+    finally:
+        answered = request.waited()
+    if not answered:
+        raise _interrupted()
+    return answer
+
+
+def _in_a_thread(call: Callable[[], T]) -> T:
+    """call(), in a thread of its own while this one waits on an event, which a signal interrupts: Ctrl-C
+    (KeyboardInterrupt) leaves the call to end by itself, its answer dropped."""
     answer: list[Any] = []
     done = threading.Event()
 
@@ -90,13 +102,7 @@ def _waited(call: Callable[[], T], request: Request) -> T:
             done.set()
 
     threading.Thread(target=run, name="shardfs-request", daemon=True).start()
-    try:
-        if request.waking(done.set):
-            done.wait()
-    finally:
-        request.waking(None)
-    if not answer:
-        raise _interrupted()
+    done.wait()
     ok, value = answer[0]
     if not ok:
         raise value

@@ -2,7 +2,8 @@
 what each timeout tells it (attr_timeout apart from entry_timeout, fractions as nanoseconds), INIT's reply for
 every minor where its layout changes and the oldest one taken, FORGET and BATCH_FORGET of nodes looked up more
 than once. Through the kernel: STATFS's fields as `df -i` and `stat -f` show them, and a `/dev/fd/N` that is a
-character device other than /dev/fuse."""
+character device other than /dev/fuse. INTERRUPT of a read that waits on a server, and the spare threads that
+stand in for the threads that wait."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import errno
 import re
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,8 @@ from shardfs.fuse.serve import settings_of
 from shardfs.service.daemon import fuse_options
 from tests.support.cli import SHARDFS, one_line_error
 from tests.support.daemons import wait_until
-from tests.support.kernel import EVERYTHING, ask, init, kernel_socket
+from tests.support.http_server import RangeServer
+from tests.support.kernel import EVERYTHING, answer, ask, init, kernel_socket, send
 
 pytestmark = [pytest.mark.kernel]
 
@@ -215,3 +218,41 @@ def test_the_largest_timeout_is_the_last_below_2_to_the_64(raw_volume, value, ta
         assert init(kernel, 7, 40, EVERYTHING)[0] == 0
         code, reply = ask(kernel, wire.Op.GETATTR, bytes(16), 2, ROOT)
         assert code == 0 and wire.ATTR_OUT.unpack_from(reply)[:2] == (int(value), 0)
+
+
+def session_threads() -> int:
+    """The threads serving sessions in this process (fuse-N, fuse-spare)."""
+    return sum(thread.name.startswith("fuse-") for thread in threading.enumerate())
+
+
+def test_a_read_interrupted_while_it_waits_on_the_server_is_answered_at_once_and_a_spare_stands_in(
+    raw_volume,
+) -> None:
+    """Two session threads, over a server that then takes a minute; three chunks looked up and read once (their
+    indexes cached: a read is one GET). Each is read again and interrupted while its GET waits: each READ is
+    answered EINTR at once, and a spare thread stands in for the first two waiting threads (no more spares than
+    threads: the third gets none, and one thread serves on). Once the server answers, each waiting thread
+    answers its READ again, too late (the kernel drops such answers), and the two spares' worth of threads end."""
+    source, twin, _ = raw_volume
+    names = sorted(p.name for p in (twin / "4_4_40").iterdir())[:3]
+    read_all = wire.READ_IN.pack(0, 0, 1 << 20, 0, 0, 0, 0)
+    with RangeServer(source).running() as server, kernel_socket(server.url, threads=2) as (kernel, _):
+        assert init(kernel, 7, 38, EVERYTHING)[0] == 0
+        threads = session_threads()
+        scale = wire.ENTRY_OUT.unpack_from(lookup(kernel, "4_4_40", 2)[1])[0]
+        nodes = [wire.ENTRY_OUT.unpack_from(lookup(kernel, name, 3 + i, scale)[1])[0] for i, name in enumerate(names)]
+        for i, (node, name) in enumerate(zip(nodes, names, strict=True)):
+            assert ask(kernel, wire.Op.READ, read_all, 10 + i, node) == (0, (twin / "4_4_40" / name).read_bytes())
+        server.latency = 60.0
+        for i, node in enumerate(nodes):
+            send(kernel, wire.Op.READ, read_all, 20 + i, node)
+            wait_until(lambda i=i: server.in_flight == i + 1, 30)
+            send(kernel, wire.Op.INTERRUPT, wire.INTERRUPT_IN.pack(20 + i), 30 + i)
+            assert answer(kernel) == (20 + i, errno.EINTR, b"")
+            wait_until(lambda i=i: session_threads() == threads + min(i + 1, 2), 30)
+        assert ask(kernel, wire.Op.GETATTR, bytes(16), 40, ROOT)[0] == 0
+        assert session_threads() == threads + 2 and server.in_flight == 3
+        server.latency = 0
+        server.release()
+        assert sorted(answer(kernel)[:2] for _ in nodes) == [(20, errno.EINTR), (21, errno.EINTR), (22, errno.EINTR)]
+        wait_until(lambda: session_threads() == threads, 30)

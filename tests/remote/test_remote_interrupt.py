@@ -1,7 +1,7 @@
-"""A reader killed while its read waits on a slow server: the kernel sends INTERRUPT, and the daemon's wait for
-that request ends at once (EINTR; the server's answer, when it comes, goes nowhere). A killed process whose
-FUSE request was read by the daemon waits, unkillable, for the daemon's answer: without this, it would wait for
-the server, and so would the session thread answering it."""
+"""A reader killed while its read waits on a slow server: the kernel sends INTERRUPT, and the daemon answers that
+request at once (EINTR), while its thread waits out the server and drops its answer. A killed process whose FUSE
+request was read by the daemon waits, unkillable, for the daemon's answer: without this, it would wait for the
+server. Meanwhile a spare thread serves in place of the waiting one."""
 
 from __future__ import annotations
 
@@ -28,20 +28,29 @@ READER = (
 )
 
 
-def interrupted_gets(point: object) -> float:
-    """Remote GETs the mount gave up because the kernel interrupted their request (`shardfs stats`)."""
+def counted(point: object, name: str, wanted: dict[str, str]) -> float:
+    """The sum of `shardfs stats`' samples of name with those labels."""
     found = scrape(shardfs("stats", point, "--prometheus").stdout)
-    wanted = {"request": "get", "outcome": "interrupted"}
-    return sum(v for (name, labels), v in found.items() if name.startswith("shardfs_remote_requests") and
-               wanted.items() <= dict(labels).items())  # fmt: skip
+    return sum(v for (n, labels), v in found.items() if n.startswith(name) and wanted.items() <= dict(labels).items())
 
 
-def test_a_killed_readers_wait_on_the_server_ends_and_its_thread_serves_on(tmp_path, mount) -> None:
+def answered_eintr(point: object) -> float:
+    """Requests the mount answered EINTR."""
+    return counted(point, "shardfs_errors", {"errno": "EINTR"})
+
+
+def interrupted_gets(point: object) -> float:
+    """Remote GETs whose answers the mount dropped because the kernel interrupted their request."""
+    return counted(point, "shardfs_remote_requests", {"request": "get", "outcome": "interrupted"})
+
+
+def test_a_killed_readers_request_is_answered_at_once_and_a_spare_thread_serves_meanwhile(tmp_path, mount) -> None:
     """Two session threads (`max_threads=2`: one waits for a read, the other reads the INTERRUPT), two chunks
     looked up (their indexes cached: a read is one GET of the chunk). A reader of the first blocks on a server
-    that takes a minute; killed, it is gone within seconds, and one GET is counted interrupted. A second slow
-    reader then holds one thread: the other, the killed reader's, is free, and answers a `stat -f` at once.
-    Killed too, the second reader's GET is the second one interrupted, and the mount reads on."""
+    that takes a minute; killed, it is gone within seconds, its request answered EINTR. A second slow reader then
+    holds a second thread: a spare serves in place of the first's, and answers a `stat -f` at once. Killed too,
+    the second reader's request is the second answered EINTR. Both GETs still wait on the server; once it
+    answers, both are counted interrupted (their answers dropped), and the mount reads on."""
     source, twin = tmp_path / "vol", tmp_path / "twin"
     peers.write_tensorstore_volume(source, data_encoding="raw", unsharded_twin=twin, extra_unsharded_scale=False)
     first, second = sorted((twin / "4_4_40").iterdir())[:2]
@@ -54,7 +63,7 @@ def test_a_killed_readers_wait_on_the_server_ends_and_its_thread_serves_on(tmp_p
             reader = subprocess.Popen([sys.executable, "-c", READER, m.path / "4_4_40" / chunk.name])
             try:
                 wait_until(lambda n=n: server.in_flight >= n, 30)  # the server still answers those before
-                if n == 2:  # one thread waits for this read: the killed reader's thread answers
+                if n == 2:  # two threads wait for reads: the spare answers
                     subprocess.run(["stat", "-f", m.path], check=True, capture_output=True, timeout=SLOW / 4)
                 killed = time.monotonic()
                 reader.kill()
@@ -62,7 +71,11 @@ def test_a_killed_readers_wait_on_the_server_ends_and_its_thread_serves_on(tmp_p
             finally:
                 reader.kill()
             assert time.monotonic() - killed < SLOW / 4
-            wait_until(lambda n=n: interrupted_gets(m.path) == n, 30)
+            wait_until(lambda n=n: answered_eintr(m.path) == n, 30)
+        assert server.in_flight == 2
+        assert interrupted_gets(m.path) == 0
         server.latency = 0
+        server.release()
+        wait_until(lambda: interrupted_gets(m.path) == 2, 30)
         done = subprocess.run(["cat", m.path / "4_4_40" / second.name], capture_output=True, timeout=SLOW / 4)
         assert done.stdout == second.read_bytes()

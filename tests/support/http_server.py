@@ -26,15 +26,15 @@ from xml.sax.saxutils import escape
 
 
 class RangeServer:
-    """Serves root at `url`. `fail[path] = [503, 429, ...]` answers those statuses first, in order, then
-    the file; `always` answers every request with that status; `hang` makes every request wait (bounded)
-    before answering; `latency` delays every answer. `requests` counts (method, path), `most_in_flight` the
-    most answered at once; `authorizations` holds every request's Authorization header (None when unsigned),
-    and a request whose header `admit` refuses is answered 403, as a private bucket answers. Suffix ranges
-    (`bytes=-N`) are ignored (the whole object is sent), as some servers do, unless `suffix_ranges`.
-    `ranges` records every GET's Range header. `endless_listing` answers every listing with "more to come"
-    (IsTruncated, a NextContinuationToken) forever: "objects", each page a thousand new made-up keys, or
-    "empty", each page none; `lists` counts listing requests.
+    """Serves root at `url`. `fail[path] = [503, 429, ...]` answers those statuses first, in order, then the file;
+    `always` answers every request with that status; `hang` makes every request wait (bounded) before answering;
+    `latency` delays every answer (`release` answers those waiting it out now). `requests` counts (method, path),
+    `most_in_flight` the most answered at once; `authorizations` holds every request's Authorization header (None when
+    unsigned), and a request whose header `admit` refuses is answered 403, as a private bucket answers. Suffix ranges
+    (`bytes=-N`) are ignored (the whole object is sent), as some servers do, unless `suffix_ranges`. `ranges` records
+    every GET's Range header. `endless_listing` answers every listing with "more to come" (IsTruncated, a
+    NextContinuationToken) forever: "objects", each page a thousand new made-up keys, or "empty", each page none;
+    `lists` counts listing requests.
 
     Servers that break the rules, as some do: `etag` / `last_modified` False leave that header out (and
     `weak_etags` sends weak ones, `W/"…"`, which If-Match never matches, as RFC 9110 has it);
@@ -68,6 +68,7 @@ class RangeServer:
         self.in_flight = 0
         self.most_in_flight = 0  # the most requests answered at once so far
         self.lock = threading.Lock()
+        self._released = threading.Event()  # set by `release`: the requests waiting out `latency` answer now
         self.server = _Server(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -81,6 +82,11 @@ class RangeServer:
                 for (method, path), n in self.requests.items()
                 if method == "GET" and path.startswith(prefix) and path.endswith(suffix)
             )
+
+    def release(self) -> None:
+        """Every request waiting out `latency` now is answered at once."""
+        released, self._released = self._released, threading.Event()
+        released.set()
 
     @contextlib.contextmanager
     def counted(self) -> Iterator[None]:
@@ -126,7 +132,7 @@ class RangeServer:
                 if server.hang:
                     time.sleep(30)  # longer than any test's --timeout; the test's server is shut down after
                 if server.latency:
-                    time.sleep(server.latency)
+                    server._released.wait(server.latency)
                 if status is not None:
                     return self._status(status)
                 if server.admit is not None and not server.admit(self.headers.get("Authorization")):
