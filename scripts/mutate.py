@@ -43,6 +43,10 @@ SPARE = (
     "tests/mount/test_fuse_protocol.py::"
     "test_a_read_interrupted_while_it_waits_on_the_server_is_answered_at_once_and_a_spare_stands_in"
 )
+MEANWHILE = (
+    "tests/remote/test_read_ahead.py::"
+    "test_a_file_read_while_its_fetch_ahead_is_under_way_is_counted_used_once_the_fetch_ends"
+)
 RESTART = "tests/service/test_restart.py::test_a_replaced_daemon_loses_no_request[systemd-kill]"
 VERSIONS = "tests/remote/test_remote_versions.py::test_an_object_replaced_under_the_mount_is_eio"
 OPTIONS = "tests/mount/test_mount_options.py::"
@@ -195,6 +199,17 @@ MUTATIONS = [
              "    piece_size = 8 << 20", "    piece_size = 4 << 20",
              ("tests/remote/test_remote_http.py::test_a_large_value_is_read_in_pieces_of_piece_size",)),
     # The disk cache (issues 18 and 20): nothing in it trusted, its key and its order kept.
+    # Read-ahead's fetch under way (issue 42): a read of one of its keys waits for it, and counts as used.
+    Mutation("a read of a key being fetched ahead fetches it again", "shardfs/cache.py",
+             "self._making[key] = threading.Lock()\n                self._making[key].acquire()",
+             "self._making[key] = threading.Lock()",
+             ("tests/unit/test_cache.py::test_a_read_of_a_key_being_fetched_with_others_waits_for_that_fetch",)),
+    Mutation("a read while its fetch is under way not counted", "shardfs/fs/readahead.py",
+             "                self._fetched[(number, key)] = READ_MEANWHILE\n", "                pass\n",
+             (MEANWHILE,)),
+    Mutation("a read meanwhile counted though its fetch failed", "shardfs/fs/readahead.py",
+             "[n for key, n in fetched.items() if key in meanwhile]", "[fetched.get(key, 0) for key in meanwhile]",
+             (MEANWHILE,)),
     Mutation("disk cache key without the version", "shardfs/stores/disk_cache.py",
              "repr((url, version, start, stop))", "repr((url, start, stop))",
              ("tests/remote/test_disk_cache.py::test_a_rewritten_object_is_read_anew",)),

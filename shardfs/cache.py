@@ -8,7 +8,7 @@ import ctypes.util
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -98,6 +98,25 @@ class ByteCache:
             with self._lock:
                 self._making.pop(key).release()
 
+    def make_together(self, keys: Iterable[Hashable], make: Callable[[list], dict]) -> list:
+        """Values one read brings together (keys fetched ahead in one request): those of keys neither cached nor
+        being made are made by make(those keys) → {key: value}, and kept; meanwhile they are being made by this
+        thread, so that a `get(wait=True)` of one waits for them rather than reading them again. The keys made."""
+        with self._lock:
+            mine = [key for key in keys if self._cached(key) is _MISSING and key not in self._making]
+            for key in mine:
+                self._making[key] = threading.Lock()
+                self._making[key].acquire()
+        try:
+            if mine:
+                for key, value in make(mine).items():
+                    self._keep(key, value)
+            return mine
+        finally:
+            with self._lock:
+                for key in mine:
+                    self._making.pop(key).release()
+
     def _keep(self, key: Hashable, value: object) -> None:
         cost = entry_cost(key, value)  # measured outside the lock
         with self._lock:
@@ -179,6 +198,14 @@ class Scoped:
 
     def get(self, key: Hashable, wait: bool = False) -> object | None:
         return self.cache.get(("dataset", self.scope, key), wait)
+
+    def make_together(self, keys: Iterable[Hashable], make: Callable[[list], dict]) -> list:
+        scoped = {("dataset", self.scope, key): key for key in keys}
+
+        def made(mine: list) -> dict:
+            return {("dataset", self.scope, key): value for key, value in make([scoped[k] for k in mine]).items()}
+
+        return [scoped[key] for key in self.cache.make_together(scoped, made)]
 
     def large_value_turn(self) -> contextlib.AbstractContextManager[None]:
         """The mount's turn: every dataset of a mount shares its one budget."""

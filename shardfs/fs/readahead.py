@@ -11,7 +11,8 @@ when it breaks; it is filled again once half of it has been read, so that the ke
 are many, not one a read. What is fetched lies in the byte-bounded cache under its shard's version, like any
 read: a changed source fails as a direct read would, and a fetch that fails is nobody's
 error (the real read, if it comes, goes to the store). Keys one index locates (a minishard's, a zarr shard's)
-are fetched together, their ranges that lie close in one request (shards/kv.py). Chunk keys nested in
+are fetched together, their ranges that lie close in one request (shards/kv.py); a file read while its fetch
+reads it waits for those bytes rather than asking for them again. Chunk keys nested in
 directories (zarr's `c/0/1/2`, the views') follow their own directory's listing. Only over a network (a local
 disk answers a read in less than the bookkeeping would cost), and only where the provider has keys to fetch
 (`prefetch`: a source's unsharded files have none).
@@ -49,6 +50,8 @@ FIRST_WINDOW = 2
 AT_ONCE = 16  # fetches ahead in flight for the mount (each a group of keys one index locates)
 QUEUED = 64  # fetches ahead asked for and not yet done (in flight or waiting their turn) for the mount
 REMEMBERED = 4096  # directories and fetched keys remembered (a few hundred KiB at most)
+FETCHING = -1  # in ReadAhead._fetched: a fetch of the key is under way
+READ_MEANWHILE = -2  # ... and its file began to be read meanwhile (it waits for those bytes: shards/kv.py)
 
 
 @dataclass
@@ -65,7 +68,8 @@ class ReadAhead:
     def __init__(self, tree: Tree, metrics: Metrics, most: int) -> None:
         self.tree, self.metrics, self.most = tree, metrics, most
         self._patterns: LRUCache[tuple[int, str], _Pattern] = LRUCache(REMEMBERED)  # by directory
-        self._fetched: LRUCache[tuple[int, int], int] = LRUCache(REMEMBERED)  # (number, key) fetched: its bytes
+        # (number, key) fetched and not read yet: its bytes, or FETCHING / READ_MEANWHILE
+        self._fetched: LRUCache[tuple[int, int], int] = LRUCache(REMEMBERED)
         self._read: LRUCache[tuple[int, tuple[int, ...]], bool] = LRUCache(REMEMBERED)  # (number, position) read
         self._asked: LRUCache[tuple[int, int], bool] = LRUCache(REMEMBERED)  # (number, key) asked for by position
         self._looked_up: LRUCache[tuple[int, int], bool] = LRUCache(REMEMBERED)  # (number, key): a read will come
@@ -75,15 +79,16 @@ class ReadAhead:
         self._closed = False
 
     def read(self, number: int, key: int) -> None:
-        """A numbered file's first bytes are being read: count a hit if it was fetched ahead, and fetch the
-        next files of its directory if the pattern holds."""
+        """A numbered file's first bytes are being read: count it used if it was fetched ahead (or once its
+        fetch under way ends), and fetch the next files of its directory if the pattern holds."""
         if not self.most:
             return
         with self._lock:
             fetched = self._fetched.pop((number, key), None)
-        if fetched is not None:
-            self.metrics.read_ahead.labels("used").inc()
-            self.metrics.read_ahead_bytes.labels("used").inc(fetched)
+            if fetched == FETCHING:
+                self._fetched[(number, key)] = READ_MEANWHILE
+        if fetched is not None and fetched >= 0:
+            self._used([fetched])
         provider = self.tree.provider(number)  # a directory of datasets' opens its dataset if need be
         rel = provider.rel_of(key)
         parent, name = posixpath.split(rel or "")  # a chunk key's own directory (zarr's c/0/1, N5's 0/1)
@@ -175,16 +180,21 @@ class ReadAhead:
             )  # fmt: skip
 
         def run() -> None:
+            fetched: dict = {}
+            with self._lock:
+                self._fetched.update(((number, key), FETCHING) for key in fetch.keys)
             try:
                 fetched = fetch.run()
                 self.metrics.read_ahead.labels("fetched").inc(len(fetched))
                 self.metrics.read_ahead_bytes.labels("fetched").inc(sum(fetched.values()))
-                with self._lock:
-                    self._fetched.update(((number, key), n) for key, n in fetched.items())
             except Exception as e:  # nobody's error: the real reads go to the store
                 self.metrics.read_ahead.labels("failed").inc(len(fetch.keys))
                 log.debug("read-ahead of keys %s failed: %s", fetch.keys[:4], e, extra={"event": "read_ahead"})
             finally:
+                with self._lock:
+                    meanwhile = {key for key in fetch.keys if self._fetched.pop((number, key), 0) == READ_MEANWHILE}
+                    self._fetched.update(((number, key), n) for key, n in fetched.items() if key not in meanwhile)
+                self._used([n for key, n in fetched.items() if key in meanwhile])
                 self._slots.release()
 
         try:
@@ -193,6 +203,12 @@ class ReadAhead:
             self._slots.release()
             return False
         return True
+
+    def _used(self, fetched: list[int]) -> None:
+        """Files fetched ahead and read (fetched: the bytes fetched for each), counted."""
+        if fetched:
+            self.metrics.read_ahead.labels("used").inc(len(fetched))
+            self.metrics.read_ahead_bytes.labels("used").inc(sum(fetched))
 
     def close(self) -> None:
         """The mount has ended: fetches not begun are dropped, those under way end with their request."""

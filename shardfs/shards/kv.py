@@ -178,18 +178,29 @@ class ShardedKV(ABC):
         found = [e for e in map(self.locate, keys) if e is not None and e.data is None]
         fetched: dict[object, int] = {}
         for run in _close_runs(sorted(found, key=lambda e: (e.file.path, e.file.version, e.start))):
-            todo = [e for e in run if self.held(e) is None]
             fetched.update((e.key, 0) for e in run)
-            if not todo:
-                continue
+            self._read_together(
+                {self.cache_key("chunk", e.file, e.key): e for e in run if self.held(e) is None}, fetched
+            )
+        return fetched
+
+    def _read_together(self, extents: dict[Hashable, Extent], fetched: dict[object, int]) -> None:
+        """Chunks lying close in one shard's version read in one request and kept, their bytes counted in fetched
+        (the bytes between go to the first). Until they arrive, a read of one of them waits for this request
+        rather than sending its own (`held`); those already kept or being read are left out."""
+
+        def read(keys: list) -> dict:
+            todo = [extents[key] for key in keys]
             start, stop = todo[0].start, max(e.stop for e in todo)
             data = todo[0].file.read(start, stop)
-            for e in todo:
-                piece = HeldChunks(e.start, data[e.start - start : e.stop - start])
-                self.cache.get_or_make(self.cache_key("chunk", e.file, e.key), lambda piece=piece: piece)
-                fetched[e.key] = e.stop - e.start
+            fetched.update((e.key, e.stop - e.start) for e in todo)
             fetched[todo[0].key] += len(data) - sum(e.stop - e.start for e in todo)
-        return fetched
+            return {
+                key: HeldChunks(e.start, data[e.start - start : e.stop - start])
+                for key, e in zip(keys, todo, strict=True)
+            }
+
+        self.cache.make_together(extents, read)
 
     def held(self, chunk: Extent) -> bytes | None:
         """The chunk's stored bytes, if they were read ahead of its read and are still kept (over a network)."""

@@ -10,6 +10,7 @@ import errno
 import os
 import random
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,10 @@ import psutil
 import pytest
 import zarr
 
+from shardfs.fs.readahead import ReadAhead
+from shardfs.metrics import Metrics
+from shardfs.shards.kv import Fetch
+from shardfs.source import open_source
 from tests.remote.test_remote_s3 import KEYS, credentials
 from tests.support import peers
 from tests.support.cli import scrape, shardfs
@@ -304,3 +309,47 @@ def test_an_unmount_while_fetches_run_ahead_leaves_no_thread_and_no_request(kv, 
         asked = sum(server.requests.values())
         time.sleep(1)
         assert sum(server.requests.values()) == asked
+
+
+def test_a_file_read_while_its_fetch_ahead_is_under_way_is_counted_used_once_the_fetch_ends(raw_volume) -> None:
+    """A read that begins while read-ahead fetches its file waits for those bytes (shards/kv.py): it is counted
+    used, with the bytes fetched for it, once the fetch ends; one whose fetch failed is not. (Two fetches run by
+    hand, over a tree of the raw volume, so that each read falls while its fetch is under way.)"""
+    source, twin, _ = raw_volume
+    tree = open_source(source, 1 << 20).tree
+    scale = tree.locate("4_4_40")
+    (number, key), failed = (tree.child(scale, p.name) for p in sorted((twin / "4_4_40").iterdir())[:2])
+    metrics = Metrics()
+    ahead = ReadAhead(tree, metrics, 64)
+
+    def used() -> tuple[float | None, float | None]:
+        sample = metrics.registry.get_sample_value
+        return (
+            sample("shardfs_read_ahead_chunks_total", {"outcome": "used"}),
+            sample("shardfs_read_ahead_bytes_total", {"outcome": "used"}),
+        )
+
+    def under_way(place: tuple[int, int], answer: dict | Exception) -> threading.Event:
+        """A fetch of place's key that has begun and ends, with answer, once the event returned is set."""
+        started, go = threading.Event(), threading.Event()
+
+        def run() -> dict:
+            started.set()
+            assert go.wait(30)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        assert ahead._fetch(place[0], Fetch([place[1]], run))
+        assert started.wait(30)
+        return go
+
+    ends = [under_way((number, key), {key: 1234}), under_way(failed, OSError("the server went away"))]
+    ahead.read(number, key)
+    ahead.read(*failed)
+    assert used() == (None, None)  # the bytes are still on their way
+    for go in ends:
+        go.set()
+    assert ahead._pool is not None
+    ahead._pool.shutdown(wait=True)  # both fetches ended, and what they fetched was counted
+    assert used() == (1, 1234)

@@ -77,6 +77,34 @@ def test_concurrent_misses_make_a_value_once() -> None:
     assert results == [b"decoded"] * 8 and len(calls) == 1
 
 
+def test_a_read_of_a_key_being_fetched_with_others_waits_for_that_fetch() -> None:
+    """Read-ahead fetches keys lying close in one request (`make_together`): a read of one of them meanwhile
+    (`get(wait=True)`, shards/kv.held) waits for that request and takes its bytes, rather than sending its own;
+    what is kept or being made already is not fetched again."""
+    cache = ByteCache(1 << 20)
+    fetching, answered = threading.Event(), threading.Event()
+
+    def fetch(keys: list) -> dict:
+        fetching.set()
+        answered.wait(10)
+        return {key: f"bytes of {key}" for key in keys}
+
+    fetcher = threading.Thread(target=cache.make_together, args=(["a", "b"], fetch))
+    fetcher.start()
+    assert fetching.wait(10)
+    read: list[object] = []
+    reader = threading.Thread(target=lambda: read.append(cache.get("b", wait=True)))
+    reader.start()
+    time.sleep(0.05)
+    assert reader.is_alive() and not read  # waiting for the fetch, not answered without it
+    answered.set()
+    reader.join(10)
+    fetcher.join(10)
+    assert read == ["bytes of b"]
+    assert cache.make_together(["a", "b", "c"], lambda keys: {key: "again" for key in keys}) == ["c"]
+    assert cache.get("a") == "bytes of a"
+
+
 def test_a_failed_make_lets_the_next_thread_try() -> None:
     cache = ByteCache(budget=1 << 20)
     with pytest.raises(ValueError):
