@@ -58,6 +58,8 @@ def test_a_killed_readers_request_is_answered_at_once_and_a_spare_thread_serves_
         m = mount(server.url, "-o", "max_threads=2", "--timeout", str(4 * SLOW))
         for chunk in (first, second):
             assert (m.path / "4_4_40" / chunk.name).stat().st_size == chunk.stat().st_size
+        # The server counts an answer out only after sending it: until then, in_flight would count it as a read's.
+        wait_until(lambda: server.in_flight == 0, 30)
         server.latency = SLOW
         for n, chunk in enumerate((first, second), 1):
             reader = subprocess.Popen([sys.executable, "-c", READER, m.path / "4_4_40" / chunk.name])
